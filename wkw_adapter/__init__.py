@@ -1,0 +1,39 @@
+"""The WKW format on its own: headers, data files, mags, and a writer. No HTTP, no Zarr."""
+
+from .cache import ByteLRU
+from .errors import BlockDecodeError, FileChangedError, HeaderError, JumpTableError, TruncatedFileError, WkwError
+from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
+from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
+from .mag import WkwMag
+from .morton import morton_decode, morton_encode, morton_grid
+from .storage import ByteStore, FileIdentity, LocalStore
+from .writer import encode_file, write_mag
+
+__all__ = [
+    "HEADER_SIZE",
+    "BlockDecodeError",
+    "BlockType",
+    "ByteLRU",
+    "ByteStore",
+    "FileChangedError",
+    "FileIdentity",
+    "HeaderError",
+    "JumpTableError",
+    "LocalStore",
+    "StoredBlock",
+    "TruncatedFileError",
+    "WkwError",
+    "WkwFile",
+    "WkwFileCache",
+    "WkwHeader",
+    "WkwMag",
+    "compress_block",
+    "decode_block",
+    "decompress_block",
+    "encode_file",
+    "morton_decode",
+    "morton_encode",
+    "morton_grid",
+    "parse_header",
+    "write_mag",
+]

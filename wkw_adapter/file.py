@@ -1,0 +1,135 @@
+"""One WKW data file: its header, its jump table, and where each block's bytes lie."""
+
+from dataclasses import dataclass
+
+import lz4.block
+import numpy as np
+
+from .cache import ByteLRU
+from .errors import BlockDecodeError, JumpTableError, TruncatedFileError
+from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
+from .storage import ByteStore, FileIdentity
+
+
+@dataclass(frozen=True, slots=True)
+class WkwFile:
+    """The parts of a data file needed to find any block, for one version of the file."""
+
+    path: str
+    identity: FileIdentity
+    header: WkwHeader
+    jump_table: np.ndarray | None  # uint64 end offsets (compressed files only)
+
+    @property
+    def cache_bytes(self) -> int:
+        return 256 + (self.jump_table.nbytes if self.jump_table is not None else 0)
+
+    def block_range(self, index: int) -> tuple[int, int]:
+        """``(offset, length)`` in the file of block ``index`` (Morton number)."""
+        header = self.header
+        if self.jump_table is None:
+            return header.data_offset + index * header.block_bytes, header.block_bytes
+        start = header.data_offset if index == 0 else int(self.jump_table[index - 1])
+        return start, int(self.jump_table[index]) - start
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlock:
+    """A block's bytes exactly as stored, with what is needed to decode them."""
+
+    data: bytes
+    header: WkwHeader
+
+    @property
+    def block_type(self) -> BlockType:
+        return self.header.block_type
+
+
+def _check_jump_table(path: str, header: WkwHeader, jumps: np.ndarray, size: int) -> None:
+    if header.data_offset < HEADER_SIZE + header.jump_table_size:
+        raise JumpTableError(f"{path}: data offset {header.data_offset} overlaps the jump table")
+    if int(jumps[0]) < header.data_offset:
+        raise JumpTableError(f"{path}: block 0 ends at {int(jumps[0])}, before the data offset {header.data_offset}")
+    if jumps.size > 1 and bool(np.any(jumps[1:] < jumps[:-1])):
+        raise JumpTableError(f"{path}: jump table is not increasing")
+    if int(jumps[-1]) > size:
+        raise JumpTableError(f"{path}: jump table points to {int(jumps[-1])}, past the end of the file ({size} bytes)")
+
+
+def load_wkw_file(store: ByteStore, path: str, identity: FileIdentity) -> WkwFile:
+    """Read and validate the header and jump table of one version of a file."""
+    if identity.size < HEADER_SIZE:
+        raise TruncatedFileError(f"{path}: {identity.size} bytes is shorter than a header")
+    header = parse_header(store.read(path, 0, HEADER_SIZE, identity))
+    jumps = None
+    if header.block_type.compressed:
+        if identity.size < HEADER_SIZE + header.jump_table_size:
+            raise TruncatedFileError(f"{path}: file ends inside its jump table")
+        raw = store.read(path, HEADER_SIZE, header.jump_table_size, identity)
+        jumps = np.frombuffer(raw, dtype="<u8")
+        _check_jump_table(path, header, jumps, identity.size)
+    elif header.data_offset < HEADER_SIZE:
+        raise TruncatedFileError(f"{path}: data offset {header.data_offset} lies inside the header")
+    return WkwFile(path, identity, header, jumps)
+
+
+class WkwFileCache:
+    """Opens data files through a byte-bounded cache of headers and jump tables.
+
+    Each lookup asks the store for the file's current identity, so a file
+    that was rewritten (new size, mtime or inode) is never read with a stale
+    jump table.
+    """
+
+    def __init__(self, store: ByteStore, max_bytes: int = 64 << 20) -> None:
+        self.store = store
+        self.lru: ByteLRU[WkwFile] = ByteLRU(max_bytes)
+
+    def open(self, path: str) -> WkwFile | None:
+        """The file at ``path``, or None if it does not exist."""
+        identity = self.store.identity(path)
+        if identity is None:
+            return None
+        cached = self.lru.get(path)
+        if cached is not None and cached.identity == identity:
+            return cached
+        wkw_file = load_wkw_file(self.store, path, identity)
+        self.lru.put(path, wkw_file, wkw_file.cache_bytes)
+        return wkw_file
+
+    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock | None:
+        """Block ``index`` as stored, or None for a block the file holds no bytes for."""
+        offset, length = wkw_file.block_range(index)
+        if length == 0:
+            return None
+        return StoredBlock(self.store.read(wkw_file.path, offset, length, wkw_file.identity), wkw_file.header)
+
+
+def decompress_block(stored: StoredBlock) -> bytes:
+    """The block's raw voxel bytes (Fortran order, channels interleaved)."""
+    expected = stored.header.block_bytes
+    if not stored.block_type.compressed:
+        return stored.data
+    try:
+        raw = lz4.block.decompress(stored.data, uncompressed_size=expected)
+    except lz4.block.LZ4BlockError as exc:
+        raise BlockDecodeError(f"LZ4 block does not decode: {exc}") from exc
+    if len(raw) != expected:
+        raise BlockDecodeError(f"LZ4 block decodes to {len(raw)} bytes, expected {expected}")
+    return raw
+
+
+def decode_block(stored: StoredBlock) -> np.ndarray:
+    """The block as an array indexed ``[c, x, y, z]``."""
+    header = stored.header
+    side = header.block_len
+    flat = np.frombuffer(decompress_block(stored), dtype=header.dtype)
+    return flat.reshape((header.num_channels, side, side, side), order="F")
+
+
+def compress_block(raw: bytes, block_type: BlockType) -> bytes:
+    """Encode raw voxel bytes as stored for ``block_type``."""
+    if block_type is BlockType.RAW:
+        return raw
+    mode = "high_compression" if block_type is BlockType.LZ4HC else "default"
+    return lz4.block.compress(raw, mode=mode, store_size=False)

@@ -1,0 +1,87 @@
+"""A WKW mag directory: ``header.wkw`` plus data files ``z{Z}/y{Y}/x{X}.wkw``."""
+
+import os
+
+import numpy as np
+
+from .errors import HeaderError
+from .file import StoredBlock, WkwFile, WkwFileCache, decode_block
+from .header import HEADER_SIZE, WkwHeader, parse_header
+from .morton import morton_encode
+from .region import copy_overlap
+
+Vec3 = tuple[int, int, int]
+
+
+class WkwMag:
+    """Blocks and regions of one mag, in that mag's own voxel coordinates."""
+
+    def __init__(self, directory: str, files: WkwFileCache) -> None:
+        self.directory = directory
+        self.files = files
+        self.header = self._read_mag_header()
+
+    def _read_mag_header(self) -> WkwHeader:
+        path = os.path.join(self.directory, "header.wkw")
+        identity = self.files.store.identity(path)
+        if identity is None:
+            raise HeaderError(f"{path} does not exist")
+        return parse_header(self.files.store.read(path, 0, HEADER_SIZE, identity))
+
+    def file_path(self, cube: Vec3) -> str:
+        x, y, z = cube
+        return os.path.join(self.directory, f"z{z}", f"y{y}", f"x{x}.wkw")
+
+    def locate_block(self, block: Vec3) -> tuple[Vec3, int]:
+        """The file cube holding a block (block coordinates) and its Morton index there."""
+        log2 = self.header.file_len_log2
+        mask = self.header.file_len - 1
+        cube = (block[0] >> log2, block[1] >> log2, block[2] >> log2)
+        return cube, morton_encode(block[0] & mask, block[1] & mask, block[2] & mask)
+
+    def open_file(self, cube: Vec3) -> WkwFile | None:
+        wkw_file = self.files.open(self.file_path(cube))
+        if wkw_file is not None:
+            self._check_compatible(wkw_file)
+        return wkw_file
+
+    def _check_compatible(self, wkw_file: WkwFile) -> None:
+        mine, theirs = self.header, wkw_file.header
+        if (mine.block_len, mine.file_len, mine.dtype, mine.num_channels) != (
+            theirs.block_len,
+            theirs.file_len,
+            theirs.dtype,
+            theirs.num_channels,
+        ):
+            raise HeaderError(f"{wkw_file.path}: header does not match {self.directory}/header.wkw")
+
+    def stored_block(self, block: Vec3) -> StoredBlock | None:
+        """A block's stored bytes, or None where the file or block holds no data."""
+        cube, index = self.locate_block(block)
+        wkw_file = self.open_file(cube)
+        if wkw_file is None:
+            return None
+        return self.files.stored_block(wkw_file, index)
+
+    def read_block(self, block: Vec3) -> np.ndarray | None:
+        """A block as ``[c, x, y, z]``, or None where it holds no data (reads as zeros)."""
+        stored = self.stored_block(block)
+        return None if stored is None else decode_block(stored)
+
+    def read_region(self, offset: Vec3, shape: Vec3) -> np.ndarray:
+        """Voxels ``[offset, offset + shape)`` as ``[c, x, y, z]``; absent data is zero."""
+        header = self.header
+        side = header.block_len
+        out = np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F")
+        if min(shape) <= 0:
+            return out
+        end = [o + s for o, s in zip(offset, shape)]
+        first = [o // side for o in offset]
+        last = [(e - 1) // side for e in end]
+        for bx in range(first[0], last[0] + 1):
+            for by in range(first[1], last[1] + 1):
+                for bz in range(first[2], last[2] + 1):
+                    data = self.read_block((bx, by, bz))
+                    if data is not None:
+                        copy_overlap(out, offset, data, (bx * side, by * side, bz * side))
+        return out
