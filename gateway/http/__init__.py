@@ -1,0 +1,1 @@
+"""The HTTP edge: routes, auth, byte ranges, conditional requests, listings and errors."""

@@ -1,0 +1,170 @@
+"""Pydantic models of ``datasource-properties.json`` as webknossos-libs writes it.
+
+Unknown keys are kept (``extra="allow"``) so that the rewritten file a client
+reads back carries everything the original said.
+"""
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Vec3 = tuple[int, int, int]
+
+ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
+    "uint8": ("uint8", 1),
+    "uint16": ("uint16", 1),
+    "uint24": ("uint8", 3),
+    "uint32": ("uint32", 1),
+    "uint64": ("uint64", 1),
+    "int8": ("int8", 1),
+    "int16": ("int16", 1),
+    "int32": ("int32", 1),
+    "int64": ("int64", 1),
+    "float": ("float32", 1),
+    "double": ("float64", 1),
+}
+
+
+def parse_mag(value: Any) -> Vec3:
+    """A mag from ``2``, ``"2"``, ``"2-2-1"``, ``[2, 2, 1]``; every factor a positive power of two."""
+    if isinstance(value, str):
+        parts = value.split("-")
+        if len(parts) not in (1, 3) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"mag {value!r} is neither 'N' nor 'X-Y-Z'")
+        value = [int(p) for p in parts]
+    if isinstance(value, int):
+        value = [value] * 3
+    if not isinstance(value, list | tuple) or len(value) != 3 or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"mag {value!r} must be an integer or three integers")
+    if any(v < 1 or v & (v - 1) for v in value):
+        raise ValueError(f"mag {value!r} must be positive powers of two")
+    return (value[0], value[1], value[2])
+
+
+def mag_name(mag: Vec3) -> str:
+    """``"2"`` for isotropic mags, ``"2-2-1"`` otherwise (webKnossos' own literals)."""
+    return str(mag[0]) if mag[0] == mag[1] == mag[2] else "-".join(map(str, mag))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class DatasetId(_Model):
+    name: str
+    team: str = ""
+
+
+class VoxelSize(_Model):
+    factor: tuple[float, float, float]
+    unit: str = "nanometer"
+
+    @field_validator("factor")
+    @classmethod
+    def _positive(cls, factor: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(f <= 0 for f in factor):
+            raise ValueError("voxel size factors must be positive")
+        return factor
+
+
+class BoundingBox(_Model):
+    top_left: Vec3 = Field(alias="topLeft")
+    width: int = Field(ge=0)
+    height: int = Field(ge=0)
+    depth: int = Field(ge=0)
+
+    @property
+    def size(self) -> Vec3:
+        return (self.width, self.height, self.depth)
+
+    @property
+    def end(self) -> Vec3:
+        t, s = self.top_left, self.size
+        return (t[0] + s[0], t[1] + s[1], t[2] + s[2])
+
+
+class MagEntry(_Model):
+    mag: Vec3
+    path: str | None = None
+    axis_order: dict[str, int] | None = Field(default=None, alias="axisOrder")
+
+    @field_validator("mag", mode="before")
+    @classmethod
+    def _mag(cls, value: Any) -> Vec3:
+        return parse_mag(value)
+
+
+class WkwResolution(_Model):
+    resolution: Vec3
+    cube_length: int = Field(default=1024, alias="cubeLength")
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _mag(cls, value: Any) -> Vec3:
+        return parse_mag(value)
+
+
+class DataLayer(_Model):
+    name: str = Field(min_length=1)
+    category: Literal["color", "segmentation"]
+    bounding_box: BoundingBox = Field(alias="boundingBox")
+    element_class: Literal[tuple(ELEMENT_CLASSES)] = Field(alias="elementClass")  # type: ignore[valid-type]
+    data_format: Literal["wkw", "zarr", "zarr3"] = Field(alias="dataFormat")
+    num_channels: int | None = Field(default=None, alias="numChannels", ge=1)
+    mags: list[MagEntry] | None = None
+    wkw_resolutions: list[WkwResolution] | None = Field(default=None, alias="wkwResolutions")
+    largest_segment_id: int | None = Field(default=None, alias="largestSegmentId")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise ValueError(f"layer name {name!r} must be a plain directory name")
+        return name
+
+    @model_validator(mode="after")
+    def _has_mags(self) -> "DataLayer":
+        if not self.mags and not self.wkw_resolutions:
+            raise ValueError(f"layer {self.name!r} lists no mags (neither 'mags' nor 'wkwResolutions')")
+        return self
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of one channel."""
+        return np.dtype(ELEMENT_CLASSES[self.element_class][0])
+
+    @property
+    def channels(self) -> int:
+        if self.num_channels is not None:
+            return self.num_channels
+        return ELEMENT_CLASSES[self.element_class][1]
+
+    def mag_entries(self) -> list[MagEntry]:
+        """Mags in the modern form, whichever form the file used, finest first."""
+        if self.mags:
+            entries = list(self.mags)
+        else:
+            entries = [MagEntry(mag=r.resolution) for r in self.wkw_resolutions or []]
+        return sorted(entries, key=lambda e: max(e.mag))
+
+
+class DatasourceProperties(_Model):
+    id: DatasetId
+    scale: VoxelSize
+    data_layers: list[DataLayer] = Field(alias="dataLayers")
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _legacy_scale(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return {"factor": value, "unit": "nanometer"}
+        return value
+
+    @model_validator(mode="after")
+    def _unique_layers(self) -> "DatasourceProperties":
+        names = [layer.name for layer in self.data_layers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate layer names: {', '.join(duplicates)}")
+        return self

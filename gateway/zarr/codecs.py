@@ -1,0 +1,70 @@
+"""The codecs the gateway encodes with, and how v2 and v3 metadata name them.
+
+Only codecs that tensorstore, zarr-python and Neuroglancer all decode are
+offered; numcodecs' ``lz4`` is not one of them.
+"""
+
+import enum
+
+import numcodecs
+import numpy as np
+from numcodecs.abc import Codec as NumcodecsCodec
+
+numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
+
+BLOSC_CLEVEL = 5
+ZSTD_LEVEL = 3
+GZIP_LEVEL = 5
+
+
+class Codec(enum.StrEnum):
+    NONE = "none"
+    BLOSC_LZ4 = "blosc-lz4"
+    BLOSC_ZSTD = "blosc-zstd"
+    ZSTD = "zstd"
+    GZIP = "gzip"
+
+    @property
+    def is_blosc(self) -> bool:
+        return self in (Codec.BLOSC_LZ4, Codec.BLOSC_ZSTD)
+
+
+def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
+    if codec.is_blosc:
+        shuffle = numcodecs.Blosc.SHUFFLE if itemsize > 1 else numcodecs.Blosc.NOSHUFFLE
+        return numcodecs.Blosc(cname=codec.value.split("-")[1], clevel=BLOSC_CLEVEL, shuffle=shuffle)
+    if codec is Codec.ZSTD:
+        return numcodecs.Zstd(level=ZSTD_LEVEL)
+    if codec is Codec.GZIP:
+        return numcodecs.GZip(level=GZIP_LEVEL)
+    return None
+
+
+def encode(codec: Codec, data: np.ndarray) -> bytes:
+    """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare)."""
+    raw = np.asfortranarray(data)
+    encoder = _numcodecs_codec(codec, raw.dtype.itemsize)
+    flat = raw.reshape(-1, order="F")
+    if encoder is None:
+        return flat.tobytes()
+    return bytes(encoder.encode(flat))
+
+
+def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
+    """The ``compressor`` entry of ``.zarray``."""
+    encoder = _numcodecs_codec(codec, itemsize)
+    return None if encoder is None else encoder.get_config()
+
+
+def v3_codecs(codec: Codec, itemsize: int) -> list[dict]:
+    """Bytes-to-bytes codecs that follow ``transpose`` and ``bytes`` in ``zarr.json``."""
+    if codec.is_blosc:
+        shuffle = "shuffle" if itemsize > 1 else "noshuffle"
+        cname = codec.value.split("-")[1]
+        config = {"cname": cname, "clevel": BLOSC_CLEVEL, "shuffle": shuffle, "typesize": itemsize, "blocksize": 0}
+        return [{"name": "blosc", "configuration": config}]
+    if codec is Codec.ZSTD:
+        return [{"name": "zstd", "configuration": {"level": ZSTD_LEVEL, "checksum": False}}]
+    if codec is Codec.GZIP:
+        return [{"name": "gzip", "configuration": {"level": GZIP_LEVEL}}]
+    return []

@@ -1,0 +1,130 @@
+"""One description of a served layer and its mag arrays, from which both trees' metadata derive."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codecs import Codec, v2_compressor, v3_codecs
+
+Vec3 = tuple[int, int, int]
+AXES = ("c", "x", "y", "z")
+# (c, x, y, z) with x fastest in memory: Zarr v2 order "F", or a v3 transpose to (z, y, x, c).
+V3_TRANSPOSE = [3, 2, 1, 0]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayLayout:
+    """A served mag array: shape ``(c, x, y, z)``, its chunking, and how chunks are encoded.
+
+    ``shard_shape`` is set for the v3 sharded layout; ``chunk_shape`` is then
+    the inner chunk.
+    """
+
+    shape: tuple[int, int, int, int]
+    chunk_shape: tuple[int, int, int, int]
+    dtype: np.dtype
+    codec: Codec
+    shard_shape: tuple[int, int, int, int] | None = None
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        """How many (outer) chunks there are along each axis."""
+        outer = self.shard_shape or self.chunk_shape
+        return tuple(-(-s // c) for s, c in zip(self.shape, outer))
+
+
+@dataclass(frozen=True, slots=True)
+class MagArray:
+    mag: Vec3
+    path: str
+    layout: ArrayLayout
+
+
+@dataclass(frozen=True, slots=True)
+class LayerDescription:
+    name: str
+    voxel_size: tuple[float, float, float]
+    unit: str
+    mags: tuple[MagArray, ...]
+
+
+def zarray(layout: ArrayLayout) -> dict:
+    """``.zarray`` for the Zarr v2 tree."""
+    return {
+        "zarr_format": 2,
+        "shape": list(layout.shape),
+        "chunks": list(layout.chunk_shape),
+        "dtype": layout.dtype.str,
+        "compressor": v2_compressor(layout.codec, layout.dtype.itemsize),
+        "fill_value": 0,
+        "order": "F",
+        "filters": None,
+        "dimension_separator": ".",
+    }
+
+
+def _inner_codecs(layout: ArrayLayout) -> list[dict]:
+    return [
+        {"name": "transpose", "configuration": {"order": V3_TRANSPOSE}},
+        {"name": "bytes", "configuration": {"endian": "little"}},
+        *v3_codecs(layout.codec, layout.dtype.itemsize),
+    ]
+
+
+def array_zarr_json(layout: ArrayLayout) -> dict:
+    """``zarr.json`` of a mag array for the Zarr v3 tree."""
+    codecs = _inner_codecs(layout)
+    grid_chunk = layout.chunk_shape
+    if layout.shard_shape is not None:
+        grid_chunk = layout.shard_shape
+        sharding = {
+            "chunk_shape": list(layout.chunk_shape),
+            "codecs": codecs,
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            "index_location": "end",
+        }
+        codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(layout.shape),
+        "data_type": layout.dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid_chunk)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": codecs,
+        "dimension_names": list(AXES),
+        "attributes": {},
+    }
+
+
+def group_zarr_json(attributes: dict | None = None) -> dict:
+    return {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
+
+
+def _axes(unit: str) -> list[dict]:
+    return [{"name": "c", "type": "channel"}] + [{"name": a, "type": "space", "unit": unit} for a in AXES[1:]]
+
+
+def _datasets(layer: LayerDescription) -> list[dict]:
+    return [
+        {
+            "path": m.path,
+            "coordinateTransformations": [
+                {"type": "scale", "scale": [1.0, *(v * f for v, f in zip(layer.voxel_size, m.mag))]}
+            ],
+        }
+        for m in layer.mags
+    ]
+
+
+def ome_v04(layer: LayerDescription) -> dict:
+    """Layer ``.zattrs``: OME-NGFF 0.4 multiscales."""
+    multiscale = {"version": "0.4", "name": layer.name, "axes": _axes(layer.unit), "datasets": _datasets(layer)}
+    return {"multiscales": [multiscale]}
+
+
+def ome_v05(layer: LayerDescription) -> dict:
+    """Layer group attributes in the v3 tree: OME-NGFF 0.5 under ``ome``."""
+    multiscale = {"name": layer.name, "axes": _axes(layer.unit), "datasets": _datasets(layer)}
+    return {"ome": {"version": "0.5", "multiscales": [multiscale]}}

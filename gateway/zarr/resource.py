@@ -1,0 +1,36 @@
+"""What a route answers with: a byte object of known size and validators, readable by range."""
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
+
+
+def make_etag(*parts: object) -> str:
+    """A strong, quoted ETag that is the same on every replica for the same parts."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
+    return f'"{digest}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
+
+    A reader produces only the bytes asked for (it may do I/O, so callers run
+    it off the event loop); a body is sliced in place.
+    """
+
+    size: int
+    etag: str
+    media_type: str
+    body: bytes | None = None
+    reader: Callable[[int, int], bytes] | None = None
+    last_modified: float | None = None
+
+
+def bytes_resource(
+    body: bytes, media_type: str, etag: str | None = None, last_modified: float | None = None
+) -> Resource:
+    return Resource(len(body), etag or make_etag(body), media_type, body=body, last_modified=last_modified)

@@ -1,0 +1,137 @@
+"""The documents of both trees for one dataset, all derived from one description per layer."""
+
+import json
+from dataclasses import dataclass
+
+from ..sources.catalog import Dataset
+from ..sources.properties import mag_name
+from .chunks import ServedMag, codec_for_layout, served_mag
+from .codecs import Codec
+from .layout import (
+    ArrayLayout,
+    LayerDescription,
+    MagArray,
+    array_zarr_json,
+    group_zarr_json,
+    ome_v04,
+    ome_v05,
+    zarray,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How arrays are served: the settings that shape metadata and chunk bytes."""
+
+    codec: Codec = Codec.BLOSC_LZ4
+    chunk_edge: int = 32
+    sharded: bool = False  # v3 tree only
+
+
+@dataclass(frozen=True, slots=True)
+class LayerView:
+    description: LayerDescription
+    mags: dict[str, ServedMag]  # by URL name ("1", "2-2-1")
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetView:
+    """A dataset as one tree serves it."""
+
+    dataset: Dataset
+    version: int  # 2 or 3
+    layers: dict[str, LayerView]
+
+    def mag(self, layer: str, name: str) -> ServedMag | None:
+        """A mag by its short ("2") or long ("2-2-2") URL name."""
+        view = self.layers.get(layer)
+        if view is None:
+            return None
+        parts = name.split("-")
+        if len(parts) == 3 and len(set(parts)) == 1:
+            name = parts[0]
+        return view.mags.get(name)
+
+
+def dataset_view(dataset: Dataset, version: int, options: ServeOptions) -> DatasetView:
+    sharded = version == 3 and options.sharded
+    codec = codec_for_layout(options.codec, sharded)
+    scale = dataset.properties.scale
+    layers = {}
+    for name, layer in dataset.layers.items():
+        mags = {}
+        arrays = []
+        for mag, source in layer.mags.items():
+            channels = source.channels
+            edge = source.block_len if sharded else options.chunk_edge
+            shard = source.file_voxel_len if sharded else None
+            layout = ArrayLayout(
+                shape=(channels, *source.shape),
+                chunk_shape=(channels, edge, edge, edge),
+                dtype=source.dtype,
+                codec=codec,
+                shard_shape=None if shard is None else (channels, shard, shard, shard),
+            )
+            mags[mag_name(mag)] = served_mag(source, layout)
+            arrays.append(MagArray(mag, mag_name(mag), layout))
+        description = LayerDescription(name, scale.factor, scale.unit, tuple(arrays))
+        layers[name] = LayerView(description, mags)
+    return DatasetView(dataset, version, layers)
+
+
+def rewritten_properties(view: DatasetView) -> dict:
+    """The dataset's ``datasource-properties.json`` as a Zarr dataset of this tree."""
+    document = json.loads(json.dumps(view.dataset.document))
+    data_format = "zarr" if view.version == 2 else "zarr3"
+    served_layers = []
+    for layer in document.get("dataLayers", []):
+        layer_view = view.layers.get(layer.get("name"))
+        if layer_view is None or not layer_view.mags:
+            continue
+        layer["dataFormat"] = data_format
+        layer.pop("wkwResolutions", None)
+        layer["numChannels"] = view.dataset.layers[layer["name"]].properties.channels
+        layer["mags"] = [
+            {"mag": list(m.mag), "path": f"./{layer['name']}/{m.path}", "axisOrder": {"c": 0, "x": 1, "y": 2, "z": 3}}
+            for m in layer_view.description.mags
+        ]
+        served_layers.append(layer)
+    document["dataLayers"] = served_layers
+    return document
+
+
+def layer_attributes_v2(layer: LayerView) -> dict:
+    return ome_v04(layer.description)
+
+
+def layer_zarr_json(layer: LayerView) -> dict:
+    return group_zarr_json(ome_v05(layer.description))
+
+
+def consolidated_v2(view: DatasetView, layer: str | None = None) -> dict:
+    """``.zmetadata`` for the dataset group, or for one layer group."""
+    metadata: dict[str, dict] = {}
+    for name, layer_view in view.layers.items():
+        if layer is not None and name != layer:
+            continue
+        prefix = "" if layer is not None else f"{name}/"
+        metadata[f"{prefix}.zgroup"] = {"zarr_format": 2}
+        metadata[f"{prefix}.zattrs"] = layer_attributes_v2(layer_view)
+        for mag_path, served in layer_view.mags.items():
+            metadata[f"{prefix}{mag_path}/.zarray"] = zarray(served.layout)
+            metadata[f"{prefix}{mag_path}/.zattrs"] = {}
+    if layer is None:
+        metadata = {".zgroup": {"zarr_format": 2}, ".zattrs": {}, **metadata}
+    return {"zarr_consolidated_format": 1, "metadata": metadata}
+
+
+def dataset_zarr_json(view: DatasetView) -> dict:
+    """The dataset group's ``zarr.json`` with every layer and mag consolidated inline."""
+    metadata: dict[str, dict] = {}
+    for name, layer_view in view.layers.items():
+        metadata[name] = layer_zarr_json(layer_view)
+        for mag_path, served in layer_view.mags.items():
+            metadata[f"{name}/{mag_path}"] = array_zarr_json(served.layout)
+    document = group_zarr_json()
+    document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": metadata}
+    return document
