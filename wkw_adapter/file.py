@@ -97,11 +97,15 @@ class WkwFileCache:
         self.lru.put(path, wkw_file, wkw_file.cache_bytes)
         return wkw_file
 
-    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock | None:
-        """Block ``index`` as stored, or None for a block the file holds no bytes for."""
+    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock:
+        """Block ``index`` exactly as stored.
+
+        An empty block in a compressed file is corrupt (LZ4 never encodes a
+        block in zero bytes), never a block of zeros.
+        """
         offset, length = wkw_file.block_range(index)
         if length == 0:
-            return None
+            raise BlockDecodeError(f"{wkw_file.path}: block {index} has no bytes in the jump table")
         return StoredBlock(self.store.read(wkw_file.path, offset, length, wkw_file.identity), wkw_file.header)
 
 

@@ -64,8 +64,10 @@ class WkwHeader:
         if dtype not in _VOXEL_TYPES:
             raise HeaderError(f"WKW cannot store voxels of type {dtype}")
         for name, value in (("block_len", block_len), ("file_len", file_len)):
-            if value < 1 or value & (value - 1) or value > 2**15:
-                raise HeaderError(f"{name} must be a power of two, got {value}")
+            if value < 1 or value & (value - 1) or value > 2**10:
+                raise HeaderError(f"{name} must be a power of two up to 1024, got {value}")
+        if not 1 <= num_channels * dtype.itemsize <= 255:
+            raise HeaderError(f"{num_channels} channels of {dtype} do not fit the bytes-per-voxel field")
         header = cls(
             version=1,
             block_len_log2=block_len.bit_length() - 1,

@@ -9,8 +9,10 @@ from .file import StoredBlock, WkwFile, WkwFileCache, decode_block
 from .header import HEADER_SIZE, WkwHeader, parse_header
 from .morton import morton_encode
 from .region import copy_overlap
+from .storage import FileIdentity
 
 Vec3 = tuple[int, int, int]
+FileSource = tuple[str, FileIdentity | None]
 
 
 class WkwMag:
@@ -70,18 +72,42 @@ class WkwMag:
 
     def read_region(self, offset: Vec3, shape: Vec3) -> np.ndarray:
         """Voxels ``[offset, offset + shape)`` as ``[c, x, y, z]``; absent data is zero."""
+        return self.read_region_with_sources(offset, shape)[0]
+
+    def read_region_with_sources(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource]]:
+        """Like :meth:`read_region`, plus the path and identity (None: absent) of every file consulted.
+
+        The identities are those of the bytes actually read, so a caller can
+        derive a validator (ETag) that is exact for this answer.
+        """
         header = self.header
-        side = header.block_len
         out = np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F")
+        sources: list[FileSource] = []
         if min(shape) <= 0:
-            return out
+            return out, sources
+        side = header.block_len
         end = [o + s for o, s in zip(offset, shape)]
-        first = [o // side for o in offset]
-        last = [(e - 1) // side for e in end]
-        for bx in range(first[0], last[0] + 1):
-            for by in range(first[1], last[1] + 1):
-                for bz in range(first[2], last[2] + 1):
-                    data = self.read_block((bx, by, bz))
-                    if data is not None:
-                        copy_overlap(out, offset, data, (bx * side, by * side, bz * side))
-        return out
+        first_block = [o // side for o in offset]
+        last_block = [(e - 1) // side for e in end]
+        log2 = header.file_len_log2
+        for cube in _cells([b >> log2 for b in first_block], [b >> log2 for b in last_block]):
+            wkw_file = self.open_file(cube)
+            sources.append((self.file_path(cube), None if wkw_file is None else wkw_file.identity))
+            if wkw_file is None:
+                continue
+            lo = [max(f, c << log2) for f, c in zip(first_block, cube)]
+            hi = [min(la, ((c + 1) << log2) - 1) for la, c in zip(last_block, cube)]
+            for block in _cells(lo, hi):
+                stored = self.files.stored_block(wkw_file, self.locate_block(block)[1])
+                copy_overlap(out, offset, decode_block(stored), (block[0] * side, block[1] * side, block[2] * side))
+        return out, sources
+
+
+def _cells(first: list[int], last: list[int]) -> list[Vec3]:
+    """All integer points of the box ``[first, last]`` (inclusive)."""
+    return [
+        (x, y, z)
+        for x in range(first[0], last[0] + 1)
+        for y in range(first[1], last[1] + 1)
+        for z in range(first[2], last[2] + 1)
+    ]

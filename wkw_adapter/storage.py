@@ -16,6 +16,7 @@ class FileIdentity(NamedTuple):
 
     size: int
     version: str
+    mtime: float
 
 
 class ByteStore(Protocol):
@@ -33,7 +34,7 @@ class ByteStore(Protocol):
 
 
 def _local_identity(st: os.stat_result) -> FileIdentity:
-    return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}")
+    return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}", st.st_mtime)
 
 
 class LocalStore:

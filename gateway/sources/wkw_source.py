@@ -83,7 +83,7 @@ class WkwMagSource:
         """The data file of one file cube (a v3 shard), or None if it does not exist."""
         return self.wkw.open_file(cube)
 
-    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock | None:
+    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock:
         return self.wkw.files.stored_block(wkw_file, index)
 
     def block_in_file(self, block: Vec3) -> tuple[WkwFile | None, int, str]:

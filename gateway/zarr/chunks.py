@@ -149,7 +149,9 @@ def plan_shard(source: WkwMagSource, wkw_file: WkwFile, cube: Vec3) -> ShardPlan
     inside = np.all(lo >= source.bbox_lo, axis=1) & np.all(hi <= source.bbox_hi, axis=1)
     outside = np.any(hi <= source.bbox_lo, axis=1) | np.any(lo >= source.bbox_hi, axis=1)
     offsets, lengths = _block_ranges(wkw_file)
-    present = ~outside & (lengths > 0)
+    if np.any(~outside & (lengths == 0)):
+        raise BlockDecodeError(f"{wkw_file.path}: a block has no bytes in the jump table")
+    present = ~outside
     kind = np.where(inside, _STORED_LZ4 if header.block_type.compressed else _STORED_RAW, _MASKED)
     if header.block_type.compressed and np.any(present & inside & (lengths > lz4_bound(block_bytes))):
         raise BlockDecodeError(f"{wkw_file.path}: a stored LZ4 block is larger than any block can compress to")
