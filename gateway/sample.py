@@ -9,6 +9,7 @@ Everything is computed with numpy from a fixed seed, so every run writes the sam
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,15 +82,15 @@ def _mag_extent(mag: Vec3) -> tuple[Vec3, Vec3]:
     """The mag-``mag`` voxels ``[start, stop)`` that cover the bounding box."""
     start = tuple(t // m for t, m in zip(TOP_LEFT, mag))
     stop = tuple(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
-    return start, stop  # type: ignore[return-value]
+    return (start[0], start[1], start[2]), (stop[0], stop[1], stop[2])
 
 
 def _aligned_region(top_left: Vec3, size: Vec3) -> tuple[Vec3, Vec3]:
     """The bounding box grown to whole voxels of the coarsest mag, so every mag downsamples exactly."""
     coarsest = [math.lcm(*(m[i] for m in MAGS)) for i in range(3)]
-    lo = tuple(t // c * c for t, c in zip(top_left, coarsest))
-    hi = tuple(-(-(t + s) // c) * c for t, s, c in zip(top_left, size, coarsest))
-    return lo, hi  # type: ignore[return-value]
+    lo = [t // c * c for t, c in zip(top_left, coarsest)]
+    hi = [-(-(t + s) // c) * c for t, s, c in zip(top_left, size, coarsest)]
+    return (lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2])
 
 
 def _properties(largest_segment_id: int) -> dict:
@@ -220,12 +221,11 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
     margin = 500.0
     box_lo, box_hi = lo_nm - margin, hi_nm + margin
     spacing = 860.0
-    seeds: list[np.ndarray] = []
-    for _ in range(4000):
+    centres = np.empty((0, 3))
+    for _ in range(4000):  # dart throwing: keep candidates at least `spacing` from every earlier seed
         candidate = rng.uniform(box_lo, box_hi)
-        if all(np.linalg.norm(candidate - s) >= spacing for s in seeds):
-            seeds.append(candidate)
-    centres = np.array(seeds)
+        if np.all(np.linalg.norm(centres - candidate, axis=1) >= spacing):
+            centres = np.vstack([centres, candidate])
     n = len(centres)
     radii = rng.uniform(0.84, 0.98, size=n) * spacing
     shade = rng.normal(0.0, 9.0, size=n)
@@ -233,10 +233,10 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
     neighbour = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
     np.fill_diagonal(neighbour, np.inf)
     nearest = neighbour.min(axis=1)
-    warp = [
-        (*(_ValueNoise(rng, box_lo - radii.max(), box_hi + radii.max(), spacing_nm) for _ in range(3)), amplitude)
-        for spacing_nm, amplitude in zip((650.0, 230.0), _WARP_NM)
-    ]
+    warp = []
+    for spacing_nm, amplitude in zip((650.0, 230.0), _WARP_NM):
+        fields = [_ValueNoise(rng, box_lo - radii.max(), box_hi + radii.max(), spacing_nm) for _ in range(3)]
+        warp.append((fields[0], fields[1], fields[2], amplitude))
     tissue = _Tissue(
         seeds=centres,
         radii=radii,
@@ -244,7 +244,7 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
         nuclei=[],
         mitochondria=[],
         vesicles=[],
-        warp=warp,  # type: ignore[arg-type]
+        warp=warp,
         light=_ValueNoise(rng, lo_nm, hi_nm, 1400.0),
         grain=_ValueNoise(rng, lo_nm, hi_nm, 40.0),
         chromatin=_ValueNoise(rng, lo_nm, hi_nm, 70.0),
@@ -275,7 +275,7 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
             nucleolus = nucleus_centre + unit(rng.normal(size=3)) * nucleus_axes.min() * rng.uniform(0.0, 0.4)
             nucleolus_radius = nucleus_axes.min() * rng.uniform(0.2, 0.3)
             tissue.nuclei.append((int(cell), nucleus_centre, nucleus_axes, nucleolus, nucleolus_radius))
-        # Mitochondria lie in the cytoplasm around the nucleus, roughly tangential; try 24 at once, keep 0-3
+        # Mitochondria lie in the cytoplasm around the nucleus, roughly tangential; try 24 at once, keep up to 3
         # whose spine stays clear of the membrane, the nucleus and each other.
         tries = 24
         radial = unit(rng.normal(size=(tries, 3)))
@@ -289,8 +289,9 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
         reach = nucleus_axes + (thick + 30.0)[:, None]
         clear &= np.linalg.norm((spine - nucleus_centre) / reach, axis=-1) > 1.0
         placed: list[int] = []
+        wanted = int(rng.integers(1, 4))
         for i in np.flatnonzero(clear.all(axis=0)):
-            if len(placed) == rng.integers(1, 4):
+            if len(placed) == wanted:
                 break
             if all(np.linalg.norm(middles[i] - middles[j]) > half[i] + half[j] for j in placed):
                 placed.append(i)
@@ -309,7 +310,7 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
     return tissue
 
 
-def _render(lo: Vec3, hi: Vec3, advance=lambda: None) -> tuple[np.ndarray, np.ndarray]:
+def _render(lo: Vec3, hi: Vec3, advance: Callable[[], None] = lambda: None) -> tuple[np.ndarray, np.ndarray]:
     """Color (uint8) and cell labels (uint32, 1..N, 0 outside cells) over mag-1 voxels ``[lo, hi)``."""
     rng = np.random.default_rng(RANDOM_SEED)
     scale = np.array(VOXEL_SIZE_NM)
