@@ -6,6 +6,7 @@ for object storage.
 """
 
 import os
+import stat
 from typing import NamedTuple, Protocol
 
 from .errors import FileChangedError, TruncatedFileError
@@ -20,6 +21,8 @@ class FileIdentity(NamedTuple):
 
 
 class ByteStore(Protocol):
+    is_local: bool  # reads are positioned reads of local files: fast enough to run on an event loop
+
     def identity(self, path: str) -> FileIdentity | None:
         """The file's current identity, or None if it does not exist."""
         ...
@@ -37,22 +40,61 @@ def _local_identity(st: os.stat_result) -> FileIdentity:
     return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}", st.st_mtime)
 
 
+class OutsideRootError(PermissionError):
+    """A file whose real path (after symlinks) lies outside the store's root: never read."""
+
+
+def resolve_inside(root: str, path: str) -> str | None:
+    """``path`` with every symlink resolved, or None if that lies outside ``root`` (a real path)."""
+    real = os.path.realpath(path)
+    if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+        return real
+    return None
+
+
 class LocalStore:
-    """Positioned reads from local files; never loads a whole file."""
+    """Positioned reads from local files; never loads a whole file.
+
+    With a ``root``, files whose real path (symlinks resolved) lies outside
+    it are refused. Directories are resolved once and remembered; the file
+    itself is checked on every lookup, cheaply unless it is a symlink.
+    """
+
+    is_local = True
+    _MAX_CHECKED_DIRECTORIES = 1 << 16
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = None if root is None else os.path.realpath(root)
+        self._checked_directories: set[str] = set()
+
+    def _check_inside(self, path: str) -> None:
+        directory = os.path.dirname(path)
+        if directory not in self._checked_directories:
+            if resolve_inside(self.root, directory) is None:  # type: ignore[arg-type]
+                raise OutsideRootError(f"{path} resolves outside the data root")
+            if len(self._checked_directories) >= self._MAX_CHECKED_DIRECTORIES:
+                self._checked_directories.clear()
+            self._checked_directories.add(directory)
 
     def identity(self, path: str) -> FileIdentity | None:
         try:
-            st = os.stat(path)
-        except FileNotFoundError:
+            if self.root is None:
+                return _local_identity(os.stat(path))
+            self._check_inside(path)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                if resolve_inside(self.root, path) is None:
+                    raise OutsideRootError(f"{path} resolves outside the data root")
+                st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return _local_identity(st)
 
     def read(self, path: str, offset: int, size: int, expected: FileIdentity) -> bytes:
         fd = os.open(path, os.O_RDONLY)
         try:
-            if _local_identity(os.fstat(fd)) != expected:
-                raise FileChangedError(f"{path} changed while it was being read")
             data = os.pread(fd, size, offset)
+            # Checked after the read: the bytes are those of the identified version, or nothing.
             if _local_identity(os.fstat(fd)) != expected:
                 raise FileChangedError(f"{path} changed while it was being read")
         finally:

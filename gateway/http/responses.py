@@ -1,5 +1,6 @@
 """Answering with a Resource: validators, conditional requests (RFC 9110 §13) and byte ranges."""
 
+import functools
 import json
 from email.utils import formatdate, parsedate_to_datetime
 
@@ -42,6 +43,7 @@ def _matches(header: str, etag: str, weak: bool) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)
 def _http_date(timestamp: float) -> str:
     return formatdate(timestamp, usegmt=True)
 

@@ -142,10 +142,7 @@ class DataLayer(_Model):
 
     def mag_entries(self) -> list[MagEntry]:
         """Mags in the modern form, whichever form the file used, finest first."""
-        if self.mags:
-            entries = list(self.mags)
-        else:
-            entries = [MagEntry(mag=r.resolution) for r in self.wkw_resolutions or []]
+        entries = self.mags or [MagEntry(mag=r.resolution) for r in self.wkw_resolutions or []]
         return sorted(entries, key=lambda e: max(e.mag))
 
 

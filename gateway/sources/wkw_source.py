@@ -86,7 +86,12 @@ class WkwMagSource:
     def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock:
         return self.wkw.files.stored_block(wkw_file, index)
 
-    def block_in_file(self, block: Vec3) -> tuple[WkwFile | None, int, str]:
-        """The file holding a block, the block's Morton index in it, and the file's path."""
-        cube, index = self.wkw.locate_block(block)
+    def block_in_file(self, x: int, y: int, z: int) -> tuple[WkwFile | None, int, str]:
+        """The file holding block ``(x, y, z)``, the block's Morton index in it, and the file's path."""
+        cube, index = self.wkw.locate_block((x, y, z))
         return self.open_file(cube), index, self.wkw.file_path(cube)
+
+    @property
+    def reads_are_cheap(self) -> bool:
+        """Whether a stat and a small read may run on the event loop (local page cache, not a network)."""
+        return self.wkw.files.store.is_local

@@ -66,25 +66,47 @@ def _passthrough_body(stored: StoredBlock) -> bytes:
     return lz4_chunk_prefix(len(stored.data), block_bytes) + stored.data
 
 
-def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
-    """One chunk of the plain layout (both trees): exactly the voxels of that chunk at this mag."""
-    layout, source = served.layout, served.source
-    _check_grid(layout, index)
-    edge = layout.chunk_shape[1]
+def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3]:
+    _check_grid(served.layout, index)
+    edge = served.layout.chunk_shape[1]
     lo = (index[1] * edge, index[2] * edge, index[3] * edge)
     hi = (lo[0] + edge, lo[1] + edge, lo[2] + edge)
-    if source.clip(lo, hi) is None:
+    if served.source.clip(lo, hi) is None:
         raise ChunkNotFound("the chunk lies wholly outside the layer's bounding box")
-    if layout.codec.is_blosc and edge == source.block_len and source.contains(lo, hi):
-        wkw_file, block_index, path = source.block_in_file(index[1:])  # type: ignore[arg-type]
-        stored = None if wkw_file is None else source.stored_block(wkw_file, block_index)
-        if stored is not None:
-            etag = make_etag(served.fingerprint, index, path, wkw_file.identity)  # type: ignore[union-attr]
-            return bytes_resource(_passthrough_body(stored), OCTET_STREAM, etag, wkw_file.identity.mtime)  # type: ignore[union-attr]
-    region = source.read_box(lo, hi)
+    return lo, hi
+
+
+def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | None:
+    """The chunk as stored, if it is exactly one stored block inside the bounding box; else None.
+
+    Costs a stat and one positioned read, so the HTTP layer may call it on
+    the event loop for local files.
+    """
+    layout, source = served.layout, served.source
+    lo, hi = _chunk_box(served, index)
+    if not (layout.codec.is_blosc and layout.chunk_shape[1] == source.block_len and source.contains(lo, hi)):
+        return None
+    wkw_file, block_index, path = source.block_in_file(
+        lo[0] // source.block_len, lo[1] // source.block_len, lo[2] // source.block_len
+    )
+    if wkw_file is None:
+        return None
+    stored = source.stored_block(wkw_file, block_index)
+    etag = make_etag(served.fingerprint, index, path, wkw_file.identity)
+    return bytes_resource(_passthrough_body(stored), OCTET_STREAM, etag, wkw_file.identity.mtime)
+
+
+def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
+    """One chunk of the plain layout (both trees): exactly the voxels of that chunk at this mag."""
+    resource = passthrough_chunk(served, index)
+    if resource is not None:
+        return resource
+    lo, hi = _chunk_box(served, index)
+    region = served.source.read_box(lo, hi)
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
     etag = make_etag(served.fingerprint, index, region.sources)
-    return bytes_resource(encode(layout.codec, region.data), OCTET_STREAM, etag, max(mtimes, default=None))
+    body = encode(served.layout.codec, region.data)
+    return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))
 
 
 # --- virtual shards: one WKW file served as one sharding_indexed shard ---------------------------
