@@ -1,57 +1,38 @@
 """``zarr-gateway serve`` and ``zarr-gateway make-sample``."""
 
 import argparse
-import logging
-import os
-import sys
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from .settings import Settings
 
 
-def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def _settings_from(args: argparse.Namespace) -> Settings:
-    """Environment variables first, command-line flags over them."""
-    flags = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
-    try:
-        return Settings(**flags)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        sys.exit(f"zarr-gateway: invalid settings: {problems}")
+    """Command-line flags over environment variables over the settings file over the defaults."""
+    from .startup import load_settings
+
+    return load_settings({k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None})
 
 
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from .http.auth import Tokens, TokensFileError
+    from .startup import prepare
 
-    _configure_logging()
     settings = _settings_from(args)
-    if settings.tokens_file is not None:
-        try:
-            Tokens.load(settings.tokens_file)
-        except TokensFileError as exc:
-            sys.exit(f"zarr-gateway: {exc}")
-    shown = settings.model_dump(mode="json")
-    logging.getLogger("gateway").info("settings: %s", {k: v for k, v in shown.items()})
-    # Workers are separate processes: hand them the validated settings through the environment.
-    for name, value in shown.items():
-        if value is not None:
-            os.environ[f"ZARR_GATEWAY_{name.upper()}"] = str(value)
-    uvicorn.run(
-        "gateway.http.app:create_app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        access_log=False,
-        log_config=None,
-    )
+    cleanup = prepare(settings)
+    try:
+        uvicorn.run(
+            "gateway.http.app:create_app_from_env",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=settings.graceful_timeout,
+        )
+    finally:
+        cleanup()
 
 
 def make_sample(args: argparse.Namespace) -> None:
@@ -75,6 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--v3-layout", dest="v3_layout")
     run.add_argument("--cache-bytes", dest="cache_bytes", type=int)
     run.add_argument("--cache-control", dest="cache_control")
+    run.add_argument("--threads", type=int)
+    run.add_argument(
+        "--settings-file", dest="settings_file", help="JSON or KEY=VALUE file (ZARR_GATEWAY_SETTINGS_FILE)"
+    )
+    run.add_argument("--log-format", dest="log_format", help="json or text")
+    run.add_argument("--drain-seconds", dest="drain_seconds", type=float)
+    run.add_argument("--graceful-timeout", dest="graceful_timeout", type=float)
+    run.add_argument("--metrics-dir", dest="metrics_dir")
+    run.add_argument("--tokens-reload-seconds", dest="tokens_reload_seconds", type=float)
     run.set_defaults(func=serve)
     sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
     sample.add_argument("directory")

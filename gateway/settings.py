@@ -1,21 +1,38 @@
-"""All settings in one model: environment variables (ZARR_GATEWAY_*), then CLI flags on top."""
+"""All settings in one model.
 
+Precedence, highest first: command-line flags (passed as keyword arguments), environment variables
+(``ZARR_GATEWAY_*``), a settings file (``--settings-file`` / ``ZARR_GATEWAY_SETTINGS_FILE``: JSON, or
+``.env`` style ``KEY=VALUE`` lines), then the defaults. An unknown setting in the environment or in
+the file stops start-up with a message that names it.
+"""
+
+import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from .zarr.codecs import Codec
 
 ALLOWED_CHUNK_EDGES = (32, 64, 128, 256)
+ENV_PREFIX = "ZARR_GATEWAY_"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ZARR_GATEWAY_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True)
 
-    root: Path = Field(description="data root: <root>/<organization>/<dataset>/datasource-properties.json")
+    root: str = Field(
+        description="data root: a directory, file:// or s3://bucket/prefix URL holding "
+        "<organization>/<dataset>/datasource-properties.json"
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     tokens_file: Path | None = Field(default=None, description="JSON tokens file; without it the gateway is open")
@@ -26,6 +43,20 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(default=256 << 20, ge=0, description="bound of the header/jump-table/shard cache")
     cache_control: str = Field(default="no-cache", description="Cache-Control of every data response")
     threads: int = Field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)), ge=1)
+    settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
+    log_format: Literal["json", "text"] = Field(default="json", description="log lines as JSON objects or text")
+    drain_seconds: float = Field(
+        default=0, ge=0, description="after SIGTERM, /readyz fails for this long before the listener closes"
+    )
+    graceful_timeout: float = Field(
+        default=30, gt=0, description="after the listener closes, in-flight requests get this long to finish"
+    )
+    metrics_dir: Path | None = Field(
+        default=None, description="prometheus multiprocess directory (workers > 1); a fresh temporary one if unset"
+    )
+    tokens_reload_seconds: float = Field(
+        default=2, ge=0, description="how often a changed tokens file is re-read; 0 never re-reads it"
+    )
 
     @field_validator("chunk_edge")
     @classmethod
@@ -36,7 +67,101 @@ class Settings(BaseSettings):
 
     @field_validator("root")
     @classmethod
-    def _root_exists(cls, root: Path) -> Path:
-        if not root.is_dir():
-            raise ValueError(f"data root {str(root)!r} is not a directory")
+    def _root_exists(cls, root: str) -> str:
+        if root.startswith("s3://"):
+            return root
+        if not Path(root.removeprefix("file://")).is_dir():
+            raise ValueError(f"data root {root!r} is not a directory")
         return root
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _StrictEnvSource(settings_cls), _SettingsFileSource(settings_cls)
+
+    def public(self) -> dict[str, Any]:
+        """The settings as JSON-able values, secrets masked: what start-up prints."""
+        shown = self.model_dump(mode="json")
+        for name, value in self:
+            if isinstance(value, SecretStr):
+                shown[name] = "**********"
+        return shown
+
+
+def _known() -> str:
+    return ", ".join(sorted(Settings.model_fields))
+
+
+class _StrictEnvSource(EnvSettingsSource):
+    """The environment, where a ZARR_GATEWAY_* variable that names no setting is an error, not ignored."""
+
+    def __call__(self) -> dict[str, Any]:
+        unknown = sorted(
+            name
+            for name in os.environ
+            if name.upper().startswith(ENV_PREFIX) and name[len(ENV_PREFIX) :].lower() not in Settings.model_fields
+        )
+        if unknown:
+            raise SettingsError(f"unknown setting in the environment: {', '.join(unknown)} (known: {_known()})")
+        return super().__call__()
+
+
+class _SettingsFileSource(PydanticBaseSettingsSource):
+    """The settings file named by a flag or by ZARR_GATEWAY_SETTINGS_FILE (already in current_state)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover - unused
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = self.current_state.get("settings_file")
+        if not path:
+            return {}
+        return read_settings_file(Path(path))
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """Settings from a JSON object or ``KEY=VALUE`` lines; keys are setting names, with or without the prefix."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"settings file {str(path)!r} cannot be read: {exc.strerror}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            document = json.loads(text)
+        except ValueError as exc:
+            raise SettingsError(f"settings file {str(path)!r} is not JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise SettingsError(f"settings file {str(path)!r} must hold a JSON object of settings")
+        items = list(document.items())
+    else:
+        items = []
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, equals, value = line.removeprefix("export ").partition("=")
+            if not equals:
+                raise SettingsError(f"settings file {str(path)!r} line {number}: expected KEY=VALUE")
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            if not value:
+                continue  # KEY= leaves the setting to its default, as an empty variable does
+            items.append((key.strip(), value))
+    values: dict[str, Any] = {}
+    unknown = []
+    for key, value in items:
+        name = key.lower().removeprefix(ENV_PREFIX.lower())
+        if name not in Settings.model_fields or name == "settings_file":
+            unknown.append(key)
+        else:
+            values[name] = value
+    if unknown:
+        raise SettingsError(f"unknown setting in settings file {str(path)!r}: {', '.join(unknown)} (known: {_known()})")
+    return values

@@ -129,7 +129,8 @@ def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
-    process = subprocess.Popen(args, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env)
+    with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

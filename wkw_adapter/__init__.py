@@ -6,7 +6,7 @@ from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_blo
 from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
 from .mag import WkwMag
 from .morton import morton_decode, morton_encode, morton_grid
-from .storage import ByteStore, FileIdentity, LocalStore, OutsideRootError
+from .storage import ByteStore, FileIdentity, LocalStore, OutsideRootError, StoreUnavailableError
 from .writer import encode_file, write_mag
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "JumpTableError",
     "LocalStore",
     "OutsideRootError",
+    "StoreUnavailableError",
     "StoredBlock",
     "TruncatedFileError",
     "WkwError",

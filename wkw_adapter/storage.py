@@ -20,6 +20,10 @@ class FileIdentity(NamedTuple):
     mtime: float
 
 
+class StoreUnavailableError(OSError):
+    """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
+
+
 class ByteStore(Protocol):
     is_local: bool  # reads are positioned reads of local files: fast enough to run on an event loop
 

@@ -9,11 +9,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from wkw_adapter import FileChangedError, LocalStore, WkwError, WkwFileCache
+from wkw_adapter import ByteLRU, FileChangedError, StoreUnavailableError, WkwError, WkwFileCache
 
+from ..logs import configure_logging
+from ..metrics import MetricsMiddleware, count_storage_error
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
-from ..zarr.chunks import ChunkNotFound, ServedMag, ShardPlans, plain_chunk
+from ..storage import open_storage
+from ..zarr.chunks import ChunkNotFound, ServedMag, ShardPlans, passthrough_chunk, plain_chunk
 from ..zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from ..zarr.layout import array_zarr_json, zarray
 from ..zarr.resource import JSON, Resource, bytes_resource
@@ -30,6 +33,7 @@ from ..zarr.tree import (
 from .auth import Grant, Tokens
 from .listing import Entry, render_listing
 from .middleware import EdgeMiddleware
+from .ops import Ops
 from .responses import HttpError, error_response, send_resource
 
 log = logging.getLogger("gateway")
@@ -50,8 +54,9 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.files = WkwFileCache(LocalStore(), max_bytes=settings.cache_bytes // 2)
-        self.catalog = Catalog(str(settings.root), self.files)
+        self.storage = open_storage(settings.root)
+        self.files = WkwFileCache(self.storage, max_bytes=settings.cache_bytes // 4)
+        self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
         self.shards = ShardPlans(settings.cache_bytes // 2)
         self.limiter = anyio.CapacityLimiter(settings.threads)
@@ -91,6 +96,10 @@ class Gateway:
             return await self._dispatch(request)
         except HttpError as exc:
             return error_response(exc.status, exc.message, exc.headers)
+        except StoreUnavailableError as exc:  # e.g. while listing or loading a dataset: transient, not a bug
+            log.error("store unavailable for %s %s: %s", request.method, request.url.path, exc)
+            count_storage_error("unavailable")
+            return error_response(503, f"the store did not answer: {exc}", {"Retry-After": "2"})
         except Exception:
             log.exception("unexpected error for %s %s", request.method, request.url.path)
             return error_response(500, "internal error; it has been logged")
@@ -110,6 +119,10 @@ class Gateway:
             return await self._listing(request, base, self._organizations(grant))
         organization = segments[0]
         if len(segments) == 1:
+            if grant is not None and not grant.allows_organization(organization):
+                raise HttpError(403, f"the token does not grant access to organization {organization}")
+            if organization not in self.catalog.organizations():
+                raise HttpError(404, f"no organization {organization!r}")
             return await self._listing(request, f"{base}{organization}/", self._datasets(grant, organization))
         name = segments[1]
         if grant is not None and not grant.allows(organization, name):
@@ -149,7 +162,12 @@ class Gateway:
         own_names, other_names = (V2_NAMES, V3_NAMES) if v2 else (V3_NAMES, V2_NAMES)
         if not rest:
             files = [PROPERTIES, ".zgroup", ".zattrs", ".zmetadata"] if v2 else [PROPERTIES, "zarr.json"]
-            layers = [Entry(name, True) for name, layer in view.layers.items() if layer.mags]
+            # A layer without a usable mag is listed with the reason instead of a link.
+            problems = {name: "; ".join(layer.problems) for name, layer in view.dataset.layers.items()}
+            layers = [
+                Entry(name, True, None if layer.mags else problems.get(name) or "no usable mag")
+                for name, layer in view.layers.items()
+            ]
             return await self._listing(request, base, [Entry(f, False) for f in files] + layers)
         name = rest[0]
         if len(rest) == 1 and name == PROPERTIES:
@@ -183,7 +201,8 @@ class Gateway:
             raise HttpError(404, f"{mag_name} belongs to the other Zarr version's tree")
         served = view.mag(name, mag_name)
         if served is None:
-            raise HttpError(404, f"no mag {mag_name!r} in layer {name!r}; there are {', '.join(layer.mags)}")
+            detail = f" ({'; '.join(problems)})" if problems else ""
+            raise HttpError(404, f"no mag {mag_name!r} in layer {name!r}; there are {', '.join(layer.mags)}{detail}")
         if len(rest) == 2:
             files = [".zarray", ".zattrs"] if v2 else ["zarr.json"]
             return await self._listing(request, f"{base}{mag_name}/", [Entry(f, False) for f in files])
@@ -226,17 +245,29 @@ class Gateway:
         return await self._chunk(served, index, sharded=served.layout.shard_shape is not None)
 
     async def _chunk(self, served: ServedMag, index: tuple[int, ...], sharded: bool) -> Resource:
-        produce = self.shards.shard if sharded else plain_chunk
+        """Produce a chunk or shard; a file rewritten mid-read is retried once, then 503."""
         for attempt in range(2):
             try:
-                return await anyio.to_thread.run_sync(produce, served, index, limiter=self.limiter)
+                if sharded:
+                    return await anyio.to_thread.run_sync(self.shards.shard, served, index, limiter=self.limiter)
+                # A pass-through chunk of a local file is one stat and one read: cheaper than a thread hop.
+                resource = passthrough_chunk(served, index) if served.source.reads_are_cheap else None
+                if resource is None:
+                    resource = await anyio.to_thread.run_sync(plain_chunk, served, index, limiter=self.limiter)
+                return resource
             except ChunkNotFound as exc:
                 raise HttpError(404, str(exc)) from None
             except FileChangedError:
                 if attempt:
+                    count_storage_error("changed")
                     raise HttpError(503, "the data file is being rewritten; retry", {"Retry-After": "1"}) from None
+            except StoreUnavailableError as exc:
+                log.error("store unavailable for %s chunk %s: %s", served.source.location, index, exc)
+                count_storage_error("unavailable")
+                raise HttpError(503, f"the store did not answer: {exc}", {"Retry-After": "2"}) from None
             except (WkwError, OSError) as exc:
-                log.error("storage fault for %s chunk %s: %s", served.source.wkw.directory, index, exc)
+                log.error("storage fault for %s chunk %s: %s", served.source.location, index, exc)
+                count_storage_error()
                 raise HttpError(500, f"storage fault: {exc}") from None
         raise AssertionError("unreachable")
 
@@ -252,18 +283,24 @@ def create_app(settings: Settings) -> Starlette:
     if gateway.tokens is None:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     methods = ["GET", "HEAD"]
+    ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
     routes = [
+        *ops.routes(),
         Route("/", _index, methods=methods),
         Route("/data/{tree}", gateway.handle, methods=methods),
         Route("/data/{tree}/", gateway.handle, methods=methods),
         Route("/data/{tree}/{rest:path}", gateway.handle, methods=methods),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, lifespan=ops.lifespan)
     app.state.gateway = gateway
+    app.state.ops = ops
     app.add_middleware(EdgeMiddleware)
+    app.add_middleware(MetricsMiddleware, watch=ops.watch)
     return app
 
 
 def create_app_from_env() -> Starlette:
     """Factory for uvicorn workers: settings come from ZARR_GATEWAY_* variables."""
-    return create_app(Settings())  # type: ignore[call-arg]
+    settings = Settings()  # type: ignore[call-arg]
+    configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging
+    return create_app(settings)

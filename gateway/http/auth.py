@@ -8,6 +8,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """Where in the file an error is; a token (a key of "tokens") is shown as <token>, never itself."""
+    if not loc:
+        return "top level"
+    return ".".join([str(loc[0]), *(["<token>"] if len(loc) > 1 else []), *map(str, loc[2:])])
+
 
 class TokensFileError(ValueError):
     """The tokens file cannot be used; the message names the problem."""
@@ -58,8 +67,8 @@ class Tokens:
         try:
             parsed = _TokensFile.model_validate(document)
         except ValidationError as exc:
-            reasons = "; ".join(e["msg"] for e in exc.errors())
-            raise TokensFileError(f"tokens file {str(path)!r} is invalid: {reasons}") from None
+            reasons = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise TokensFileError(f"tokens file {str(path)!r} is invalid: {reasons}; expected {SHAPE}") from None
         return cls(
             {
                 token.encode(): Grant(tuple(tuple(p.split("/", 1)) for p in patterns))  # type: ignore[misc]

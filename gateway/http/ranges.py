@@ -19,6 +19,8 @@ def parse_range(header: str | None, size: int) -> list[tuple[int, int]] | None:
 
     A header that is not a valid ``bytes=`` range set is ignored (None), as
     RFC 9110 lets a server do; end positions past the object are clamped.
+    Overlapping ranges that add up to more than the object are ignored too,
+    so an answer never carries more data than the whole object (RFC 9110 §14.2).
     """
     if header is None:
         return None
@@ -47,4 +49,6 @@ def parse_range(header: str | None, size: int) -> list[tuple[int, int]] | None:
             spans.append((start, end))
     if not spans:
         raise Unsatisfiable(f"no range of {header!r} lies within the {size} bytes")
+    if len(spans) > 1 and sum(end - start for start, end in spans) > size:
+        return None
     return spans

@@ -2,17 +2,20 @@
 
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 from pydantic import ValidationError
 
-from wkw_adapter import WkwError, WkwFileCache
+from wkw_adapter import ByteLRU, OutsideRootError, StoreUnavailableError, WkwError, WkwFileCache
 
-from .paths import inside, is_plain_name
+from ..storage import Storage
+from .mag import MagSource
+from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties, mag_name
 from .wkw_source import WkwMagSource
+from .zarr_source import SourceError, ZarrMagSource
 
 log = logging.getLogger("gateway.catalog")
 
@@ -23,7 +26,7 @@ Vec3 = tuple[int, int, int]
 @dataclass
 class Layer:
     properties: DataLayer
-    mags: dict[Vec3, WkwMagSource]
+    mags: dict[Vec3, MagSource]
     problems: list[str] = field(default_factory=list)
 
 
@@ -54,25 +57,21 @@ def _validation_message(exc: ValidationError) -> str:
 class Catalog:
     """The datasets under one root. Safe to share between threads; holds only caches."""
 
-    def __init__(self, root: str, files: WkwFileCache) -> None:
-        self.root = os.path.realpath(root)
+    def __init__(self, storage: Storage, files: WkwFileCache, index_cache: ByteLRU) -> None:
+        self.storage = storage
         self.files = files
+        self.index_cache = index_cache
         self._loaded: dict[tuple[str, str], tuple[str, Dataset | BrokenDataset]] = {}
         self._lock = threading.Lock()
 
-    def _subdirectories(self, path: str) -> list[str]:
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [e.name for e in entries if is_plain_name(e.name) and e.is_dir()]
-
     def organizations(self) -> list[str]:
-        return self._subdirectories(self.root)
+        return [name for name in self.storage.list_directories(self.storage.root) if is_plain_name(name)]
 
     def datasets(self, organization: str) -> list[Dataset | BrokenDataset]:
+        if not is_plain_name(organization):
+            return []
         found = []
-        for name in self._subdirectories(os.path.join(self.root, organization)):
+        for name in self.storage.list_directories(self.storage.join(self.storage.root, organization)):
             dataset = self.dataset(organization, name)
             if dataset is not None:
                 found.append(dataset)
@@ -82,32 +81,37 @@ class Catalog:
         """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none."""
         if not (is_plain_name(organization) and is_plain_name(name)):
             return None
-        directory = os.path.join(self.root, organization, name)
-        path = os.path.join(directory, PROPERTIES)
+        directory = self.storage.join(self.storage.root, organization, name)
+        path = self.storage.join(directory, PROPERTIES)
         try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
+            identity = self.storage.identity(path)
+        except OutsideRootError:  # a dataset or organization directory symlinked out of the root
+            return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
+        if identity is None:
             return None
-        version = f"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"
         key = (organization, name)
         with self._lock:
             cached = self._loaded.get(key)
-        if cached is not None and cached[0] == version:
+        if cached is not None and cached[0] == identity.version:
             return cached[1]
-        loaded = self._load(organization, name, directory, path, version)
+        loaded = self._load(organization, name, directory, path)
         if isinstance(loaded, BrokenDataset):
             log.warning("dataset %s/%s cannot be served: %s", organization, name, loaded.reason)
         with self._lock:
-            self._loaded[key] = (version, loaded)
+            self._loaded[key] = (identity.version if isinstance(loaded, BrokenDataset) else loaded.version, loaded)
         return loaded
 
-    def _load(self, organization: str, name: str, directory: str, path: str, version: str) -> Dataset | BrokenDataset:
-        if inside(self.root, path) is None:
+    def _load(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
+        if self.storage.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
         try:
-            with open(path, "rb") as f:
-                document = json.load(f)
-        except (OSError, ValueError) as exc:
+            found = self.storage.read_whole(path)
+            if found is None:
+                return BrokenDataset(organization, name, f"{PROPERTIES} vanished while it was read")
+            document = json.loads(found[0])
+        except StoreUnavailableError:
+            raise  # transient: answered 503 and never remembered as a broken dataset
+        except (OSError, WkwError, ValueError) as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is not readable JSON: {exc}")
         try:
             properties = DatasourceProperties.model_validate(document)
@@ -117,41 +121,62 @@ class Catalog:
         for layer in layers.values():
             for problem in layer.problems:
                 log.warning("dataset %s/%s layer %s: %s", organization, name, layer.properties.name, problem)
-        return Dataset(organization, name, directory, version, properties, document, layers)
+        return Dataset(organization, name, directory, found[1].version, properties, document, layers)
 
     def _load_layer(self, directory: str, layer: DataLayer) -> Layer:
         loaded = Layer(layer, {})
-        if layer.data_format != "wkw":
-            loaded.problems.append(f"dataFormat {layer.data_format!r} is not served yet")
-            return loaded
         for entry in layer.mag_entries():
-            mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path)
+            mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, layer.data_format)
             if mag_directory is None:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: directory not found or outside the data root")
                 continue
             try:
-                source = WkwMagSource(entry.mag, mag_directory, layer.bounding_box, self.files)
-            except (OSError, WkwError) as exc:
+                source: MagSource
+                if layer.data_format == "wkw":
+                    source = WkwMagSource(entry.mag, mag_directory, layer.bounding_box, self.files)
+                else:
+                    source = ZarrMagSource(
+                        entry.mag, self.storage, mag_directory, layer.bounding_box, entry.axis_order, self.index_cache
+                    )
+            except StoreUnavailableError:
+                raise  # transient: the layer must not be remembered as unusable
+            except (OSError, WkwError, SourceError, KeyError, TypeError) as exc:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: {exc}")
                 continue
-            if source.dtype != layer.dtype or source.channels != layer.channels:
+            if np.dtype(source.dtype.name) != layer.dtype or source.channels != layer.channels:
                 loaded.problems.append(
-                    f"mag {mag_name(entry.mag)}: header.wkw holds {source.channels} x {source.dtype}, "
+                    f"mag {mag_name(entry.mag)}: the data holds {source.channels} x {source.dtype.name}, "
                     f"but elementClass {layer.element_class!r} means {layer.channels} x {layer.dtype}"
                 )
                 continue
             loaded.mags[entry.mag] = source
         return loaded
 
-    def _mag_directory(self, directory: str, layer: str, mag: Vec3, path: str | None) -> str | None:
+    def _mag_directory(self, directory: str, layer: str, mag: Vec3, path: str | None, data_format: str) -> str | None:
+        storage = self.storage
         if path is not None:
-            path = path.removeprefix("file://")
-            candidates = [path if os.path.isabs(path) else os.path.join(directory, path)]
+            if path.startswith("s3://") and not storage.is_local:
+                bucket_and_key = path.removeprefix("s3://")
+                bucket, _, key = bucket_and_key.partition("/")
+                candidates = [key] if bucket == getattr(storage, "bucket", None) else []
+            elif path.startswith("file://") or path.startswith("/"):
+                candidates = [path.removeprefix("file://")] if storage.is_local else []
+            else:
+                candidates = [storage.join(directory, path.removeprefix("./"))]
         else:
             long_name = "-".join(map(str, mag))
-            candidates = [os.path.join(directory, layer, n) for n in dict.fromkeys([mag_name(mag), long_name])]
+            candidates = [storage.join(directory, layer, n) for n in dict.fromkeys([mag_name(mag), long_name])]
+        marker = "header.wkw" if data_format == "wkw" else None
         for candidate in candidates:
-            real = inside(self.root, candidate)
-            if real is not None and os.path.isdir(real):
-                return real
+            resolved = storage.resolve(candidate)
+            if resolved is None:
+                continue
+            if marker is not None:
+                try:
+                    if storage.identity(storage.join(resolved, marker)) is not None:
+                        return resolved
+                except OutsideRootError:
+                    continue  # the marker is a symlink out of the root: the mag is not served
+            elif storage.is_directory(resolved) or storage.identity(storage.join(resolved, "zarr.json")) is not None:
+                return resolved
         return None

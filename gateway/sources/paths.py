@@ -1,6 +1,6 @@
 """Keeping every path inside the data root."""
 
-import os
+from wkw_adapter.storage import resolve_inside
 
 
 def is_plain_name(name: str) -> bool:
@@ -10,7 +10,4 @@ def is_plain_name(name: str) -> bool:
 
 def inside(root_real: str, path: str) -> str | None:
     """``path`` with every symlink resolved, or None if that lies outside ``root_real``."""
-    real = os.path.realpath(path)
-    if real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep):
-        return real
-    return None
+    return resolve_inside(root_real, path)

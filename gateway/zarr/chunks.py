@@ -21,10 +21,13 @@ from wkw_adapter import (
     morton_grid,
 )
 
+from ..sources.mag import MagSource
 from ..sources.wkw_source import WkwMagSource
+from ..sources.zarr_source import ZarrMagSource
 from .blosc import LZ4_PREFIX_SIZE, MEMCPY_PREFIX_SIZE, lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
 from .codecs import Codec, encode
 from .layout import ArrayLayout
+from .native import encode_native
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
 
 Vec3 = tuple[int, int, int]
@@ -39,13 +42,13 @@ class ChunkNotFound(LookupError):
 class ServedMag:
     """A mag source together with the layout it is served in; ``fingerprint`` changes with either."""
 
-    source: WkwMagSource
+    source: MagSource
     layout: ArrayLayout
     fingerprint: str
 
 
-def served_mag(source: WkwMagSource, layout: ArrayLayout) -> ServedMag:
-    fingerprint = make_etag(layout, source.wkw.directory, source.bbox_lo, source.bbox_hi)
+def served_mag(source: MagSource, layout: ArrayLayout) -> ServedMag:
+    fingerprint = make_etag(layout, source.kind, source.location_key, source.bbox_lo, source.bbox_hi)
     return ServedMag(source, layout, fingerprint)
 
 
@@ -56,6 +59,7 @@ def _check_grid(layout: ArrayLayout, index: tuple[int, ...]) -> None:
 
 
 def _passthrough_body(stored: StoredBlock) -> bytes:
+    """A stored block framed as Blosc. LZ4 is not decoded: only an impossible size is refused."""
     block_bytes = stored.header.block_bytes
     if not stored.block_type.compressed:
         return memcpy_chunk_prefix(block_bytes) + stored.data
@@ -68,32 +72,56 @@ def _passthrough_body(stored: StoredBlock) -> bytes:
 
 def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3]:
     _check_grid(served.layout, index)
-    edge = served.layout.chunk_shape[1]
-    lo = (index[1] * edge, index[2] * edge, index[3] * edge)
-    hi = (lo[0] + edge, lo[1] + edge, lo[2] + edge)
+    shape = served.layout.chunk_shape
+    lo = (index[1] * shape[1], index[2] * shape[2], index[3] * shape[3])
+    hi = (lo[0] + shape[1], lo[1] + shape[2], lo[2] + shape[3])
     if served.source.clip(lo, hi) is None:
         raise ChunkNotFound("the chunk lies wholly outside the layer's bounding box")
     return lo, hi
 
 
-def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | None:
-    """The chunk as stored, if it is exactly one stored block inside the bounding box; else None.
-
-    Costs a stat and one positioned read, so the HTTP layer may call it on
-    the event loop for local files.
-    """
-    layout, source = served.layout, served.source
-    lo, hi = _chunk_box(served, index)
-    if not (layout.codec.is_blosc and layout.chunk_shape[1] == source.block_len and source.contains(lo, hi)):
+def _stored_wkw_block(served: ServedMag, source: WkwMagSource, index: tuple[int, ...], lo: Vec3) -> Resource | None:
+    if not (served.layout.codec.is_blosc and served.layout.chunk_shape[1] == source.block_len):
         return None
-    wkw_file, block_index, path = source.block_in_file(
-        lo[0] // source.block_len, lo[1] // source.block_len, lo[2] // source.block_len
-    )
+    side = source.block_len
+    wkw_file, block_index, path = source.block_in_file(lo[0] // side, lo[1] // side, lo[2] // side)
     if wkw_file is None:
         return None
     stored = source.stored_block(wkw_file, block_index)
-    etag = make_etag(served.fingerprint, index, path, wkw_file.identity)
+    etag = make_etag(served.fingerprint, index, source.relative(path), wkw_file.identity)
     return bytes_resource(_passthrough_body(stored), OCTET_STREAM, etag, wkw_file.identity.mtime)
+
+
+def _stored_zarr_chunk(served: ServedMag, source: ZarrMagSource, index: tuple[int, ...]) -> Resource | None:
+    if served.layout.native is None:
+        return None
+    found = source.native_chunk(index)
+    if found is None:
+        raise ChunkNotFound("the source holds no such chunk: it reads as the fill value")
+    body, (path, identity) = found
+    etag = make_etag(served.fingerprint, index, source.relative(path), identity)
+    return bytes_resource(body, OCTET_STREAM, etag, identity.mtime if identity else None)
+
+
+def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | None:
+    """The chunk exactly as stored, if it is one stored block or chunk inside the bounding box; else None.
+
+    For local files this costs a stat and one positioned read, so the HTTP
+    layer may call it on the event loop.
+    """
+    source = served.source
+    lo, hi = _chunk_box(served, index)
+    if not source.contains(lo, hi):
+        return None
+    if isinstance(source, WkwMagSource):
+        return _stored_wkw_block(served, source, index, lo)
+    if isinstance(source, ZarrMagSource):
+        return _stored_zarr_chunk(served, source, index)
+    return None
+
+
+def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
+    return encode_native(layout.native, data) if layout.native is not None else encode(layout.codec, data)
 
 
 def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
@@ -103,9 +131,11 @@ def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
         return resource
     lo, hi = _chunk_box(served, index)
     region = served.source.read_box(lo, hi)
+    body = encode_chunk(served.layout, region.data)
+    if region.sources is None:
+        return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-    etag = make_etag(served.fingerprint, index, region.sources)
-    body = encode(served.layout.codec, region.data)
+    etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
     return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))
 
 
@@ -250,6 +280,7 @@ class ShardPlans:
     def shard(self, served: ServedMag, index: tuple[int, ...]) -> Resource:
         _check_grid(served.layout, index)
         source = served.source
+        assert isinstance(source, WkwMagSource), "only WKW mags are served sharded"
         edge = source.file_voxel_len
         cube = (index[1], index[2], index[3])
         lo = (cube[0] * edge, cube[1] * edge, cube[2] * edge)
@@ -263,7 +294,7 @@ class ShardPlans:
         if plan is None:
             plan = plan_shard(source, wkw_file, cube)
             self.lru.put(key, plan, plan.cache_bytes)
-        etag = make_etag(served.fingerprint, index, wkw_file.path, wkw_file.identity)
+        etag = make_etag(served.fingerprint, index, source.relative(wkw_file.path), wkw_file.identity)
 
         def read(start: int, end: int) -> bytes:
             return read_shard(source, plan, start, end)

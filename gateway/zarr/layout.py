@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..sources.zarr_source import NativeEncoding
+from . import native
 from .codecs import Codec, v2_compressor, v3_codecs
 
 Vec3 = tuple[int, int, int]
@@ -25,6 +27,12 @@ class ArrayLayout:
     dtype: np.dtype
     codec: Codec
     shard_shape: tuple[int, int, int, int] | None = None
+    fill_value: float = 0
+    native: NativeEncoding | None = None  # chunks encoded as a Zarr source stores them, not with ``codec``
+
+    @property
+    def json_fill_value(self) -> int | float:
+        return float(self.fill_value) if self.dtype.kind == "f" else int(self.fill_value)
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -50,22 +58,32 @@ class LayerDescription:
 
 def zarray(layout: ArrayLayout) -> dict:
     """``.zarray`` for the Zarr v2 tree."""
+    dtype, order, compressor = layout.dtype.str, "F", v2_compressor(layout.codec, layout.dtype.itemsize)
+    if layout.native is not None:
+        dtype, order = layout.native.dtype.str, native.v2_order(layout.native)
+        compressor = native.v2_compressor(layout.native)[1]
     return {
         "zarr_format": 2,
         "shape": list(layout.shape),
         "chunks": list(layout.chunk_shape),
-        "dtype": layout.dtype.str,
-        "compressor": v2_compressor(layout.codec, layout.dtype.itemsize),
-        "fill_value": 0,
-        "order": "F",
+        "dtype": dtype,
+        "compressor": compressor,
+        "fill_value": layout.json_fill_value,
+        "order": order,
         "filters": None,
         "dimension_separator": ".",
     }
 
 
 def _inner_codecs(layout: ArrayLayout) -> list[dict]:
+    if layout.native is not None:
+        permutation = list(layout.native.permutation)
+        transpose = [] if permutation == sorted(permutation) else [_transpose(permutation)]
+        endian = "big" if layout.native.dtype.byteorder == ">" else "little"
+        bytes_codec = {"name": "bytes", "configuration": {"endian": endian}}
+        return [*transpose, bytes_codec, *(native.v3_codecs(layout.native) or [])]
     return [
-        {"name": "transpose", "configuration": {"order": V3_TRANSPOSE}},
+        _transpose(V3_TRANSPOSE),
         {"name": "bytes", "configuration": {"endian": "little"}},
         *v3_codecs(layout.codec, layout.dtype.itemsize),
     ]
@@ -91,11 +109,15 @@ def array_zarr_json(layout: ArrayLayout) -> dict:
         "data_type": layout.dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid_chunk)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0,
+        "fill_value": layout.json_fill_value,
         "codecs": codecs,
         "dimension_names": list(AXES),
         "attributes": {},
     }
+
+
+def _transpose(order: list[int]) -> dict:
+    return {"name": "transpose", "configuration": {"order": order}}
 
 
 def group_zarr_json(attributes: dict | None = None) -> dict:

@@ -9,9 +9,12 @@ OCTET_STREAM = "application/octet-stream"
 
 
 def make_etag(*parts: object) -> str:
-    """A strong, quoted ETag that is the same on every replica for the same parts."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
-    return f'"{digest}"'
+    """A strong, quoted ETag that is the same on every replica for the same parts (bytes hashed as such)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else repr(part).encode())
+        digest.update(b"\0")
+    return f'"{digest.hexdigest()}"'
 
 
 @dataclass(frozen=True, slots=True)

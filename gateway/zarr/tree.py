@@ -4,7 +4,11 @@ import json
 from dataclasses import dataclass
 
 from ..sources.catalog import Dataset
+from ..sources.mag import MagSource
 from ..sources.properties import mag_name
+from ..sources.wkw_source import WkwMagSource
+from ..sources.zarr_source import NativeEncoding, ZarrMagSource
+from . import native
 from .chunks import ServedMag, codec_for_layout, served_mag
 from .codecs import Codec
 from .layout import (
@@ -53,25 +57,48 @@ class DatasetView:
         return view.mags.get(name)
 
 
+def _layout(source: MagSource, version: int, options: ServeOptions) -> ArrayLayout:
+    """How one mag is served in one tree: WKW as plain chunks or file-sized shards, Zarr as stored if possible."""
+    channels = source.channels
+    shape = (channels, *source.shape)
+    if isinstance(source, WkwMagSource) and version == 3 and options.sharded:
+        edge, shard = source.block_len, source.file_voxel_len
+        return ArrayLayout(
+            shape,
+            (channels, edge, edge, edge),
+            source.dtype,
+            codec_for_layout(options.codec, True),
+            (channels, shard, shard, shard),
+        )
+    if isinstance(source, ZarrMagSource) and _servable_as_stored(source.native, channels, version):
+        return ArrayLayout(
+            shape,
+            source.native.chunk_shape,
+            source.dtype,
+            options.codec,  # type: ignore[union-attr]
+            fill_value=source.fill_value,
+            native=source.native,
+        )
+    edge = options.chunk_edge
+    return ArrayLayout(shape, (channels, edge, edge, edge), source.dtype, options.codec, fill_value=source.fill_value)
+
+
+def _servable_as_stored(encoding: NativeEncoding | None, channels: int, version: int) -> bool:
+    if encoding is None or encoding.chunk_shape[0] != channels:
+        return False
+    if version == 2:
+        return native.v2_order(encoding) is not None and native.v2_compressor(encoding)[0]
+    return native.v3_codecs(encoding) is not None
+
+
 def dataset_view(dataset: Dataset, version: int, options: ServeOptions) -> DatasetView:
-    sharded = version == 3 and options.sharded
-    codec = codec_for_layout(options.codec, sharded)
     scale = dataset.properties.scale
     layers = {}
     for name, layer in dataset.layers.items():
         mags = {}
         arrays = []
         for mag, source in layer.mags.items():
-            channels = source.channels
-            edge = source.block_len if sharded else options.chunk_edge
-            shard = source.file_voxel_len if sharded else None
-            layout = ArrayLayout(
-                shape=(channels, *source.shape),
-                chunk_shape=(channels, edge, edge, edge),
-                dtype=source.dtype,
-                codec=codec,
-                shard_shape=None if shard is None else (channels, shard, shard, shard),
-            )
+            layout = _layout(source, version, options)
             mags[mag_name(mag)] = served_mag(source, layout)
             arrays.append(MagArray(mag, mag_name(mag), layout))
         description = LayerDescription(name, scale.factor, scale.unit, tuple(arrays))

@@ -1,0 +1,311 @@
+"""A Zarr (v2 or v3) mag of a layer: its own chunks as stored, and any region through tensorstore."""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wkw_adapter import ByteLRU, FileIdentity, StoreUnavailableError
+from wkw_adapter.mag import FileSource
+
+from ..storage import Storage
+from .mag import MagSource, Vec3
+from .properties import BoundingBox
+
+SERVED_AXES = ("c", "x", "y", "z")
+_SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
+_SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
+_EMPTY = 2**64 - 1
+
+
+class SourceError(ValueError):
+    """A Zarr array the gateway cannot serve; the message is the reason shown to users."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeEncoding:
+    """How a source stores one (inner) chunk, in terms of the served ``(c, x, y, z)`` array.
+
+    The stored bytes of a chunk are the C-order bytes of the served chunk
+    transposed by ``permutation``, in ``dtype``'s byte order, then passed
+    through ``v2_compressor`` (a v2 source) or ``v3_codecs`` (a v3 source:
+    its bytes-to-bytes codecs).
+    """
+
+    zarr_format: int
+    chunk_shape: tuple[int, int, int, int]
+    permutation: tuple[int, ...]
+    dtype: np.dtype
+    v2_compressor: dict | None = None
+    v3_codecs: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sharding:
+    chunks_per_shard: tuple[int, ...]  # source dims
+    index_at_end: bool
+    index_checksum: bool
+
+    @property
+    def index_size(self) -> int:
+        return 16 * int(np.prod(self.chunks_per_shard)) + (4 if self.index_checksum else 0)
+
+
+def _axes(document: dict, rank: int, axis_order: dict[str, int] | None) -> list[str]:
+    names = document.get("dimension_names")
+    if names and all(isinstance(n, str) for n in names):
+        axes = [n.lower() for n in names]
+    elif axis_order:
+        axes = [""] * rank
+        for name, position in axis_order.items():
+            if 0 <= position < rank:
+                axes[position] = name.lower()
+    elif rank in (3, 4):
+        axes = list(SERVED_AXES[4 - rank :])
+    else:
+        raise SourceError(f"a {rank}-dimensional array without axis names cannot be mapped to c, x, y, z")
+    if sorted(a for a in axes if a != "c") != ["x", "y", "z"] or len(axes) != rank or axes.count("c") > 1:
+        raise SourceError(f"axes {axes} cannot be mapped to c, x, y, z (need x, y, z and at most one c)")
+    return axes
+
+
+def _v3_codec_chain(codecs: list[dict]) -> tuple[list[int] | None, str, tuple[dict, ...]]:
+    """(transpose order, endian, bytes-to-bytes codecs) of a chain without sharding."""
+    order = None
+    endian = "little"
+    rest: list[dict] = []
+    seen_bytes = False
+    for codec in codecs:
+        name = codec.get("name")
+        config = codec.get("configuration") or {}
+        if name not in _SUPPORTED_V3_CODECS or name == "sharding_indexed":
+            raise SourceError(f"codec {name!r} is not supported here")
+        if name == "transpose":
+            if seen_bytes or order is not None:
+                raise SourceError("only one transpose, before 'bytes', is supported")
+            order = list(config["order"])
+        elif name == "bytes":
+            seen_bytes = True
+            endian = config.get("endian", "little")
+        else:
+            rest.append(codec)
+    if not seen_bytes:
+        raise SourceError("the codec chain has no 'bytes' codec")
+    return order, endian, tuple(rest)
+
+
+class ZarrMagSource(MagSource):
+    """One mag of a layer stored as a Zarr array, on a local disk or in object storage."""
+
+    kind = "zarr"
+
+    def __init__(
+        self,
+        mag: Vec3,
+        storage: Storage,
+        directory: str,
+        bbox: BoundingBox,
+        axis_order: dict[str, int] | None,
+        index_cache: ByteLRU,
+    ) -> None:
+        self.storage = storage
+        self.location = directory
+        self.root = storage.root
+        self.index_cache = index_cache
+        document, self.zarr_format, self.version = self._read_metadata(directory)
+        self.source_shape = tuple(int(s) for s in document["shape"])
+        rank = len(self.source_shape)
+        self.axes = _axes(document, rank, axis_order)
+        # served axis of each source dimension
+        self.served_axis = [SERVED_AXES.index(a) for a in self.axes]
+        channels = self.source_shape[self.axes.index("c")] if "c" in self.axes else 1
+        dtype, fill_value = self._dtype_and_fill(document)
+        super().__init__(mag, bbox, dtype, channels, fill_value)
+        self.sharding: _Sharding | None = None
+        self.native = self._native_encoding(document, dtype)
+        self._store: Any = None
+
+    def _read_metadata(self, directory: str) -> tuple[dict, int, str]:
+        for name, version in (("zarr.json", 3), (".zarray", 2)):
+            found = self.storage.read_whole(self.storage.join(directory, name))
+            if found is not None:
+                try:
+                    document = json.loads(found[0])
+                except ValueError as exc:
+                    raise SourceError(f"{name} is not JSON: {exc}") from None
+                if version == 3 and document.get("node_type") != "array":
+                    raise SourceError("zarr.json does not describe an array")
+                return document, version, found[1].version
+        raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
+
+    def _dtype_and_fill(self, document: dict) -> tuple[np.dtype, float]:
+        try:
+            dtype = np.dtype(document["dtype"] if self.zarr_format == 2 else document["data_type"])
+        except (KeyError, TypeError) as exc:
+            raise SourceError(f"unsupported data type: {exc}") from None
+        if dtype.kind not in "uif" or dtype.itemsize > 8:
+            raise SourceError(f"unsupported data type {dtype}")
+        fill = document.get("fill_value") or 0
+        if not isinstance(fill, int | float):
+            raise SourceError(f"unsupported fill value {fill!r}")
+        return dtype, fill
+
+    def _permutation(self, stored_order: list[int]) -> tuple[int, ...]:
+        """Served-axis permutation whose C order is the stored byte order."""
+        order = [self.served_axis[d] for d in stored_order]
+        if "c" not in self.axes:
+            order = [0, *order]  # a channel axis of length 1 may sit anywhere
+        return tuple(order)
+
+    def _native_encoding(self, document: dict, dtype: np.dtype) -> NativeEncoding | None:
+        rank = len(self.source_shape)
+        if self.zarr_format == 2:
+            if document.get("filters"):
+                raise SourceError("Zarr v2 filters are not supported")
+            compressor = document.get("compressor")
+            if compressor is not None and compressor.get("id") not in _SUPPORTED_V2_COMPRESSORS:
+                raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
+            self.chunks = tuple(int(c) for c in document["chunks"])
+            self.separator = document.get("dimension_separator", ".")
+            self.key_prefix = ""
+            stored = list(range(rank)) if document.get("order", "C") == "C" else list(range(rank))[::-1]
+            return NativeEncoding(2, self._served_chunk(self.chunks), self._permutation(stored), dtype, compressor)
+        grid = document.get("chunk_grid", {})
+        if grid.get("name") != "regular":
+            raise SourceError(f"chunk grid {grid.get('name')!r} is not regular")
+        self.chunks = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
+        encoding = document.get("chunk_key_encoding", {"name": "default"})
+        config = encoding.get("configuration") or {}
+        if encoding.get("name") == "default":
+            self.separator, self.key_prefix = config.get("separator", "/"), "c"
+        elif encoding.get("name") == "v2":
+            self.separator, self.key_prefix = config.get("separator", "."), ""
+        else:
+            raise SourceError(f"chunk key encoding {encoding.get('name')!r} is not supported")
+        codecs = document.get("codecs") or []
+        inner_chunks = self.chunks
+        if codecs and codecs[0].get("name") == "sharding_indexed":
+            if len(codecs) != 1:
+                raise SourceError("codecs after sharding_indexed are not supported")
+            sharding = codecs[0]["configuration"]
+            inner_chunks = tuple(int(c) for c in sharding["chunk_shape"])
+            index_codecs = [c.get("name") for c in sharding.get("index_codecs", [])]
+            if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
+                raise SourceError(f"shard index codecs {index_codecs} are not supported")
+            if any(s % c for s, c in zip(self.chunks, inner_chunks)):
+                raise SourceError("the shard shape is not a multiple of the inner chunk shape")
+            self.sharding = _Sharding(
+                tuple(s // c for s, c in zip(self.chunks, inner_chunks)),
+                sharding.get("index_location", "end") == "end",
+                "crc32c" in index_codecs,
+            )
+            codecs = sharding["codecs"]
+        order, endian, rest = _v3_codec_chain(codecs)
+        self.inner_chunks = inner_chunks
+        stored_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+        stored = order if order is not None else list(range(rank))
+        return NativeEncoding(3, self._served_chunk(inner_chunks), self._permutation(stored), stored_dtype, None, rest)
+
+    def _served_chunk(self, chunks: tuple[int, ...]) -> tuple[int, int, int, int]:
+        served = [1, 1, 1, 1]
+        for d, size in enumerate(chunks):
+            served[self.served_axis[d]] = size
+        return tuple(served)  # type: ignore[return-value]
+
+    # --- stored chunks -------------------------------------------------------------------------
+
+    def _source_coords(self, index: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(index[self.served_axis[d]] for d in range(len(self.source_shape)))
+
+    def _key(self, coords: tuple[int, ...]) -> str:
+        parts = [self.key_prefix] if self.key_prefix else []
+        return self.storage.join(self.location, self.separator.join([*parts, *map(str, coords)]))
+
+    def native_chunk(self, index: tuple[int, ...]) -> tuple[bytes, FileSource] | None:
+        """The stored bytes of served chunk ``index`` (an inner chunk of a shard), or None if absent."""
+        coords = self._source_coords(index)
+        if any(c * n >= s for c, n, s in zip(coords, self._inner(), self.source_shape)):
+            return None
+        if self.sharding is None:
+            path = self._key(coords)
+            found = self.storage.read_whole(path)
+            return None if found is None else (found[0], (path, found[1]))
+        cps = self.sharding.chunks_per_shard
+        path = self._key(tuple(c // n for c, n in zip(coords, cps)))
+        identity = self.storage.identity(path)
+        if identity is None:
+            return None
+        index_table = self._shard_index(path, identity)
+        position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(coords, cps)), cps))
+        offset, nbytes = (int(v) for v in index_table[position])
+        if offset == _EMPTY and nbytes == _EMPTY:
+            return None
+        if offset + nbytes > identity.size:
+            raise OSError(f"{path}: shard index points past the end of the shard")
+        return self.storage.read(path, offset, nbytes, identity), (f"{path}@{offset}", identity)
+
+    def _inner(self) -> tuple[int, ...]:
+        return self.inner_chunks if self.sharding is not None else self.chunks
+
+    def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
+        import crc32c
+
+        key = (path, identity)
+        cached = self.index_cache.get(key)
+        if cached is not None:
+            return cached
+        sharding = self.sharding
+        assert sharding is not None
+        size = sharding.index_size
+        if identity.size < size:
+            raise OSError(f"{path}: shard is smaller than its index")
+        raw = self.storage.read(path, identity.size - size if sharding.index_at_end else 0, size, identity)
+        table_bytes = raw[: 16 * int(np.prod(sharding.chunks_per_shard))]
+        if sharding.index_checksum and crc32c.crc32c(table_bytes) != int.from_bytes(raw[-4:], "little"):
+            raise OSError(f"{path}: shard index checksum does not match")
+        table = np.frombuffer(table_bytes, dtype="<u8").reshape(-1, 2)
+        self.index_cache.put(key, table, table.nbytes + 128)
+        return table
+
+    # --- any region, through tensorstore ------------------------------------------------------
+
+    def _tensorstore(self) -> Any:
+        import tensorstore as ts
+
+        if self._store is None:
+            spec = {
+                "driver": "zarr3" if self.zarr_format == 3 else "zarr",
+                "kvstore": self.storage.kvstore(self.location),
+            }
+            try:
+                self._store = ts.open(spec, read=True).result()
+            except ValueError as exc:
+                raise _tensorstore_error(exc) from None
+        return self._store
+
+    def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
+        out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
+        served_lo = (0, *offset)
+        served_hi = (self.channels, *(o + s for o, s in zip(offset, shape)))
+        lo = [served_lo[a] for a in self.served_axis]
+        hi = [min(served_hi[a], n) for a, n in zip(self.served_axis, self.source_shape)]
+        if any(h <= low for low, h in zip(lo, hi)):
+            return out, None
+        try:
+            data = self._tensorstore()[tuple(slice(a, b) for a, b in zip(lo, hi))].read().result()
+        except ValueError as exc:
+            raise _tensorstore_error(exc) from None
+        order = sorted(range(len(self.axes)), key=lambda d: self.served_axis[d])
+        data = np.transpose(data, order)
+        if "c" not in self.axes:
+            data = data[None]
+        out[tuple(slice(0, n) for n in data.shape)] = data
+        return out, None
+
+
+def _tensorstore_error(exc: ValueError) -> OSError:
+    text = str(exc)
+    if any(word in text for word in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED")):
+        return StoreUnavailableError(text)
+    return OSError(text)

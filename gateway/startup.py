@@ -1,0 +1,112 @@
+"""What ``zarr-gateway serve`` does before uvicorn starts: settings, their checks, logging and metrics.
+
+Everything that can be wrong with the settings stops start-up here with a message that names it,
+before a port is bound: an unknown setting, a data root that is not a directory, a tokens file that
+cannot be used.
+"""
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from .logs import configure_logging
+from .settings import ENV_PREFIX, Settings
+
+log = logging.getLogger("gateway")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # the same name as gateway.metrics.MULTIPROC_ENV
+
+
+def load_settings(flags: dict[str, Any]) -> Settings:
+    """Flags over the environment over the settings file over the defaults; exits naming any problem."""
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        sys.exit(f"zarr-gateway: invalid settings: {problems}")
+    except SettingsError as exc:
+        sys.exit(f"zarr-gateway: invalid settings: {exc}")
+
+
+def check_tokens(settings: Settings) -> None:
+    from .http.auth import Tokens, TokensFileError
+
+    if settings.tokens_file is not None:
+        try:
+            Tokens.load(settings.tokens_file)
+        except TokensFileError as exc:
+            sys.exit(f"zarr-gateway: {exc}")
+
+
+def check_root(settings: Settings) -> None:
+    """Say at start-up whether an object-storage data root answers.
+
+    A store that cannot be reached does not stop start-up: it may come back, as it may go away later;
+    until it answers, /readyz reports not ready and data requests answer 503.
+    """
+    if not settings.root.startswith("s3://"):
+        return  # a local root was checked to be a directory by the settings
+    from .storage import S3Storage
+
+    try:
+        storage = S3Storage(settings.root, timeout=5.0, max_attempts=1)
+    except ValueError as exc:
+        sys.exit(f"zarr-gateway: data root: {exc}")
+    try:
+        storage.is_directory(storage.root)
+    except Exception as exc:
+        log.error(
+            "data root %s cannot be reached (endpoint %s): %s; serving anyway, not ready until it answers",
+            settings.root,
+            storage.endpoint_url or "AWS default",
+            exc,
+        )
+        return
+    log.info("data root %s answers (endpoint %s)", settings.root, storage.endpoint_url or "AWS default")
+
+
+def prepare(settings: Settings) -> Callable[[], None]:
+    """Configure logging, print the settings (no secrets), set up metrics files, hand settings to workers.
+
+    Returns a clean-up function to call when the server has stopped.
+    """
+    configure_logging(settings.log_format)
+    check_tokens(settings)
+    check_root(settings)
+    log.info("settings: %s", json.dumps(settings.public()))
+    cleanup = _metrics_dir(settings)
+    # Workers are separate processes: hand them the validated settings through the environment.
+    os.environ.pop(f"{ENV_PREFIX}SETTINGS_FILE", None)
+    for name, value in settings.model_dump(mode="json").items():
+        if value is not None and name != "settings_file":
+            os.environ[f"{ENV_PREFIX}{name.upper()}"] = str(value)
+    return cleanup
+
+
+def _metrics_dir(settings: Settings) -> Callable[[], None]:
+    """Several workers share their metrics through files in one directory, emptied at start-up."""
+    given = settings.metrics_dir or (Path(os.environ[MULTIPROC_ENV]) if os.environ.get(MULTIPROC_ENV) else None)
+    if given is None and settings.workers == 1:
+        return lambda: None
+    if given is None:
+        directory = Path(tempfile.mkdtemp(prefix="zarr-gateway-metrics-"))
+        cleanup: Callable[[], None] = lambda: shutil.rmtree(directory, ignore_errors=True)  # noqa: E731
+    else:
+        directory = given
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for stale in directory.glob("*.db"):
+                stale.unlink()
+        except OSError as exc:
+            sys.exit(f"zarr-gateway: metrics_dir {str(directory)!r} cannot be used: {exc.strerror}")
+        cleanup = lambda: None  # noqa: E731
+    os.environ[MULTIPROC_ENV] = str(directory)
+    return cleanup

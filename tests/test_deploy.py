@@ -1,0 +1,679 @@
+"""The docker compose deployment, checked without Docker.
+
+deploy/nginx.conf, the very file docker-compose.yml mounts as the nginx image's template, is rendered
+the way the image's envsubst renders it and run by Debian's nginx (installed by
+scripts/install-system-packages) in front of two gateway processes on loopback. docker-compose.yml is
+validated by Debian's docker-compose, which needs no engine.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import conftest
+import numpy as np
+import pytest
+import requests
+import yaml
+from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
+
+from gateway.settings import Settings
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+TEMPLATE = DEPLOY / "nginx.conf"
+COMPOSE = DEPLOY / "docker-compose.yml"
+ENV_EXAMPLE = DEPLOY / ".env.example"
+DATASET = f"/data/zarr/{ORG}/wk_dataset"
+THEIRS = "/data/zarr/other_org/theirs"
+HEADERS = {"X-Auth-Token": TOKEN}
+# What nginx answers on its own; the test renders the template with these instead of the compose values.
+FAST = {"PROXY_RATE_LIMIT": "10000r/s", "PROXY_RATE_BURST": "10000", "PROXY_CONN_LIMIT": "256"}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    if path is None:
+        pytest.fail(f"{name} is missing: run scripts/install-system-packages (scripts/test does)")
+    return path
+
+
+# --- rendering the template as the nginx image does ---------------------------------------------------
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """envsubst restricted to ``values`` (the image passes the defined ^PROXY_ variables): ${NAME} and $NAME."""
+    names = "|".join(map(re.escape, sorted(values, key=len, reverse=True)))
+    pattern = re.compile(r"\$\{(" + names + r")\}|\$(" + names + r")(?![A-Za-z0-9_])")
+    return pattern.sub(lambda m: values[m.group(1) or m.group(2)], template)
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def compose_defaults() -> dict[str, str]:
+    """The proxy's environment as docker-compose.yml sets it without a .env: ${NAME:-default} -> default."""
+    values = {}
+    for name, value in compose()["services"]["proxy"]["environment"].items():
+        match = re.fullmatch(r"\$\{(\w+):-(.*)\}", str(value))
+        values[name] = match.group(2) if match else str(value)
+    return values
+
+
+def template_names() -> set[str]:
+    return set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", TEMPLATE.read_text()))
+
+
+# --- nginx in front of gateways --------------------------------------------------------------------------
+
+
+WRAPPER = """# What the nginx image's /etc/nginx/nginx.conf does, with paths in a temporary directory.
+daemon off;
+worker_processes 2;
+pid {dir}/nginx.pid;
+error_log {dir}/main-error.log notice;
+events {{ worker_connections 1024; }}
+http {{
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_timeout 65;
+    client_body_temp_path {dir}/temp/body;
+    proxy_temp_path {dir}/temp/proxy;
+    fastcgi_temp_path {dir}/temp/fastcgi;
+    uwsgi_temp_path {dir}/temp/uwsgi;
+    scgi_temp_path {dir}/temp/scgi;
+    include {dir}/conf.d/*.conf;
+}}
+"""
+
+
+@dataclass
+class Proxy:
+    url: str
+    process: subprocess.Popen
+    directory: Path
+
+    def access_log(self) -> list[dict]:
+        return [json.loads(line) for line in (self.directory / "stdout.log").read_text().splitlines() if line]
+
+    def logs(self) -> str:
+        return "".join(p.read_text() for p in self.directory.glob("*.log"))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGQUIT)  # graceful
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Proxy:
+    port = free_port()
+    values = compose_defaults()
+    values.pop("NGINX_ENVSUBST_FILTER")
+    values.update(
+        PROXY_LISTEN=f"127.0.0.1:{port}",
+        PROXY_UPSTREAM_SERVERS=" ".join(f"server {address};" for address in upstreams),
+        **overrides,
+    )
+    (directory / "conf.d").mkdir(parents=True)
+    (directory / "temp").mkdir()
+    rendered = render(TEMPLATE.read_text(), values)
+    unset = re.findall(r"\$\{?PROXY_[A-Z0-9_]+", rendered)
+    assert not unset, f"{unset}: names of the template that docker-compose.yml does not set"
+    (directory / "conf.d" / "default.conf").write_text(rendered)
+    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    command = [_tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
+    check = subprocess.run([*command, "-t"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    with open(directory / "stdout.log", "wb") as stdout, open(directory / "stderr.log", "wb") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+    proxy = Proxy(f"http://127.0.0.1:{port}", process, directory)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nginx exited: {proxy.logs()}")
+        try:
+            requests.get(proxy.url + "/healthz", timeout=1)
+            return proxy
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    proxy.stop()
+    raise RuntimeError(f"nginx did not start: {proxy.logs()}")
+
+
+def access_lines(server: Server) -> list[dict]:
+    lines = []
+    for line in server.log().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("logger") == "gateway.access":
+            lines.append(record)
+    return lines
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5) -> bool:
+    """Access lines are written just after the answer is sent: give them a moment."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def address(server: Server) -> str:
+    return server.url.removeprefix("http://")
+
+
+@pytest.fixture(scope="module")
+def pair(test_data: conftest.TestData, tokens_file: Path, server_factory: Callable[..., Server]) -> list[Server]:
+    return [server_factory(test_data.root, tokens_file=tokens_file) for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def proxy(pair: list[Server], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair], **FAST)
+    yield started
+    started.stop()
+
+
+# --- authentication at the proxy ----------------------------------------------------------------------
+
+PROTECTED = [
+    f"{DATASET}/color_u8/1/0.2.2.1",
+    f"/data/zarr3/{ORG}/wk_dataset/color_u8/1/c/0/2/2/1",
+    f"{DATASET}/color_u8/1/.zarray",
+    f"{DATASET}/datasource-properties.json",
+    f"{DATASET}/",
+    f"/data/zarr/{ORG}/",
+    "/data/zarr/",
+    "/",
+]
+
+
+def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, pair: list[Server]) -> None:
+    before = [len(access_lines(s)) for s in pair]
+    cases: list[tuple[str, dict, dict, int]] = []
+    for path in PROTECTED:
+        cases.append((path, {}, {}, 401))
+        cases.append((path, {"X-Auth-Token": "not-a-token"}, {}, 401))
+        cases.append((path, {}, {"token": TOKEN[:-1]}, 401))
+    for path in PROTECTED[:6]:  # dataset and organization level of test_org
+        cases.append((path, {"X-Auth-Token": OTHER_TOKEN}, {}, 403))
+        cases.append((path, {}, {"token": OTHER_TOKEN}, 403))
+    for path in (f"{THEIRS}/color_u8/1/0.2.2.1", f"{THEIRS}/datasource-properties.json"):
+        cases.append((path, HEADERS, {}, 403))
+        cases.append((path, {}, {"token": TOKEN}, 403))
+    for path, headers, params, status in cases:
+        for method in ("GET", "HEAD"):
+            response = requests.request(method, proxy.url + path, headers=headers, params=params, timeout=10)
+            assert response.status_code == status, (method, path, headers, params)
+            if method == "GET":
+                assert response.json()["status"] == status
+
+    def seen() -> list[dict]:
+        return [line for s, n in zip(pair, before) for line in access_lines(s)[n:]]
+
+    assert wait_for(lambda: len(seen()) >= 2 * len(cases)), "every request was checked by a gateway's /auth"
+    time.sleep(0.2)
+    assert {line["path"] for line in seen()} == {"/auth"}, "a refused request reached a gateway route"
+    assert len(seen()) == 2 * len(cases)
+
+
+def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
+    chunk = f"{DATASET}/color_u8/1/0.2.2.1"
+    direct = requests.get(proxy.url + chunk, headers=HEADERS, timeout=10)
+    assert direct.status_code == 200 and len(direct.content) > 0
+    query = requests.get(proxy.url + chunk, params={"token": TOKEN}, timeout=10)
+    assert query.status_code == 200 and query.content == direct.content
+    theirs = requests.get(f"{proxy.url}{THEIRS}/color_u8/1/0.2.2.1", params={"token": OTHER_TOKEN}, timeout=10)
+    assert theirs.status_code == 200
+    listing = requests.get(proxy.url + "/data/zarr/", headers={"X-Auth-Token": OTHER_TOKEN}, timeout=10)
+    assert listing.status_code == 200
+    assert "other_org" in listing.text and ORG not in listing.text  # the gateway filters listings per token
+
+
+@pytest.mark.parametrize(
+    "path", ["/auth", "/auth?token=x", "/metrics", "/readyz", "/%61uth", "//auth", "/data/../auth", "/x/../metrics"]
+)
+def test_internal_endpoints_are_not_reachable_through_the_proxy(proxy: Proxy, path: str) -> None:
+    response = requests.get(proxy.url + path, headers=HEADERS, timeout=10)
+    assert response.status_code == 404
+    assert b"zarr_gateway_requests" not in response.content
+
+
+def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
+    for path in (
+        f"{DATASET}/../../other_org/theirs/datasource-properties.json",
+        f"{DATASET}/%2e%2e/%2e%2e/other_org/theirs/datasource-properties.json",
+        f"{DATASET}/..%2F..%2Fother_org/theirs/datasource-properties.json",
+        f"/data/zarr/{ORG}/%2e%2e/other_org/theirs/datasource-properties.json",
+    ):
+        response = requests.get(proxy.url + path, headers=HEADERS, timeout=10)
+        assert response.status_code in (400, 403, 404), path
+        assert b"dataLayers" not in response.content
+
+
+def test_the_proxy_health_check_needs_no_token(proxy: Proxy) -> None:
+    response = requests.get(proxy.url + "/healthz", timeout=10)
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+# --- real clients through the proxy ---------------------------------------------------------------------
+
+
+def test_zarr_python_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: conftest.TestData) -> None:
+    import zarr
+
+    for tree, layer, mag in (("zarr", "color_u8", (1, 1, 1)), ("zarr3", "rgb", (2, 2, 1))):
+        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{conftest.mag_name(mag)}"
+        through = zarr.open_array(proxy.url + path, mode="r", storage_options={"headers": HEADERS})[...]
+        direct = zarr.open_array(pair[0].url + path, mode="r", storage_options={"headers": HEADERS})[...]
+        assert np.array_equal(through, direct)
+        assert np.array_equal(through, test_data.expected(layer, mag))
+
+
+def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: conftest.TestData) -> None:
+    import tensorstore as ts
+
+    def read(base: str, driver: str, path: str) -> np.ndarray:
+        kvstore = {"driver": "http", "base_url": base + path + "/", "headers": [f"X-Auth-Token: {TOKEN}"]}
+        return ts.open({"driver": driver, "kvstore": kvstore}).result().read().result()
+
+    for driver, tree, layer, mag in (
+        ("zarr", "zarr", "segmentation", (1, 1, 1)),
+        ("zarr3", "zarr3", "color_f32", (4, 4, 2)),
+    ):
+        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{conftest.mag_name(mag)}"
+        through = read(proxy.url, driver, path)
+        assert np.array_equal(through, read(pair[1].url, driver, path))
+        assert np.array_equal(through, test_data.expected(layer, mag))
+
+
+def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: conftest.TestData) -> None:
+    import webknossos as wk
+    from upath import UPath
+
+    dataset = wk.Dataset.open(UPath(proxy.url + DATASET, headers=HEADERS))
+    for name in ("color_u16", "rgb"):
+        layer = dataset.get_layer(name)
+        for mag_view in layer.mags.values():
+            bbox = layer.bounding_box.align_with_mag(mag_view.mag, ceil=True)
+            data = mag_view.read(absolute_bounding_box=bbox)
+            if data.ndim == 3:
+                data = data[np.newaxis]
+            in_mag = bbox.in_mag(mag_view.mag)
+            region = (slice(None), *(slice(a, b) for a, b in zip(in_mag.topleft, in_mag.bottomright)))
+            assert np.array_equal(data, test_data.expected(name, mag_view.mag.to_tuple())[region])
+
+
+def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]) -> None:
+    before = [len(access_lines(s)) for s in pair]
+    with requests.Session() as session:
+        for i in range(60):
+            path = f"{DATASET}/color_u8/1/0.{1 + i % 5}.{i % 4}.{i % 3}"
+            assert session.get(proxy.url + path, headers=HEADERS, timeout=10).status_code == 200
+
+    def served() -> list[int]:
+        return [sum(line["path"].startswith("/data/") for line in access_lines(s)[n:]) for s, n in zip(pair, before)]
+
+    assert wait_for(lambda: sum(served()) == 60)
+    assert min(served()) >= 10, f"requests per gateway: {served()}"
+    upstreams = {line["upstream_addr"] for line in proxy.access_log() if line["path"].startswith("/data/")}
+    assert {address(s) for s in pair} <= upstreams
+
+
+# --- CORS for browser viewers ---------------------------------------------------------------------------
+
+
+def test_cors_preflight_is_answered_by_the_proxy_without_a_token(proxy: Proxy, pair: list[Server]) -> None:
+    before = [len(access_lines(s)) for s in pair]
+    response = requests.options(
+        f"{proxy.url}{DATASET}/color_u8/1/.zarray",
+        headers={
+            "Origin": "https://viewer.example.org",
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-auth-token, range, if-none-match",
+        },
+        timeout=10,
+    )
+    assert response.status_code == 204
+    assert response.headers["Access-Control-Allow-Origin"] == "*"
+    assert "GET" in response.headers["Access-Control-Allow-Methods"]
+    allowed = {h.strip().lower() for h in response.headers["Access-Control-Allow-Headers"].split(",")}
+    assert {"x-auth-token", "range", "if-none-match"} <= allowed
+    assert int(response.headers["Access-Control-Max-Age"]) > 0
+    assert [len(access_lines(s)) for s in pair] == before, "a preflight reached a gateway"
+
+
+def test_cors_headers_on_every_answer(proxy: Proxy) -> None:
+    origin = {"Origin": "https://viewer.example.org"}
+    for headers, status in ((HEADERS, 200), ({}, 401), ({"X-Auth-Token": OTHER_TOKEN}, 403)):
+        response = requests.get(f"{proxy.url}{DATASET}/color_u8/1/0.2.2.1", headers={**origin, **headers}, timeout=10)
+        assert response.status_code == status
+        assert response.headers["Access-Control-Allow-Origin"] == "*"  # once: the gateway's is replaced
+        exposed = {h.strip().lower() for h in response.headers["Access-Control-Expose-Headers"].split(",")}
+        assert {"content-range", "content-length", "etag"} <= exposed
+        assert "Access-Control-Allow-Methods" not in response.headers  # preflight headers only on OPTIONS
+    ranged = requests.get(
+        f"{proxy.url}{DATASET}/color_u8/1/0.2.2.1", headers={**origin, **HEADERS, "Range": "bytes=0-9"}, timeout=10
+    )
+    assert ranged.status_code == 206 and len(ranged.content) == 10 and "Content-Range" in ranged.headers
+
+
+# --- request ids and logs -------------------------------------------------------------------------------
+
+
+def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list[Server]) -> None:
+    response = requests.get(
+        f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": "trace-42.a"}, timeout=10
+    )
+    assert response.status_code == 200 and response.headers["X-Request-Id"] == "trace-42.a"
+
+    def paths(request_id: str) -> set[str]:
+        return {line["path"] for s in pair for line in access_lines(s) if line["request_id"] == request_id}
+
+    assert wait_for(lambda: paths("trace-42.a") == {"/auth", f"{DATASET}/color_u8/1/.zarray"}), paths("trace-42.a")
+    assert wait_for(lambda: any(line["request_id"] == "trace-42.a" for line in proxy.access_log()))
+
+    generated = requests.get(f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers=HEADERS, timeout=10)
+    request_id = generated.headers["X-Request-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id), "nginx's own $request_id"
+    assert wait_for(lambda: len(paths(request_id)) == 2)
+
+    hostile = requests.get(
+        f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": 'a"b' + "x" * 300}, timeout=10
+    )
+    assert re.fullmatch(r"[0-9a-f]{32}", hostile.headers["X-Request-Id"]), "an unusable id is replaced"
+
+
+def test_no_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
+    for params, headers in (
+        ({"token": TOKEN}, {}),
+        ({"token": OTHER_TOKEN}, {}),
+        ({}, HEADERS),
+        ({"token": TOKEN}, HEADERS),
+    ):
+        for path in (f"{DATASET}/color_u8/1/0.2.2.1", f"{THEIRS}/color_u8/1/0.2.2.1", "/nope", "/auth", "/metrics"):
+            requests.get(proxy.url + path, params=params, headers=headers, timeout=10)
+    requests.get(proxy.url + f"{DATASET}/?token={TOKEN}&" + "x" * 9000, timeout=10)  # 414, logged by nginx
+    logs = proxy.logs() + "".join(s.log() for s in pair)
+    assert "/data/zarr/" in logs
+    for secret in (TOKEN, OTHER_TOKEN, TOKEN[4:16]):
+        assert secret not in logs
+
+
+# --- limits -------------------------------------------------------------------------------------------------
+
+
+def test_oversized_urls_and_headers_are_refused_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
+    before = [len(access_lines(s)) for s in pair]
+    long_url = requests.get(f"{proxy.url}{DATASET}/{'x' * 9000}", headers=HEADERS, timeout=10)
+    assert long_url.status_code == 414
+    long_header = requests.get(f"{proxy.url}{DATASET}/", headers={**HEADERS, "X-Padding": "y" * 9000}, timeout=10)
+    assert long_header.status_code == 400
+    many_headers = {f"X-Pad-{i}": "z" * 4000 for i in range(12)}
+    too_many = requests.get(f"{proxy.url}{DATASET}/", headers={**HEADERS, **many_headers}, timeout=10)
+    assert too_many.status_code == 400
+    post = requests.post(f"{proxy.url}{DATASET}/", headers=HEADERS, data=b"x" * 10, timeout=10)
+    assert post.status_code == 405
+    assert [len(access_lines(s)) for s in pair] == before
+
+
+def _hammer(url: str, headers: list[dict[str, str]]) -> list[int]:
+    with requests.Session() as session:
+        return [session.get(url, headers=h, timeout=10).status_code for h in headers]
+
+
+def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Path) -> None:
+    # the test client stands for a TLS terminator on loopback, whose X-Forwarded-For names the client
+    strict = start_proxy(tmp_path, [address(s) for s in pair], PROXY_RATE_LIMIT="5r/s", PROXY_RATE_BURST="10")
+    try:
+        url = f"{strict.url}{DATASET}/color_u8/1/.zarray"
+        started = time.monotonic()
+        statuses = _hammer(url, [HEADERS] * 100)
+        allowed = 11 + 5 * (time.monotonic() - started)  # the burst, and the rate over the time it took
+        assert 10 <= statuses.count(200) <= allowed, statuses
+        assert statuses[:10] == [200] * 10, "the burst passes"
+        assert set(statuses) == {200, 429}
+        refused = requests.get(url, headers=HEADERS, timeout=10)
+        assert refused.status_code == 429 and refused.json()["status"] == 429
+        assert refused.headers["Access-Control-Allow-Origin"] == "*"
+        other_client = requests.get(url, headers={**HEADERS, "X-Forwarded-For": "198.51.100.7"}, timeout=10)
+        assert other_client.status_code == 200, "the limit is per client"
+        time.sleep(1.2)
+        assert requests.get(url, headers=HEADERS, timeout=10).status_code == 200, "the limit is a rate, not a ban"
+    finally:
+        strict.stop()
+    lines = [line for line in strict.access_log() if line["path"].endswith(".zarray")]
+    assert any(line["remote_addr"] == "198.51.100.7" for line in lines)
+
+
+def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp_path: Path) -> None:
+    strict = start_proxy(
+        tmp_path,
+        [address(s) for s in pair],
+        PROXY_RATE_LIMIT="5r/s",
+        PROXY_RATE_BURST="10",
+        PROXY_REAL_IP_FROM="192.0.2.1/32",
+    )
+    try:
+        url = f"{strict.url}{DATASET}/color_u8/1/.zarray"
+        started = time.monotonic()
+        spoofed = _hammer(url, [{**HEADERS, "X-Forwarded-For": f"198.51.100.{i}"} for i in range(60)])
+        assert spoofed.count(200) <= 11 + 5 * (time.monotonic() - started), spoofed
+    finally:
+        strict.stop()
+
+
+def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
+    down = start_proxy(tmp_path, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], **FAST)
+    try:
+        response = requests.get(f"{down.url}{DATASET}/.zgroup", headers=HEADERS, timeout=30)
+        assert response.status_code == 502
+        assert response.json()["status"] == 502
+    finally:
+        down.stop()
+
+
+# --- losing a gateway -----------------------------------------------------------------------------------
+
+
+def test_killing_a_gateway_mid_run_loses_no_request(
+    test_data: conftest.TestData, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    survivor, victim = (server_factory(test_data.root, tokens_file=tokens_file) for _ in range(2))
+    paths = [
+        f"{DATASET}/{layer}/1/0.{x}.{y}.{z}"
+        for layer in ("color_u8", "color_u16", "segmentation")
+        for x in range(1, 6)
+        for y in range(0, 5)
+        for z in range(0, 3)
+    ][:200]
+    with requests.Session() as session:
+        expected = {p: session.get(survivor.url + p, headers=HEADERS, timeout=10) for p in paths}
+    assert all(r.status_code == 200 for r in expected.values())
+    proxy = start_proxy(tmp_path, [address(survivor), address(victim)], **FAST)
+    done = 0
+    halfway = threading.Event()
+    lock = threading.Lock()
+    local = threading.local()
+
+    def fetch(path: str) -> tuple[str, int, bytes]:
+        nonlocal done
+        session = getattr(local, "session", None) or requests.Session()
+        local.session = session
+        response = session.get(proxy.url + path, headers=HEADERS, timeout=30)
+        with lock:
+            done += 1
+            if done == 40:
+                halfway.set()
+        return path, response.status_code, response.content
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(fetch, p) for p in paths]
+            assert halfway.wait(30)
+            victim.process.kill()
+            results = [f.result() for f in futures]
+        victim.process.wait(10)
+        for path, status, body in results:
+            assert status == 200, path
+            assert body == expected[path].content, path
+        served = [line["path"] for line in access_lines(victim) if line["path"].startswith("/data/")]
+        assert served, "the killed gateway served nothing before it was killed: the test proved nothing"
+        assert len(served) < len(paths) // 2, "the gateway was killed mid-run, not at the end"
+    finally:
+        proxy.stop()
+
+
+# --- the compose file, the proxy template and .env.example agree ---------------------------------------------
+
+
+def test_docker_compose_validates_the_compose_file(tmp_path: Path) -> None:
+    env = {**os.environ, "DATA_ROOT": str(tmp_path)}
+    (tmp_path / "empty.env").write_text("")  # not deploy/.env, whatever a checkout holds
+    command = [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    gateway = config["services"]["gateway"]
+    assert gateway["deploy"]["replicas"] == 2
+    assert f"{tmp_path}:/data:ro" in gateway["volumes"]
+    assert any(v.endswith(":/etc/zarr-gateway:ro") for v in gateway["volumes"])
+    assert "ports" not in gateway, "only the proxy is published"
+    proxy = config["services"]["proxy"]
+    assert any(str(v).endswith(":/etc/nginx/templates/default.conf.template:ro") for v in proxy["volumes"])
+    assert str(TEMPLATE) in " ".join(map(str, proxy["volumes"]))
+    assert proxy["depends_on"]["gateway"]["condition"] == "service_healthy"
+
+
+def test_the_env_example_makes_a_valid_deployment(tmp_path: Path) -> None:
+    """.env.example -> docker-compose config -> the proxy's environment -> the rendered template -> nginx -t."""
+    env_file = tmp_path / ".env"
+    env_file.write_text(re.sub(r"^DATA_ROOT=.*$", f"DATA_ROOT={tmp_path}", ENV_EXAMPLE.read_text(), flags=re.M))
+    env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT"}
+    command = [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(env_file), "config"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["gateway"]["environment"]["ZARR_GATEWAY_CODEC"] == "blosc-lz4"
+    values = {k: str(v) for k, v in services["proxy"]["environment"].items() if k.startswith("PROXY_")}
+    values["PROXY_LISTEN"] = f"127.0.0.1:{free_port()}"
+    values["PROXY_UPSTREAM_SERVERS"] = "server 127.0.0.1:9;"  # the image resolves the service name; here a literal
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "temp").mkdir()
+    (tmp_path / "conf.d" / "default.conf").write_text(render(TEMPLATE.read_text(), values))
+    (tmp_path / "nginx.conf").write_text(WRAPPER.format(dir=tmp_path))
+    check = subprocess.run(
+        [_tool("nginx"), "-t", "-c", str(tmp_path / "nginx.conf"), "-p", str(tmp_path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_docker_compose_names_a_missing_data_root(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT"}
+    (tmp_path / "empty.env").write_text("")
+    result = subprocess.run(
+        [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "DATA_ROOT" in result.stderr
+
+
+def _env_example() -> tuple[set[str], str]:
+    text = ENV_EXAMPLE.read_text()
+    assigned = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", text, re.MULTILINE))
+    return assigned, text
+
+
+def test_compose_nginx_and_env_example_name_the_same_settings() -> None:
+    services = compose()["services"]
+    compose_text = COMPOSE.read_text()
+    interpolated = set(re.findall(r"\$\{(\w+)", compose_text))
+    assigned, env_text = _env_example()
+    # every variable the compose file reads is documented in .env.example, and nothing else is
+    # (but docker compose's own COMPOSE_* variables)
+    assert interpolated == {name for name in assigned if not name.startswith("COMPOSE_")}
+    # the proxy's environment supplies exactly the template's names
+    proxy_env = set(services["proxy"]["environment"]) - {"NGINX_ENVSUBST_FILTER"}
+    assert template_names() == proxy_env
+    assert services["proxy"]["environment"]["NGINX_ENVSUBST_FILTER"] == "^PROXY_"
+    # every gateway setting is passed by the compose file and documented in .env.example
+    fields = {f"ZARR_GATEWAY_{name.upper()}" for name in Settings.model_fields}
+    gateway_env = set(services["gateway"]["environment"])
+    assert gateway_env == fields - {"ZARR_GATEWAY_SETTINGS_FILE"}
+    for name in fields | template_names():
+        assert name in env_text, f"{name} is not documented in .env.example"
+    assert {n for n in assigned if n.startswith("ZARR_GATEWAY_")} <= fields
+    # each gateway setting read from .env is passed through under its own name
+    for name, value in services["gateway"]["environment"].items():
+        match = re.fullmatch(r"\$\{(\w+):-.*\}", str(value))
+        assert match is None or match.group(1) == name
+
+
+def test_env_example_values_are_valid_settings(tmp_path: Path) -> None:
+    text = _env_example()[1]
+    lines = [line for line in text.splitlines() if line.startswith("ZARR_GATEWAY_")]
+    settings_file = tmp_path / "deploy.env"
+    settings_file.write_text("\n".join([f"ZARR_GATEWAY_ROOT={tmp_path}", *lines]) + "\n")
+    settings = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    assert settings.workers == 1 and settings.log_format == "json"
+
+
+def test_the_rendered_template_names_every_compose_value() -> None:
+    values = compose_defaults()
+    rendered = render(TEMPLATE.read_text(), values)
+    assert not re.search(r"\$\{?PROXY_[A-Z0-9_]", rendered)
+    assert "server gateway:8000;" in rendered
+    assert "rate=200r/s" in rendered
+    assert "$request_uri" in rendered and "$uri" in rendered, "nginx's own variables are left alone"
+
+
+def test_dockerfile_is_slim_non_root_multi_stage_with_a_health_check() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    assert len(stages) >= 2, "multi-stage"
+    assert "slim" in text
+    users = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)
+    assert users and not users[-1].startswith(("root", "0")), "runs as a non-root user"
+    assert re.search(r"^HEALTHCHECK .*\n?.*gateway\.probe", text, re.MULTILINE)
+    assert re.search(r'^ENTRYPOINT \["zarr-gateway"\]', text, re.MULTILINE)
+    assert re.search(r'^CMD \["serve"\]', text, re.MULTILINE)
+    # the build context is the repository root: everything is ignored but what the image copies
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "*" in ignore
+    copied = [src for line in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.MULTILINE) for src in line.split()]
+    assert copied and all(f"!{src}" in ignore for src in copied), copied
+    assert all((DEPLOY.parent / src).exists() for src in copied)
+
+
+def test_the_health_probe_of_the_image(pair: list[Server]) -> None:
+    import sys
+
+    port = pair[0].url.rsplit(":", 1)[1]
+    env = {**os.environ, "ZARR_GATEWAY_PORT": port}
+    for endpoint, code in (("readyz", 0), ("healthz", 0), ("nope", 1)):
+        result = subprocess.run([sys.executable, "-m", "gateway.probe", endpoint], env=env, capture_output=True)
+        assert result.returncode == code, (endpoint, result.stderr)
+    env["ZARR_GATEWAY_PORT"] = str(free_port())
+    assert subprocess.run([sys.executable, "-m", "gateway.probe"], env=env, capture_output=True).returncode == 1
