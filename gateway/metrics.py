@@ -9,7 +9,6 @@ neither dataset names nor anything from a query string ever reach a label.
 """
 
 import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -23,7 +22,6 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json", "datasource-properties.json"})
@@ -84,11 +82,20 @@ class _Counted(Protocol):
 
 
 class CacheWatch:
-    """Turns the caches' own hit/miss counts into counter increments of this process."""
+    """Turns the caches' own hit/miss counts into counter increments of this process.
+
+    Called at most once a second per request path (cheap enough) and always at scrape time.
+    """
 
     def __init__(self, caches: Callable[[], Mapping[str, _Counted]]) -> None:
         self._caches = caches
         self._seen: dict[str, tuple[int, int]] = {}
+        self._next = 0.0
+
+    def sync_now_and_then(self, now: float) -> None:
+        if now >= self._next:
+            self._next = now + 1.0
+            self.sync()
 
     def sync(self) -> None:
         for name, cache in self._caches().items():
@@ -102,41 +109,12 @@ class CacheWatch:
             CACHE_BYTES.labels(name).set(cache.size_bytes)
 
 
-class MetricsMiddleware:
-    """Counts every HTTP request once it has been answered."""
-
-    def __init__(self, app: ASGIApp, watch: CacheWatch | None = None) -> None:
-        self.app = app
-        self.watch = watch
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = route_of(scope["path"])
-        started = time.perf_counter()
-        status = 0
-        sent = 0
-
-        async def counting_send(message: Message) -> None:
-            nonlocal status, sent
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
-        IN_FLIGHT.inc()
-        try:
-            await self.app(scope, receive, counting_send)
-        finally:
-            IN_FLIGHT.dec()
-            REQUESTS.labels(route, scope["method"], str(status or 500)).inc()
-            LATENCY.labels(route).observe(time.perf_counter() - started)
-            if sent:
-                BYTES.labels(route).inc(sent)
-            if self.watch is not None:
-                self.watch.sync()
+def record_request(route: str, method: str, status: int, seconds: float, sent: int) -> None:
+    """Count one answered request."""
+    REQUESTS.labels(route, method, str(status or 500)).inc()
+    LATENCY.labels(route).observe(seconds)
+    if sent:
+        BYTES.labels(route).inc(sent)
 
 
 def exposition() -> tuple[bytes, str]:

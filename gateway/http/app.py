@@ -6,13 +6,12 @@ import logging
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from wkw_adapter import ByteLRU, FileChangedError, StoreUnavailableError, WkwError, WkwFileCache
 
 from ..logs import configure_logging
-from ..metrics import MetricsMiddleware, count_storage_error
+from ..metrics import count_storage_error
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..storage import open_storage
@@ -31,10 +30,10 @@ from ..zarr.tree import (
     rewritten_properties,
 )
 from .auth import Grant, Tokens
+from .edge import Edge
 from .listing import Entry, render_listing
-from .middleware import EdgeMiddleware
 from .ops import Ops
-from .responses import HttpError, error_response, send_resource
+from .responses import Answer, HttpError, error_response, header, send_resource
 
 log = logging.getLogger("gateway")
 
@@ -73,7 +72,7 @@ class Gateway:
         """The caller's grant; None when the gateway is open (no tokens file)."""
         if self.tokens is None:
             return None
-        token = request.headers.get("x-auth-token") or request.query_params.get("token")
+        token = header(request, b"x-auth-token") or request.query_params.get("token")
         if not token:
             raise HttpError(401, "a token is required: send it as the X-Auth-Token header or the token query parameter")
         grant = self.tokens.grant(token)
@@ -91,7 +90,7 @@ class Gateway:
 
     # --- dispatch -----------------------------------------------------------------------------
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Answer:
         try:
             return await self._dispatch(request)
         except HttpError as exc:
@@ -104,7 +103,7 @@ class Gateway:
             log.exception("unexpected error for %s %s", request.method, request.url.path)
             return error_response(500, "internal error; it has been logged")
 
-    async def _dispatch(self, request: Request) -> Response:
+    async def _dispatch(self, request: Request) -> Answer:
         tree = request.path_params["tree"]
         version = TREES.get(tree)
         if version is None:
@@ -134,7 +133,7 @@ class Gateway:
             raise HttpError(500, f"dataset {organization}/{name} cannot be served: {dataset.reason}")
         view = self.view(dataset, version)
         resource = await self._in_dataset(request, view, f"{base}{organization}/{name}/", segments[2:])
-        if isinstance(resource, Response):
+        if isinstance(resource, Answer):
             return resource
         return await send_resource(request, resource, self.settings.cache_control, self.limiter)
 
@@ -152,12 +151,12 @@ class Gateway:
             entries.append(Entry(dataset.name, True, note))
         return entries
 
-    async def _listing(self, request: Request, base: str, entries: list[Entry]) -> Response:
+    async def _listing(self, request: Request, base: str, entries: list[Entry]) -> Answer:
         return await send_resource(
             request, bytes_resource(render_listing(base, entries), HTML), self.settings.cache_control, self.limiter
         )
 
-    async def _in_dataset(self, request: Request, view: DatasetView, base: str, rest: list[str]) -> Resource | Response:
+    async def _in_dataset(self, request: Request, view: DatasetView, base: str, rest: list[str]) -> Resource | Answer:
         v2 = view.version == 2
         own_names, other_names = (V2_NAMES, V3_NAMES) if v2 else (V3_NAMES, V2_NAMES)
         if not rest:
@@ -272,13 +271,14 @@ class Gateway:
         raise AssertionError("unreachable")
 
 
-def _index(request: Request) -> Response:
+def _index(request: Request) -> Answer:
     entries = [Entry("data/zarr", True), Entry("data/zarr3", True)]
     base = f"{request.scope.get('root_path', '')}/"
-    return Response(render_listing(base, entries), media_type=HTML)
+    return Answer(200, [], render_listing(base, entries), HTML)
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> Edge:
+    """The gateway: data routes answered by the edge directly, everything else by a Starlette app."""
     gateway = Gateway(settings)
     if gateway.tokens is None:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
@@ -287,19 +287,16 @@ def create_app(settings: Settings) -> Starlette:
     routes = [
         *ops.routes(),
         Route("/", _index, methods=methods),
-        Route("/data/{tree}", gateway.handle, methods=methods),
-        Route("/data/{tree}/", gateway.handle, methods=methods),
+        Route("/data/{tree}", gateway.handle, methods=methods),  # other methods: 405 from Starlette
         Route("/data/{tree}/{rest:path}", gateway.handle, methods=methods),
     ]
-    app = Starlette(routes=routes, lifespan=ops.lifespan)
-    app.state.gateway = gateway
-    app.state.ops = ops
-    app.add_middleware(EdgeMiddleware)
-    app.add_middleware(MetricsMiddleware, watch=ops.watch)
-    return app
+    others = Starlette(routes=routes, lifespan=ops.lifespan)
+    others.state.gateway = gateway
+    others.state.ops = ops
+    return Edge(gateway, others, ops.watch)
 
 
-def create_app_from_env() -> Starlette:
+def create_app_from_env() -> Edge:
     """Factory for uvicorn workers: settings come from ZARR_GATEWAY_* variables."""
     settings = Settings()  # type: ignore[call-arg]
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging

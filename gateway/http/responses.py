@@ -6,7 +6,7 @@ from email.utils import formatdate, parsedate_to_datetime
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from ..zarr.resource import JSON, Resource
 from .ranges import TooManyRanges, Unsatisfiable, parse_range
@@ -22,9 +22,47 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+def raw_headers(headers: dict[str, str]) -> RawHeaders:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+class Answer:
+    """A complete HTTP answer with raw headers: cheaper than a framework response on the chunk path.
+
+    It is an ASGI application, so Starlette endpoints may return it as well.
+    """
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: RawHeaders, body: bytes = b"", media_type: str | None = None) -> None:
+        if media_type is not None:
+            headers.append((b"content-type", media_type.encode("latin-1")))
+        if status != 304 and not any(name == b"content-length" for name, _ in headers):
+            headers.append((b"content-length", str(len(body)).encode()))
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
     body = json.dumps({"error": message, "status": status}).encode()
-    return Response(body, status_code=status, media_type=JSON, headers=headers)
+    return Answer(status, raw_headers(headers or {}), body, JSON)
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """A request header by its lower-case name, from one dict of the raw headers built per request."""
+    headers = request.scope.get("gateway.headers")
+    if headers is None:
+        headers = request.scope["gateway.headers"] = dict(request.scope["headers"])
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _etags(header: str) -> list[str]:
@@ -59,7 +97,7 @@ def _not_modified_since(header: str | None, last_modified: float | None) -> bool
 
 def _range_applies(request: Request, resource: Resource) -> bool:
     """If-Range: send the range only if the validator still matches (strong comparison)."""
-    if_range = request.headers.get("if-range")
+    if_range = header(request, b"if-range")
     if if_range is None:
         return True
     if_range = if_range.strip()
@@ -77,50 +115,51 @@ async def _read(resource: Resource, start: int, end: int, limiter: anyio.Capacit
 
 async def send_resource(
     request: Request, resource: Resource, cache_control: str, limiter: anyio.CapacityLimiter
-) -> Response:
-    headers = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control}
+) -> Answer:
+    validators = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control}
     if resource.last_modified is not None:
-        headers["Last-Modified"] = _http_date(resource.last_modified)
-    if_match = request.headers.get("if-match")
+        validators["Last-Modified"] = _http_date(resource.last_modified)
+    if_match = header(request, b"if-match")
     if if_match is not None and not _matches(if_match, resource.etag, weak=False):
-        raise HttpError(412, "If-Match does not match the current ETag", headers)
-    if_none_match = request.headers.get("if-none-match")
+        raise HttpError(412, "If-Match does not match the current ETag", validators)
+    if_none_match = header(request, b"if-none-match")
     if if_none_match is not None:
         if _matches(if_none_match, resource.etag, weak=True):
-            return Response(status_code=304, headers=headers)
-    elif _not_modified_since(request.headers.get("if-modified-since"), resource.last_modified):
-        return Response(status_code=304, headers=headers)
+            return Answer(304, raw_headers(validators))
+    elif _not_modified_since(header(request, b"if-modified-since"), resource.last_modified):
+        return Answer(304, raw_headers(validators))
 
     head = request.method == "HEAD"
     spans = None
     if _range_applies(request, resource):
         try:
-            spans = parse_range(request.headers.get("range"), resource.size)
+            spans = parse_range(header(request, b"range"), resource.size)
         except TooManyRanges as exc:
-            raise HttpError(400, str(exc), headers) from None
+            raise HttpError(400, str(exc), validators) from None
         except Unsatisfiable as exc:
-            raise HttpError(416, str(exc), {**headers, "Content-Range": f"bytes */{resource.size}"}) from None
+            raise HttpError(416, str(exc), {**validators, "Content-Range": f"bytes */{resource.size}"}) from None
 
+    headers = raw_headers(validators)
     if spans is None:
         body = b"" if head else await _read(resource, 0, resource.size, limiter)
-        headers["Content-Length"] = str(resource.size)
-        return Response(body, status_code=200, media_type=resource.media_type, headers=headers)
+        headers.append((b"content-length", str(resource.size).encode()))
+        return Answer(200, headers, body, resource.media_type)
     if len(spans) == 1:
         start, end = spans[0]
-        headers["Content-Range"] = f"bytes {start}-{end - 1}/{resource.size}"
-        headers["Content-Length"] = str(end - start)
+        headers.append((b"content-range", f"bytes {start}-{end - 1}/{resource.size}".encode()))
+        headers.append((b"content-length", str(end - start).encode()))
         body = b"" if head else await _read(resource, start, end, limiter)
-        return Response(body, status_code=206, media_type=resource.media_type, headers=headers)
+        return Answer(206, headers, body, resource.media_type)
     return await _multipart(resource, spans, headers, head, limiter)
 
 
 async def _multipart(
     resource: Resource,
     spans: list[tuple[int, int]],
-    headers: dict[str, str],
+    headers: RawHeaders,
     head: bool,
     limiter: anyio.CapacityLimiter,
-) -> Response:
+) -> Answer:
     """Several ranges as ``multipart/byteranges``; the boundary derives from the ETag, so replicas agree."""
     boundary = "zarr-gateway-" + resource.etag.strip('"')
     parts = []
@@ -132,11 +171,10 @@ async def _multipart(
         parts.append((part_header, start, end))
     closing = f"--{boundary}--\r\n".encode()
     length = sum(len(h) + (e - s) + 2 for h, s, e in parts) + len(closing)
-    headers["Content-Length"] = str(length)
+    headers.append((b"content-length", str(length).encode()))
     chunks = []
     if not head:
         for part_header, start, end in parts:
             chunks += [part_header, await _read(resource, start, end, limiter), b"\r\n"]
         chunks.append(closing)
-    media_type = f"multipart/byteranges; boundary={boundary}"
-    return Response(b"".join(chunks), status_code=206, media_type=media_type, headers=headers)
+    return Answer(206, headers, b"".join(chunks), f"multipart/byteranges; boundary={boundary}")
