@@ -22,7 +22,8 @@ from pydantic_settings import (
 
 from .zarr.codecs import Codec
 
-ALLOWED_CHUNK_EDGES = (32, 64, 128, 256)
+CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
+MAX_CHUNK_EDGE = 1024
 ENV_PREFIX = "ZARR_GATEWAY_"
 
 
@@ -36,7 +37,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     tokens_file: Path | None = Field(default=None, description="JSON tokens file; without it the gateway is open")
-    workers: int = Field(default=1, ge=1)
+    workers: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="uvicorn worker processes; default: one per core"
+    )
     codec: Codec = Field(default=Codec.BLOSC_LZ4, description="codec of chunks that are not passed through")
     chunk_edge: int = Field(default=32, description="edge of served chunks in voxels")
     v3_layout: Literal["plain", "sharded"] = Field(default="plain", description="v3 arrays: plain chunks or shards")
@@ -61,8 +64,11 @@ class Settings(BaseSettings):
     @field_validator("chunk_edge")
     @classmethod
     def _chunk_edge(cls, edge: int) -> int:
-        if edge not in ALLOWED_CHUNK_EDGES:
-            raise ValueError(f"chunk_edge must be one of {', '.join(map(str, ALLOWED_CHUNK_EDGES))}, got {edge}")
+        if edge < CHUNK_EDGE_STEP or edge > MAX_CHUNK_EDGE or edge % CHUNK_EDGE_STEP:
+            raise ValueError(
+                f"chunk_edge must be a multiple of {CHUNK_EDGE_STEP} from {CHUNK_EDGE_STEP} to {MAX_CHUNK_EDGE} "
+                f"(32, 64, 128, 256, ...), got {edge}"
+            )
         return edge
 
     @field_validator("root")

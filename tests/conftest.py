@@ -125,6 +125,7 @@ class Server:
 def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     port = free_port()
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
+    settings.setdefault("workers", 1)  # one process per test server keeps the suite light on 2 cores
     for key, value in settings.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"
