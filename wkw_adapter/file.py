@@ -1,5 +1,6 @@
 """One WKW data file: its header, its jump table, and where each block's bytes lie."""
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import lz4.block
@@ -19,6 +20,7 @@ class WkwFile:
     identity: FileIdentity
     header: WkwHeader
     jump_table: np.ndarray | None  # uint64 end offsets (compressed files only)
+    ends: Sequence[int] | None = None  # the same table, indexable as Python ints without numpy's overhead
 
     @property
     def cache_bytes(self) -> int:
@@ -29,8 +31,9 @@ class WkwFile:
         header = self.header
         if self.jump_table is None:
             return header.data_offset + index * header.block_bytes, header.block_bytes
-        start = header.data_offset if index == 0 else int(self.jump_table[index - 1])
-        return start, int(self.jump_table[index]) - start
+        ends = self.ends if self.ends is not None else self.jump_table.tolist()
+        start = header.data_offset if index == 0 else ends[index - 1]
+        return start, ends[index] - start
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,8 @@ def load_wkw_file(store: ByteStore, path: str, identity: FileIdentity) -> WkwFil
         _check_jump_table(path, header, jumps, identity.size)
     elif header.data_offset < HEADER_SIZE:
         raise TruncatedFileError(f"{path}: data offset {header.data_offset} lies inside the header")
-    return WkwFile(path, identity, header, jumps)
+    ends = None if jumps is None else memoryview(np.ascontiguousarray(jumps, dtype="=u8")).cast("B").cast("Q")
+    return WkwFile(path, identity, header, jumps, ends)
 
 
 class WkwFileCache:
@@ -85,8 +89,8 @@ class WkwFileCache:
         self.store = store
         self.lru: ByteLRU[WkwFile] = ByteLRU(max_bytes)
 
-    def open(self, path: str) -> WkwFile | None:
-        """The file at ``path``, or None if it does not exist."""
+    def open(self, path: str, check: Callable[[WkwFile], None] | None = None) -> WkwFile | None:
+        """The file at ``path``, or None if it does not exist; ``check`` vets a file when it is loaded."""
         identity = self.store.identity(path)
         if identity is None:
             return None
@@ -94,6 +98,8 @@ class WkwFileCache:
         if cached is not None and cached.identity == identity:
             return cached
         wkw_file = load_wkw_file(self.store, path, identity)
+        if check is not None:
+            check(wkw_file)
         self.lru.put(path, wkw_file, wkw_file.cache_bytes)
         return wkw_file
 

@@ -32,7 +32,7 @@ class WkwMag:
 
     def file_path(self, cube: Vec3) -> str:
         x, y, z = cube
-        return os.path.join(self.directory, f"z{z}", f"y{y}", f"x{x}.wkw")
+        return f"{self.directory}{os.sep}z{z}{os.sep}y{y}{os.sep}x{x}.wkw"
 
     def locate_block(self, block: Vec3) -> tuple[Vec3, int]:
         """The file cube holding a block (block coordinates) and its Morton index there."""
@@ -42,18 +42,15 @@ class WkwMag:
         return cube, morton_encode(block[0] & mask, block[1] & mask, block[2] & mask)
 
     def open_file(self, cube: Vec3) -> WkwFile | None:
-        wkw_file = self.files.open(self.file_path(cube))
-        if wkw_file is not None:
-            self._check_compatible(wkw_file)
-        return wkw_file
+        return self.files.open(self.file_path(cube), self._check_compatible)
 
     def _check_compatible(self, wkw_file: WkwFile) -> None:
         mine, theirs = self.header, wkw_file.header
-        if (mine.block_len, mine.file_len, mine.dtype, mine.num_channels) != (
-            theirs.block_len,
-            theirs.file_len,
-            theirs.dtype,
-            theirs.num_channels,
+        if (mine.block_len_log2, mine.file_len_log2, mine.voxel_type, mine.bytes_per_voxel) != (
+            theirs.block_len_log2,
+            theirs.file_len_log2,
+            theirs.voxel_type,
+            theirs.bytes_per_voxel,
         ):
             raise HeaderError(f"{wkw_file.path}: header does not match {self.directory}/header.wkw")
 

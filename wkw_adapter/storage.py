@@ -7,6 +7,8 @@ for object storage.
 
 import os
 import stat
+import threading
+from collections import OrderedDict
 from typing import NamedTuple, Protocol
 
 from .errors import FileChangedError, TruncatedFileError
@@ -67,9 +69,12 @@ class LocalStore:
     is_local = True
     _MAX_CHECKED_DIRECTORIES = 1 << 16
 
-    def __init__(self, root: str | None = None) -> None:
+    def __init__(self, root: str | None = None, max_open_files: int = 256) -> None:
         self.root = None if root is None else os.path.realpath(root)
+        self.max_open_files = max_open_files
         self._checked_directories: set[str] = set()
+        self._handles: OrderedDict[tuple[str, str], _OpenFile] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _check_inside(self, path: str) -> None:
         directory = os.path.dirname(path)
@@ -95,14 +100,50 @@ class LocalStore:
         return _local_identity(st)
 
     def read(self, path: str, offset: int, size: int, expected: FileIdentity) -> bytes:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.pread(fd, size, offset)
-            # Checked after the read: the bytes are those of the identified version, or nothing.
-            if _local_identity(os.fstat(fd)) != expected:
-                raise FileChangedError(f"{path} changed while it was being read")
-        finally:
-            os.close(fd)
+        handle = self._handle(path, expected)
+        data = os.pread(handle.fd, size, offset)
+        # Checked after the read: the bytes are those of the identified version, or nothing.
+        if _local_identity(os.fstat(handle.fd)) != expected:
+            self._forget(path, expected)
+            raise FileChangedError(f"{path} changed while it was being read")
         if len(data) != size:
             raise TruncatedFileError(f"{path}: wanted {size} bytes at {offset}, file has {expected.size} bytes")
         return data
+
+    def _handle(self, path: str, expected: FileIdentity) -> "_OpenFile":
+        """An open descriptor of exactly the version ``expected``, kept for the next reads.
+
+        Opening and closing a file per read costs more than the read itself.
+        A descriptor is closed when the last user drops it, so eviction never
+        pulls a descriptor from under a read in another thread.
+        """
+        key = (path, expected.version)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is not None:
+                self._handles.move_to_end(key)
+                return handle
+        handle = _OpenFile(path)
+        if _local_identity(os.fstat(handle.fd)) != expected:
+            raise FileChangedError(f"{path} changed while it was being opened")
+        with self._lock:
+            self._handles[key] = handle
+            while len(self._handles) > self.max_open_files:
+                self._handles.popitem(last=False)
+        return handle
+
+    def _forget(self, path: str, expected: FileIdentity) -> None:
+        with self._lock:
+            self._handles.pop((path, expected.version), None)
+
+
+class _OpenFile:
+    """A read-only descriptor, closed when the last reference to it goes."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.fd)

@@ -3,6 +3,7 @@
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +21,7 @@ from .zarr_source import SourceError, ZarrMagSource
 log = logging.getLogger("gateway.catalog")
 
 PROPERTIES = "datasource-properties.json"
+REVALIDATE_SECONDS = 1.0  # a changed datasource-properties.json is noticed within this long
 Vec3 = tuple[int, int, int]
 
 
@@ -61,7 +63,8 @@ class Catalog:
         self.storage = storage
         self.files = files
         self.index_cache = index_cache
-        self._loaded: dict[tuple[str, str], tuple[str, Dataset | BrokenDataset]] = {}
+        # (organization, name) -> (properties version, dataset, when to look at the file again)
+        self._loaded: dict[tuple[str, str], tuple[str, Dataset | BrokenDataset, float]] = {}
         self._lock = threading.Lock()
 
     def organizations(self) -> list[str]:
@@ -81,6 +84,11 @@ class Catalog:
         """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none."""
         if not (is_plain_name(organization) and is_plain_name(name)):
             return None
+        key = (organization, name)
+        now = time.monotonic()
+        cached = self._loaded.get(key)
+        if cached is not None and now < cached[2]:
+            return cached[1]  # its properties file was checked less than REVALIDATE_SECONDS ago
         directory = self.storage.join(self.storage.root, organization, name)
         path = self.storage.join(directory, PROPERTIES)
         try:
@@ -89,16 +97,14 @@ class Catalog:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
         if identity is None:
             return None
-        key = (organization, name)
-        with self._lock:
-            cached = self._loaded.get(key)
         if cached is not None and cached[0] == identity.version:
-            return cached[1]
-        loaded = self._load(organization, name, directory, path)
-        if isinstance(loaded, BrokenDataset):
-            log.warning("dataset %s/%s cannot be served: %s", organization, name, loaded.reason)
+            loaded = cached[1]
+        else:
+            loaded = self._load(organization, name, directory, path)
+            if isinstance(loaded, BrokenDataset):
+                log.warning("dataset %s/%s cannot be served: %s", organization, name, loaded.reason)
         with self._lock:
-            self._loaded[key] = (identity.version if isinstance(loaded, BrokenDataset) else loaded.version, loaded)
+            self._loaded[key] = (identity.version, loaded, now + REVALIDATE_SECONDS)
         return loaded
 
     def _load(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:

@@ -88,7 +88,8 @@ def _stored_wkw_block(served: ServedMag, source: WkwMagSource, index: tuple[int,
     if wkw_file is None:
         return None
     stored = source.stored_block(wkw_file, block_index)
-    etag = make_etag(served.fingerprint, index, source.relative(path), wkw_file.identity)
+    identity = wkw_file.identity
+    etag = make_etag(served.fingerprint, index, source.relative(path), identity.size, identity.version)
     return bytes_resource(_passthrough_body(stored), OCTET_STREAM, etag, wkw_file.identity.mtime)
 
 

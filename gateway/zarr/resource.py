@@ -12,7 +12,7 @@ def make_etag(*parts: object) -> str:
     """A strong, quoted ETag that is the same on every replica for the same parts (bytes hashed as such)."""
     digest = hashlib.blake2b(digest_size=16)
     for part in parts:
-        digest.update(part if isinstance(part, bytes) else repr(part).encode())
+        digest.update(part if isinstance(part, bytes) else str(part).encode())
         digest.update(b"\0")
     return f'"{digest.hexdigest()}"'
 
