@@ -2,6 +2,7 @@
 
 import functools
 import json
+from collections.abc import AsyncIterator
 from email.utils import formatdate, parsedate_to_datetime
 
 import anyio
@@ -35,9 +36,16 @@ class Answer:
     It is an ASGI application, so Starlette endpoints may return it as well.
     """
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "pieces", "status")
 
-    def __init__(self, status: int, headers: RawHeaders, body: bytes = b"", media_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        headers: RawHeaders,
+        body: bytes = b"",
+        media_type: str | None = None,
+        pieces: AsyncIterator[bytes] | None = None,
+    ) -> None:
         if media_type is not None:
             headers.append((b"content-type", media_type.encode("latin-1")))
         if status != 304 and not any(name == b"content-length" for name, _ in headers):
@@ -45,9 +53,13 @@ class Answer:
         self.status = status
         self.headers = headers
         self.body = body
+        self.pieces = pieces  # a large body, sent as it is read instead of held whole in memory
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        if self.pieces is not None:
+            async for piece in self.pieces:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": self.body})
 
 
@@ -106,6 +118,25 @@ def _range_applies(request: Request, resource: Resource) -> bool:
     return resource.last_modified is not None and _http_date(resource.last_modified) == if_range
 
 
+STREAM_PIECE = 4 << 20  # larger reads of a virtual object are sent piece by piece
+
+
+async def _pieces(resource: Resource, start: int, end: int, limiter: anyio.CapacityLimiter) -> AsyncIterator[bytes]:
+    for offset in range(start, end, STREAM_PIECE):
+        yield await _read(resource, offset, min(offset + STREAM_PIECE, end), limiter)
+
+
+async def _body(
+    resource: Resource, start: int, end: int, head: bool, limiter: anyio.CapacityLimiter
+) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """The bytes ``[start, end)``: in memory, or as pieces when they must be read and are large."""
+    if head:
+        return b"", None
+    if resource.body is None and end - start > STREAM_PIECE:
+        return b"", _pieces(resource, start, end, limiter)
+    return await _read(resource, start, end, limiter), None
+
+
 async def _read(resource: Resource, start: int, end: int, limiter: anyio.CapacityLimiter) -> bytes:
     if resource.body is not None:
         return resource.body if (start, end) == (0, resource.size) else resource.body[start:end]
@@ -141,15 +172,15 @@ async def send_resource(
 
     headers = raw_headers(validators)
     if spans is None:
-        body = b"" if head else await _read(resource, 0, resource.size, limiter)
         headers.append((b"content-length", str(resource.size).encode()))
-        return Answer(200, headers, body, resource.media_type)
+        body, pieces = await _body(resource, 0, resource.size, head, limiter)
+        return Answer(200, headers, body, resource.media_type, pieces)
     if len(spans) == 1:
         start, end = spans[0]
         headers.append((b"content-range", f"bytes {start}-{end - 1}/{resource.size}".encode()))
         headers.append((b"content-length", str(end - start).encode()))
-        body = b"" if head else await _read(resource, start, end, limiter)
-        return Answer(206, headers, body, resource.media_type)
+        body, pieces = await _body(resource, start, end, head, limiter)
+        return Answer(206, headers, body, resource.media_type, pieces)
     return await _multipart(resource, spans, headers, head, limiter)
 
 
