@@ -78,11 +78,13 @@ class WkwMag:
         derive a validator (ETag) that is exact for this answer.
         """
         header = self.header
+        side = header.block_len
+        if shape == (side, side, side) and not any(o % side for o in offset):
+            return self._read_one_block(offset)
         out = np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F")
         sources: list[FileSource] = []
         if min(shape) <= 0:
             return out, sources
-        side = header.block_len
         end = [o + s for o, s in zip(offset, shape)]
         first_block = [o // side for o in offset]
         last_block = [(e - 1) // side for e in end]
@@ -98,6 +100,17 @@ class WkwMag:
                 stored = self.files.stored_block(wkw_file, self.locate_block(block)[1])
                 copy_overlap(out, offset, decode_block(stored), (block[0] * side, block[1] * side, block[2] * side))
         return out, sources
+
+    def _read_one_block(self, offset: Vec3) -> tuple[np.ndarray, list[FileSource]]:
+        """A block-aligned region of exactly one block: its decoded array, without a copy."""
+        side = self.header.block_len
+        cube, index = self.locate_block((offset[0] // side, offset[1] // side, offset[2] // side))
+        wkw_file = self.open_file(cube)
+        sources: list[FileSource] = [(self.file_path(cube), None if wkw_file is None else wkw_file.identity)]
+        if wkw_file is None:
+            shape = (self.header.num_channels, side, side, side)
+            return np.zeros(shape, dtype=self.header.dtype, order="F"), sources
+        return decode_block(self.files.stored_block(wkw_file, index)), sources
 
 
 def _cells(first: list[int], last: list[int]) -> list[Vec3]:

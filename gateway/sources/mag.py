@@ -78,8 +78,10 @@ class MagSource:
     def read_box(self, lo: Vec3, hi: Vec3) -> Region:
         """Box ``[lo, hi)`` with voxels outside the bounding box set to the fill value."""
         shape = tuple(h - low for low, h in zip(lo, hi))
-        out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
         inner = self.clip(lo, hi)
+        if inner is not None and inner == (lo, hi):
+            return Region(*self.read_inside(lo, shape))  # type: ignore[arg-type]
+        out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
         if inner is None:
             return Region(out, [])
         ilo, ihi = inner

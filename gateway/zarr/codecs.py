@@ -13,7 +13,7 @@ from numcodecs.abc import Codec as NumcodecsCodec
 numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
 
 BLOSC_CLEVEL = 5
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # fast: chunks are encoded per request
 GZIP_LEVEL = 5
 
 
