@@ -1,0 +1,236 @@
+"""An S3-protocol server for tests (moto in server mode) and a counting, fault-injecting proxy in front of it."""
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# Variables that would point a gateway elsewhere than the endpoint a test chose.
+_OVERRIDDEN = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def aws_environment(endpoint: str) -> Iterator[None]:
+    """``os.environ`` pointing boto3 (and a gateway started meanwhile) at ``endpoint``; restored afterwards."""
+    saved = {name: os.environ.get(name) for name in (*CREDENTIALS, *_OVERRIDDEN)}
+    for name in _OVERRIDDEN:
+        os.environ.pop(name, None)
+    os.environ.update(CREDENTIALS)
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@dataclass
+class Moto:
+    """A moto S3 server on a loopback port."""
+
+    endpoint: str
+    process: subprocess.Popen
+
+    def client(self) -> Any:  # a boto3 S3 client
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def start_moto(log_path: Path) -> Moto:
+    port = free_port()
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto exited: {log_path.read_text()}")
+        try:
+            requests.get(endpoint + "/moto-api/", timeout=1)
+            return Moto(endpoint, process)
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"moto did not start: {log_path.read_text()}")
+
+
+def upload_tree(client: Any, local: Path, bucket: str, prefix: str) -> int:
+    """Every file under ``local`` as ``prefix/<relative path>``; returns how many."""
+    count = 0
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+            count += 1
+    return count
+
+
+# --- the proxy --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One request the proxy saw: what was asked, and how many body bytes went back."""
+
+    method: str
+    path: str
+    range: str | None
+    status: int
+    body_bytes: int
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection"}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a connection the proxy dropped on purpose, or one its client gave up on
+
+
+class CountingProxy:
+    """A threaded HTTP proxy to ``upstream`` that records every request and can be told to fail.
+
+    Modes: ``"forward"`` (pass everything through), ``"error"`` (answer 500), ``"close"`` (drop the
+    connection without an answer). A failing mode hits only paths containing ``fail_only`` and only the
+    methods in ``fail_methods``, where these are set, and forwards the rest. :meth:`stop` closes the
+    listening socket, so the store is unreachable (connection refused) until :meth:`start` opens it
+    again on the same port.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.port = free_port()
+        self.mode = "forward"
+        self.fail_only: str | None = None
+        self.fail_methods: set[str] | None = None
+        self.fetches: list[Fetch] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # one request per connection: stopping the proxy leaves none open
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                mode = proxy.mode
+                if proxy.fail_only is not None and proxy.fail_only not in self.path:
+                    mode = "forward"
+                if proxy.fail_methods is not None and self.command not in proxy.fail_methods:
+                    mode = "forward"
+                if mode == "close":
+                    proxy._record(Fetch(self.command, self.path, self.headers.get("Range"), 0, 0))
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if mode == "error":
+                    payload = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                    proxy._record(Fetch(self.command, self.path, self.headers.get("Range"), 500, 0))
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                connection = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                connection.request(self.command, self.path, body=body or None, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+                connection.close()
+                proxy._record(Fetch(self.command, self.path, self.headers.get("Range"), answer.status, len(data)))
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(answer.getheader("Content-Length", len(data))))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        server = _QuietServer(("127.0.0.1", self.port), Handler)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _record(self, fetch: Fetch) -> None:
+        with self._lock:
+            self.fetches.append(fetch)
+
+    def take(self) -> list[Fetch]:
+        """The requests recorded since the last call."""
+        with self._lock:
+            fetches, self.fetches = self.fetches, []
+        return fetches
