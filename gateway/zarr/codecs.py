@@ -51,7 +51,9 @@ def encode(codec: Codec, data: np.ndarray) -> bytes:
 
 
 def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
-    """The ``compressor`` entry of ``.zarray``."""
+    """The ``compressor`` entry of ``.zarray``, with only the members tensorstore's v2 driver accepts."""
+    if codec is Codec.ZSTD:
+        return {"id": "zstd", "level": ZSTD_LEVEL}
     encoder = _numcodecs_codec(codec, itemsize)
     return None if encoder is None else encoder.get_config()
 
