@@ -2,6 +2,8 @@
 
 import json
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 from starlette.applications import Starlette
@@ -36,6 +38,7 @@ from .ops import Ops
 from .responses import Answer, HttpError, error_response, header, send_resource
 
 log = logging.getLogger("gateway")
+T = TypeVar("T")
 
 TREES = {"zarr": 2, "zarr3": 3, "zarr3_experimental": 3}
 PROPERTIES = "datasource-properties.json"
@@ -115,18 +118,19 @@ class Gateway:
         base = f"{request.scope.get('root_path', '')}/data/{tree}/"
         grant = self.authenticate(request)
         if not segments:
-            return await self._listing(request, base, self._organizations(grant))
+            return await self._listing(request, base, await self._storage_call(self._organizations, grant))
         organization = segments[0]
         if len(segments) == 1:
             if grant is not None and not grant.allows_organization(organization):
                 raise HttpError(403, f"the token does not grant access to organization {organization}")
-            if organization not in self.catalog.organizations():
+            if organization not in await self._storage_call(self.catalog.organizations):
                 raise HttpError(404, f"no organization {organization!r}")
-            return await self._listing(request, f"{base}{organization}/", self._datasets(grant, organization))
+            entries = await self._storage_call(self._datasets, grant, organization)
+            return await self._listing(request, f"{base}{organization}/", entries)
         name = segments[1]
         if grant is not None and not grant.allows(organization, name):
             raise HttpError(403, f"the token does not grant access to {organization}/{name}")
-        dataset = self.catalog.dataset(organization, name)
+        dataset = await self._storage_call(self.catalog.dataset, organization, name)
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):
@@ -136,6 +140,12 @@ class Gateway:
         if isinstance(resource, Answer):
             return resource
         return await send_resource(request, resource, self.settings.cache_control, self.limiter)
+
+    async def _storage_call(self, function: Callable[..., T], *args: Any) -> T:
+        """Catalog work: inline for a local root (a stat, mostly cached), in a thread for object storage."""
+        if self.storage.is_local:
+            return function(*args)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
 
     def _organizations(self, grant: Grant | None) -> list[Entry]:
         return [
