@@ -49,15 +49,18 @@ class AccessLog:
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
 
-    def write(self, fields: dict[str, Any]) -> None:
+    def write(self, request_id: str, method: str, path: str, status: int, sent: int, ms: float) -> None:
         if not logging.getLogger("gateway.access").isEnabledFor(logging.INFO):
             return
-        now = time.time()
+        stamp = self._time(time.time())
         if self.log_format == "json":
-            fields.update(time=self._time(now), level="INFO", logger="gateway.access")
-            line = json.dumps(fields)
+            line = (
+                f'{{"request_id": {json.dumps(request_id)}, "method": "{method}", "path": {json.dumps(path)}, '
+                f'"status": {status}, "bytes": {sent}, "ms": {ms:.3f}, "time": "{stamp}", "level": "INFO", '
+                '"logger": "gateway.access"}'
+            )
         else:
-            line = f"{self._time(now)} INFO gateway.access: " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line = f"{stamp} INFO gateway.access: {method} {path} {status} {sent}B {ms:.3f}ms id={request_id}"
         self._pending.append(line)
         if len(self._pending) == 1:
             try:

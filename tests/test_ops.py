@@ -211,6 +211,7 @@ def test_metrics_add_up_over_workers(
     for path in chunk_paths(30):
         response = requests.get(server.url + path, headers={"Connection": "close"}, timeout=10)
         assert response.status_code == 200
+    time.sleep(1.5)  # a worker adds its tally to the shared metrics within a second
     counts = []
     for _ in range(6):
         samples = requests.get(server.url + "/metrics", headers={"Connection": "close"}, timeout=10)

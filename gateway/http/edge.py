@@ -6,6 +6,7 @@ response class in between; everything else (operations, the index,
 unsupported methods) goes to a Starlette application.
 """
 
+import asyncio
 import itertools
 import logging
 import os
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..logs import access_log
-from ..metrics import IN_FLIGHT, CacheWatch, record_request, route_of
+from ..metrics import STATS, CacheWatch, route_of
 from .responses import error_response
 
 if TYPE_CHECKING:
@@ -36,7 +37,9 @@ class Edge:
         self.gateway = gateway
         self.others = others
         self.watch = watch
+        self.stats = STATS
         self._ids = itertools.count()
+        self._timer_armed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,7 +66,10 @@ class Edge:
 
         method = scope["method"]
         path = scope["path"]
-        IN_FLIGHT.inc()
+        self.stats.in_flight += 1
+        if not self._timer_armed:
+            self._timer_armed = True
+            asyncio.get_running_loop().call_later(1.0, self._tick)
         try:
             if method == "OPTIONS" and b"access-control-request-method" in headers:
                 await _preflight(headers, send_with_cors)
@@ -79,22 +85,19 @@ class Edge:
             if not status:
                 await error_response(500, "internal error; it has been logged")(scope, receive, send_with_cors)
         finally:
-            IN_FLIGHT.dec()
+            self.stats.in_flight -= 1
             elapsed = time.perf_counter() - started
-            record_request(route_of(path), method, status, elapsed, sent)
-            if self.watch is not None:
-                self.watch.sync_now_and_then(started)
+            self.stats.record(route_of(path), method, status, elapsed, sent)
+            self.stats.flush_now_and_then(started)
             # The path only: the query string may carry a token and is never logged.
-            access_log.write(
-                {
-                    "request_id": request_id.decode(),
-                    "method": method,
-                    "path": path,
-                    "status": status,
-                    "bytes": sent,
-                    "ms": round(elapsed * 1000, 3),
-                }
-            )
+            access_log.write(request_id.decode(), method, path, status, sent, elapsed * 1000)
+
+    def _tick(self) -> None:
+        """Flush metrics of a worker that has gone quiet, once a second."""
+        self.stats.flush()
+        if self.watch is not None:
+            self.watch.sync()
+        asyncio.get_running_loop().call_later(1.0, self._tick)
 
 
 async def _preflight(headers: dict[bytes, bytes], send: Send) -> None:

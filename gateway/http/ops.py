@@ -175,6 +175,7 @@ class Ops:
         return f"data root {str(root)!r} did not answer within 5 s"
 
     async def metrics(self, request: Request) -> Response:
+        metrics.STATS.flush()
         self.watch.sync()
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type, headers=NO_STORE)
