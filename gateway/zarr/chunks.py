@@ -303,6 +303,6 @@ class ShardPlans:
         return Resource(plan.size, etag, OCTET_STREAM, reader=read, last_modified=wkw_file.identity.mtime)
 
 
-def codec_for_layout(codec: Codec, sharded: bool) -> Codec:
-    """Sharded inner chunks are framed as Blosc whatever the plain codec is."""
-    return Codec.BLOSC_LZ4 if sharded and not codec.is_blosc else codec
+def shard_inner_codec(codec: Codec) -> Codec:
+    """Sharded inner chunks are stored blocks framed as Blosc, whatever the plain codec is."""
+    return codec if codec.is_blosc else Codec.BLOSC_LZ4

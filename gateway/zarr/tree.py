@@ -9,7 +9,7 @@ from ..sources.properties import mag_name
 from ..sources.wkw_source import WkwMagSource
 from ..sources.zarr_source import NativeEncoding, ZarrMagSource
 from . import native
-from .chunks import ServedMag, codec_for_layout, served_mag
+from .chunks import ServedMag, served_mag, shard_inner_codec
 from .codecs import Codec
 from .layout import (
     ArrayLayout,
@@ -67,7 +67,7 @@ def _layout(source: MagSource, version: int, options: ServeOptions) -> ArrayLayo
             shape,
             (channels, edge, edge, edge),
             source.dtype,
-            codec_for_layout(options.codec, True),
+            shard_inner_codec(options.codec),
             (channels, shard, shard, shard),
         )
     if isinstance(source, ZarrMagSource) and _servable_as_stored(source.native, channels, version):
