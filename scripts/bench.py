@@ -161,7 +161,7 @@ CASES = [
     Case("nginx", "nginx", "u8-32", "static files of the same bytes, sendfile (the ceiling)"),
     Case("floor", "floor", "u8-32", "minimal Starlette app returning the same bytes from a dict (the Python floor)"),
     Case("gateway pass-through", "gateway:main", "u8-32", "the stored LZ4HC block framed as blosc, not decoded"),
-    Case("gateway re-encode zstd", "gateway:zstd", "u8-32", "decodes LZ4, encodes zstd-3; baselines serve LZ4 bytes"),
+    Case("gateway re-encode zstd", "gateway:zstd", "u8-32", "decodes LZ4, encodes zstd-1; baselines serve LZ4 bytes"),
     Case("xpublish", "xpublish", "u8-32", "dask-backed xarray, xpublish-zarr (v3, its default codec)"),
     Case("nginx", "nginx", "u16-32"),
     Case("floor", "floor", "u16-32"),
