@@ -160,6 +160,24 @@ def _mode_downsample(data: np.ndarray, factor: Vec3) -> np.ndarray:
 # --- the picture --------------------------------------------------------------------------------
 
 
+def smooth_lattice_grid(lattice: np.ndarray, coords: list[np.ndarray]) -> np.ndarray:
+    """A 3-D lattice of values sampled at a grid of fractional lattice coordinates (one array per axis).
+
+    Smoothstep interpolation along each axis in turn: smooth, cheap noise for pictures and benchmarks.
+    """
+    out = lattice
+    for axis, t in enumerate(coords):
+        i0 = np.clip(np.floor(t).astype(np.intp), 0, out.shape[axis] - 2)
+        w = np.clip(t - i0, 0.0, 1.0)
+        w = (w * w * (3.0 - 2.0 * w)).astype(np.float32)
+        shape = [1, 1, 1]
+        shape[axis] = -1
+        a0 = np.take(out, i0, axis=axis)
+        a1 = np.take(out, i0 + 1, axis=axis)
+        out = a0 + (a1 - a0) * w.reshape(shape)
+    return out
+
+
 class _ValueNoise:
     """Smooth random field: random values on a coarse lattice, smoothstep-interpolated.
 
@@ -173,18 +191,8 @@ class _ValueNoise:
         self.values = rng.uniform(-1.0, 1.0, size=tuple(shape)).astype(np.float32)
 
     def grid(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
-        out = self.values
-        for axis, coords in enumerate((x, y, z)):
-            t = (np.asarray(coords, dtype=np.float64) - self.origin[axis]) / self.spacing
-            i0 = np.clip(np.floor(t).astype(np.intp), 0, out.shape[axis] - 2)
-            w = np.clip(t - i0, 0.0, 1.0)
-            w = (w * w * (3.0 - 2.0 * w)).astype(np.float32)
-            shape = [1, 1, 1]
-            shape[axis] = -1
-            a0 = np.take(out, i0, axis=axis)
-            a1 = np.take(out, i0 + 1, axis=axis)
-            out = a0 + (a1 - a0) * w.reshape(shape)
-        return out
+        coords = [(np.asarray(c, dtype=np.float64) - o) / self.spacing for c, o in zip((x, y, z), self.origin)]
+        return smooth_lattice_grid(self.values, coords)
 
     def at(self, points: np.ndarray) -> np.ndarray:
         """The field at scattered ``[n, 3]`` points (nm)."""

@@ -51,6 +51,7 @@ SCRIPTS = REPO / "scripts"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from gateway.sample import smooth_lattice_grid  # noqa: E402
 from wkw_adapter import (  # noqa: E402
     BlockType,
     LocalStore,
@@ -217,18 +218,9 @@ class _Smooth:
 
     def slab(self, edge: int, z0: int, depth: int) -> np.ndarray:
         """The field over ``[0, edge) x [0, edge) x [z0, z0 + depth)``, indexed ``[x, y, z]``."""
-        out = self.lattice
-        for axis, (start, count) in ((2, (z0, depth)), (1, (0, edge)), (0, (0, edge))):
-            t = np.arange(start, start + count, dtype=np.float64) / self.spacing
-            i0 = np.floor(t).astype(np.intp)
-            w = t - i0
-            w = (w * w * (3.0 - 2.0 * w)).astype(np.float32)
-            shape = [1, 1, 1]
-            shape[axis] = -1
-            a0 = np.take(out, i0, axis=axis)
-            a1 = np.take(out, i0 + 1, axis=axis)
-            out = a0 + (a1 - a0) * w.reshape(shape)
-        return out
+        ranges = ((0, edge), (0, edge), (z0, depth))
+        coords = [np.arange(start, start + count, dtype=np.float64) / self.spacing for start, count in ranges]
+        return smooth_lattice_grid(self.lattice, coords)
 
 
 _FIELDS: dict = {}

@@ -16,6 +16,7 @@ ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
     "uint16": ("uint16", 1),
     "uint24": ("uint8", 3),
     "uint32": ("uint32", 1),
+    "uint48": ("uint16", 3),  # what webknossos-libs writes for 3 channels of uint16
     "uint64": ("uint64", 1),
     "int8": ("int8", 1),
     "int16": ("int16", 1),
