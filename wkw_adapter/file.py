@@ -36,7 +36,7 @@ class WkwFile:
         return start, ends[index] - start
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per block read: plain construction is cheaper than frozen
 class StoredBlock:
     """A block's bytes exactly as stored, with what is needed to decode them."""
 

@@ -170,7 +170,13 @@ async def send_resource(
         except Unsatisfiable as exc:
             raise HttpError(416, str(exc), {**validators, "Content-Range": f"bytes */{resource.size}"}) from None
 
-    headers = raw_headers(validators)
+    headers = [
+        (b"etag", resource.etag.encode()),
+        (b"accept-ranges", b"bytes"),
+        (b"cache-control", cache_control.encode("latin-1")),
+    ]
+    if resource.last_modified is not None:
+        headers.append((b"last-modified", validators["Last-Modified"].encode()))
     if spans is None:
         headers.append((b"content-length", str(resource.size).encode()))
         body, pieces = await _body(resource, 0, resource.size, head, limiter)

@@ -17,7 +17,7 @@ def make_etag(*parts: object) -> str:
     return f'"{digest.hexdigest()}"'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per request, and frozen construction is slower
 class Resource:
     """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
 
