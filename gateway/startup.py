@@ -47,30 +47,36 @@ def check_tokens(settings: Settings) -> None:
 
 
 def check_root(settings: Settings) -> None:
-    """Say at start-up whether an object-storage data root answers.
+    """Say at start-up whether the data root answers and whether it holds any organization yet.
 
-    A store that cannot be reached does not stop start-up: it may come back, as it may go away later;
-    until it answers, /readyz reports not ready and data requests answer 503.
+    Neither stops start-up: an empty root may be filled and a store may come back (as it may go
+    away later); until a store answers, /readyz reports not ready and data requests answer 503.
     """
-    if not settings.root.startswith("s3://"):
-        return  # a local root was checked to be a directory by the settings
-    from .storage import S3Storage
+    from .storage import S3Storage, Storage, open_storage
 
     try:
-        storage = S3Storage(settings.root, timeout=5.0, max_attempts=1)
+        storage: Storage = (
+            S3Storage(settings.root, timeout=5.0, max_attempts=1)
+            if settings.root.startswith("s3://")
+            else open_storage(settings.root)
+        )
     except ValueError as exc:
         sys.exit(f"zarr-gateway: data root: {exc}")
+    endpoint = f" (endpoint {getattr(storage, 'endpoint_url', None) or 'AWS default'})" if not storage.is_local else ""
     try:
-        storage.is_directory(storage.root)
+        organizations = storage.list_directories(storage.root)
     except Exception as exc:
         log.error(
-            "data root %s cannot be reached (endpoint %s): %s; serving anyway, not ready until it answers",
+            "data root %s cannot be reached%s: %s; serving anyway, not ready until it answers",
             settings.root,
-            storage.endpoint_url or "AWS default",
+            endpoint,
             exc,
         )
         return
-    log.info("data root %s answers (endpoint %s)", settings.root, storage.endpoint_url or "AWS default")
+    if organizations:
+        log.info("data root %s answers%s: %d organizations", settings.root, endpoint, len(organizations))
+    else:
+        log.warning("data root %s%s holds no datasets yet (no organization directories)", settings.root, endpoint)
 
 
 def prepare(settings: Settings) -> Callable[[], None]:

@@ -384,3 +384,4 @@ def test_an_empty_local_root_starts(server_factory: Callable[..., Server], tmp_p
         assert "<a href" not in listing.text
         assert get(server, f"/data/{tree}/{ORG}/{WKW_DATASET}/.zgroup").status_code == 404
     assert "cannot be reached" not in server.log()
+    assert f"data root {empty} holds no datasets yet" in server.log()  # said at start-up
