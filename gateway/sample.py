@@ -406,6 +406,14 @@ def _label_slab(
     return best1, best2, cell
 
 
+def _fill_with_rim(
+    target: np.ndarray, inner: np.ndarray, fill: np.ndarray, ring: np.ndarray, rim: np.ndarray, rim_value: float
+) -> None:
+    """Paint an organelle into ``target`` (a view): its interior, then a rim darkened towards ``rim_value``."""
+    target[inner] = fill[inner]
+    target[ring] -= (rim[ring] * (target[ring] - rim_value)).astype(np.float32)
+
+
 def _paint_organelles(
     tissue: _Tissue, grid: tuple[np.ndarray, np.ndarray, np.ndarray], owner: np.ndarray, value: np.ndarray
 ) -> None:
@@ -442,11 +450,7 @@ def _paint_organelles(
         dense = np.sqrt(np.square(ox) + np.square(oy) + np.square(oz)) < nucleolus_radius
         nucleus = np.where(dense, 92.0 + 10.0 * chrom, nucleus)
         envelope = np.exp(-np.square(depth / 13.0))
-        target = value[sel]
-        inner = mine & (depth > 0)
-        target[inner] = nucleus[inner]
-        ring = mine & (envelope > 0.05)
-        target[ring] -= (envelope[ring] * (target[ring] - 70.0)).astype(np.float32)
+        _fill_with_rim(value[sel], mine & (depth > 0), nucleus, mine & (envelope > 0.05), envelope, 70.0)
 
     for cell, centre, axis, half, thick in tissue.mitochondria:
         sel = sub_box(centre, half + thick + 40.0)
@@ -461,11 +465,7 @@ def _paint_organelles(
         cristae = 0.5 + 0.5 * np.cos(along * (2 * np.pi / 55.0))
         matrix = 96.0 + 34.0 * cristae
         rim = np.exp(-np.square(depth / 12.0))
-        target = value[sel]
-        inner = mine & (depth > 0)
-        target[inner] = matrix[inner]
-        ring = mine & (rim > 0.05)
-        target[ring] -= (rim[ring] * (target[ring] - 55.0)).astype(np.float32)
+        _fill_with_rim(value[sel], mine & (depth > 0), matrix, mine & (rim > 0.05), rim, 55.0)
 
     for cell, centre, radius in tissue.vesicles:
         sel = sub_box(centre, radius + 30.0)

@@ -63,6 +63,18 @@ def test_every_codec_and_chunk_edge_reads_back_exactly(
                     assert np.array_equal(got, expected), (layer, mag, tree, read.__name__)
 
 
+def _color_layer(**mags: object) -> dict:
+    """A 64^3 uint8 WKW color layer at the origin, with its mags in the given form."""
+    return {
+        "name": "color",
+        "category": "color",
+        "boundingBox": {"topLeft": [0, 0, 0], "width": 64, "height": 64, "depth": 64},
+        "elementClass": "uint8",
+        "dataFormat": "wkw",
+        **mags,
+    }
+
+
 def _legacy_dataset(root: Path) -> tuple[Path, dict[tuple[int, int, int], np.ndarray]]:
     """A dataset as old webKnossos wrote it: wkwResolutions, scale as a list, written by the wkw package."""
     directory = root / "legacy_org" / "old_dataset"
@@ -79,18 +91,13 @@ def _legacy_dataset(root: Path) -> tuple[Path, dict[tuple[int, int, int], np.nda
         "id": {"name": "old_dataset", "team": "legacy_org"},
         "scale": [11.24, 11.24, 25.0],
         "dataLayers": [
-            {
-                "name": "color",
-                "category": "color",
-                "boundingBox": {"topLeft": [0, 0, 0], "width": 64, "height": 64, "depth": 64},
-                "elementClass": "uint8",
-                "dataFormat": "wkw",
-                "wkwResolutions": [
+            _color_layer(
+                wkwResolutions=[
                     {"resolution": 1, "cubeLength": 64},
                     {"resolution": [2, 2, 2], "cubeLength": 64},
                     {"resolution": [4, 4, 1], "cubeLength": 64},
-                ],
-            }
+                ]
+            )
         ],
     }
     (directory / "datasource-properties.json").write_text(json.dumps(properties))
@@ -169,16 +176,7 @@ def test_file_rewritten_while_served_never_mixes_bytes_and_etags(
     properties = {
         "id": {"name": "ds", "team": ""},
         "scale": {"factor": [1.0, 1.0, 1.0], "unit": "nanometer"},
-        "dataLayers": [
-            {
-                "name": "color",
-                "category": "color",
-                "boundingBox": {"topLeft": [0, 0, 0], "width": 64, "height": 64, "depth": 64},
-                "elementClass": "uint8",
-                "dataFormat": "wkw",
-                "mags": [{"mag": [1, 1, 1], "path": "./color/1"}],
-            }
-        ],
+        "dataLayers": [_color_layer(mags=[{"mag": [1, 1, 1], "path": "./color/1"}])],
     }
     (root / "org" / "ds" / "datasource-properties.json").write_text(json.dumps(properties))
     server = server_factory(root, codec="zstd")  # re-encoded: a chunk is read from several blocks' worth of work

@@ -17,7 +17,7 @@ from ..metrics import count_storage_error
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..storage import open_storage
-from ..zarr.chunks import ChunkNotFound, ServedMag, ShardPlans, passthrough_chunk, plain_chunk
+from ..zarr.chunks import ChunkNotFound, ServedMag, ShardPlans, encoded_chunk, passthrough_chunk, plain_chunk
 from ..zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from ..zarr.layout import array_zarr_json, zarray
 from ..zarr.resource import JSON, Resource, bytes_resource
@@ -260,9 +260,11 @@ class Gateway:
                 if sharded:
                     return await anyio.to_thread.run_sync(self.shards.shard, served, index, limiter=self.limiter)
                 # A pass-through chunk of a local file is one stat and one read: cheaper than a thread hop.
-                resource = passthrough_chunk(served, index) if served.source.reads_are_cheap else None
-                if resource is None:
-                    resource = await anyio.to_thread.run_sync(plain_chunk, served, index, limiter=self.limiter)
+                if not served.source.reads_are_cheap:
+                    return await anyio.to_thread.run_sync(plain_chunk, served, index, limiter=self.limiter)
+                resource = passthrough_chunk(served, index)
+                if resource is None:  # not one stored block: decode and encode off the event loop
+                    resource = await anyio.to_thread.run_sync(encoded_chunk, served, index, limiter=self.limiter)
                 return resource
             except ChunkNotFound as exc:
                 raise HttpError(404, str(exc)) from None

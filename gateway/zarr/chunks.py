@@ -127,9 +127,11 @@ def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
 
 def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     """One chunk of the plain layout (both trees): exactly the voxels of that chunk at this mag."""
-    resource = passthrough_chunk(served, index)
-    if resource is not None:
-        return resource
+    return passthrough_chunk(served, index) or encoded_chunk(served, index)
+
+
+def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
+    """A chunk read as voxels, masked to the bounding box and encoded as the layout declares."""
     lo, hi = _chunk_box(served, index)
     region = served.source.read_box(lo, hi)
     body = encode_chunk(served.layout, region.data)
