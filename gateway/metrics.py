@@ -26,8 +26,6 @@ from prometheus_client import (
 )
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json", "datasource-properties.json"})
-OPERATIONS = frozenset({"healthz", "readyz", "metrics", "auth"})
 
 REQUESTS = Counter(
     "zarr_gateway_requests", "HTTP requests answered, by route kind, method and status", ["route", "method", "status"]
@@ -56,23 +54,6 @@ for _kind in ("fault", "changed"):
 def count_storage_error(kind: str = "fault") -> None:
     """Called where the gateway answers a storage fault with a 5xx."""
     STORAGE_ERRORS.labels(kind).inc()
-
-
-def route_of(path: str) -> str:
-    """The kind of resource a path names: a bounded label value."""
-    segments = [s for s in path.split("/") if s]
-    if not segments:
-        return "index"
-    if len(segments) == 1 and segments[0] in OPERATIONS:
-        return segments[0]
-    if segments[0] != "data":
-        return "other"
-    rest = segments[2:]  # after /data/{tree}/: organization, dataset, layer, mag, key...
-    if rest and rest[-1] in METADATA_NAMES:
-        return "metadata"
-    if len(rest) <= 4:
-        return "listing"
-    return "chunk"
 
 
 class _Counted(Protocol):

@@ -1,9 +1,9 @@
-"""The ASGI edge: CORS, request ids, access log and metrics for every request, and the data routes.
+"""The ASGI application: every request enters here, once.
 
-Chunk requests are most of the traffic, so ``/data/...`` GET and HEAD go
-straight to the gateway's dispatcher without a framework router or
-response class in between; everything else (operations, the index,
-unsupported methods) goes to a Starlette application.
+For each request the edge builds one :class:`Request`, picks the handler from the
+path (the data routes' parsed target, or an operations endpoint), turns any
+exception into an answer through the one error map, adds CORS and a request id,
+and records the access log line and the metrics, all without a framework in between.
 """
 
 import asyncio
@@ -11,102 +11,121 @@ import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
-from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..logs import access_log
-from ..metrics import STATS, CacheWatch, route_of
-from .responses import error_response
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from ..metrics import STATS
+from .data import HTML, Gateway, index_page
+from .errors import error_answer, json_error
+from .messages import Answer, Request
+from .ops import Ops
+from .urls import DATA_PREFIX, parse_data_path
 
 log = logging.getLogger("gateway")
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
 ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
+ALLOWED_METHODS = "GET, HEAD, OPTIONS"
 _CORS = [(b"access-control-allow-origin", b"*"), (b"access-control-expose-headers", EXPOSED.encode())]
 _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 _MAX_REQUEST_ID = 128
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
 class Edge:
-    def __init__(self, gateway: "Gateway", others: ASGIApp, watch: CacheWatch | None = None) -> None:
+    """Routes: ``/data/...`` to the gateway, the operations endpoints, ``/`` the index; nothing else."""
+
+    def __init__(self, gateway: Gateway, ops: Ops) -> None:
         self.gateway = gateway
-        self.others = others
-        self.watch = watch
+        self.ops = ops
+        self.pages: dict[str, Handler] = {**ops.routes(), "/": self._index}
         self.stats = STATS
         self._ids = itertools.count()
         self._timer_armed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.others(scope, receive, send)  # lifespan
-            return
+        if scope["type"] == "http":
+            await self._http(scope, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _http(self, scope: Scope, send: Send) -> None:
         started = time.perf_counter()
-        headers = scope["gateway.headers"] = dict(scope["headers"])
-        given_id = headers.get(b"x-request-id", b"")
+        request = Request(scope["method"], scope["path"], dict(scope["headers"]), scope.get("query_string", b""))
+        given_id = request.headers.get(b"x-request-id", b"")
         if 0 < len(given_id) <= _MAX_REQUEST_ID and given_id.isascii() and given_id.decode().isprintable():
             request_id = given_id
         else:
             request_id = f"{_PROCESS}-{next(self._ids):x}".encode()
-        status = 0
-        sent = 0
-
-        async def send_with_cors(message: Message) -> None:
-            nonlocal status, sent
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", ()), *_CORS, (b"x-request-id", request_id)]
-            elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
-            await send(message)
-
-        method = scope["method"]
-        path = scope["path"]
         self.stats.in_flight += 1
         if not self._timer_armed:
             self._timer_armed = True
             asyncio.get_running_loop().call_later(1.0, self._tick)
+        route, status, sent = "other", 0, 0
         try:
-            if method == "OPTIONS" and b"access-control-request-method" in headers:
-                await _preflight(headers, send_with_cors)
-            elif path.startswith("/data/") and method in ("GET", "HEAD"):
-                tree, _, rest = path[6:].partition("/")
-                scope["path_params"] = {"tree": tree, "rest": rest}
-                answer = await self.gateway.handle(Request(scope, receive))
-                await answer(scope, receive, send_with_cors)
-            else:
-                await self.others(scope, receive, send_with_cors)
-        except Exception:
-            log.exception("unexpected error for %s %s", method, path)
-            if not status:
-                await error_response(500, "internal error; it has been logged")(scope, receive, send_with_cors)
+            route, answer = await self._answer(request)
+            answer.headers += _CORS
+            answer.headers.append((b"x-request-id", request_id))
+            status = answer.status
+            # A streamed body that fails after its first byte raises ResponseAborted (logged and counted
+            # already): the server then drops the connection and the client sees a short body, an error.
+            sent = await answer.send(send)
         finally:
             self.stats.in_flight -= 1
             elapsed = time.perf_counter() - started
-            self.stats.record(route_of(path), method, status, elapsed, sent)
+            self.stats.record(route, request.method, status, elapsed, sent)
             self.stats.flush_now_and_then(started)
             # The path only: the query string may carry a token and is never logged.
-            access_log.write(request_id.decode(), method, path, status, sent, elapsed * 1000)
+            access_log.write(request_id.decode(), request.method, request.path, status, sent, elapsed * 1000)
+
+    async def _answer(self, request: Request) -> tuple[str, Answer]:
+        """The route label and the answer; every exception is mapped here, in one place."""
+        route = "other"
+        try:
+            method, path = request.method, request.path
+            if method == "OPTIONS":
+                return "preflight", _options(request)
+            if method not in ("GET", "HEAD"):
+                return route, json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS})
+            if path.startswith(DATA_PREFIX):
+                target = parse_data_path(path)
+                route = target.route
+                return route, await self.gateway.handle(target, request)
+            handler = self.pages.get(path)
+            if handler is None:
+                return route, json_error(404, f"nothing at {path}; data is under {DATA_PREFIX}")
+            route = "index" if path == "/" else path.strip("/")
+            return route, await handler(request)
+        except Exception as exc:
+            return route, error_answer(exc, request.context)
+
+    async def _index(self, request: Request) -> Answer:
+        return Answer(200, [], index_page(), HTML)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message: Message = await receive()
+        assert message["type"] == "lifespan.startup"
+        async with self.ops.lifespan():
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown
+        await send({"type": "lifespan.shutdown.complete"})
 
     def _tick(self) -> None:
         """Flush metrics of a worker that has gone quiet, once a second."""
         self.stats.flush()
-        if self.watch is not None:
-            self.watch.sync()
+        self.ops.watch.sync()
         asyncio.get_running_loop().call_later(1.0, self._tick)
 
 
-async def _preflight(headers: dict[bytes, bytes], send: Send) -> None:
-    requested = headers.get(b"access-control-request-headers") or ALLOWED_HEADERS.encode()
-    answer = [
-        (b"access-control-allow-methods", b"GET, HEAD, OPTIONS"),
+def _options(request: Request) -> Answer:
+    """A CORS preflight (or a plain OPTIONS): what a browser may send."""
+    requested = request.headers.get(b"access-control-request-headers") or ALLOWED_HEADERS.encode()
+    headers = [
+        (b"allow", ALLOWED_METHODS.encode()),
+        (b"access-control-allow-methods", ALLOWED_METHODS.encode()),
         (b"access-control-allow-headers", requested),
         (b"access-control-max-age", b"86400"),
-        (b"content-length", b"0"),
     ]
-    await send({"type": "http.response.start", "status": 204, "headers": answer})
-    await send({"type": "http.response.body", "body": b""})
+    return Answer(204, headers)

@@ -3,8 +3,9 @@
 - ``/healthz`` answers 200 while the process serves at all (liveness).
 - ``/readyz`` answers 200 when the data root is readable and the process is not draining, else 503.
 - ``/metrics`` is the Prometheus text exposition (see :mod:`gateway.metrics`).
-- ``/auth`` answers nginx's ``auth_request``: 204 when the token (X-Auth-Token header, or ``token`` in
-  the query of the original URI) grants the dataset named by the ``X-Original-URI`` header, 401
+- ``/auth`` answers a proxy's auth subrequest (nginx ``auth_request``, ingress-nginx ``auth-url``): 204
+  when the token (X-Auth-Token header, or ``token`` in the query of the original URI) grants the dataset
+  named by the ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL), 401
   without a valid token, 403 when the token lacks the grant. It decides exactly as the data routes
   do, so the proxy lets through only what the gateway would serve anyway.
 - On SIGTERM ``/readyz`` fails at once; ``drain_seconds`` later uvicorn stops accepting connections
@@ -12,36 +13,46 @@
 """
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
-from starlette.datastructures import QueryParams
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from wkw_adapter import ByteLRU
 
 from .. import metrics
 from .auth import Grant, Tokens, TokensFileError
-from .responses import error_response
-
-if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
-    from .app import Gateway
+from .data import Gateway
+from .errors import json_error
+from .messages import Answer, Request, raw_headers
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _json(status: int, document: dict) -> Answer:
+    return Answer(status, raw_headers(NO_STORE), json.dumps(document).encode(), "application/json")
+
+
+def _original_uri(request: Request) -> str | None:
+    """The path and query the proxy is asking about, from ``X-Original-URI`` or a full ``X-Original-URL``."""
+    uri = request.header(b"x-original-uri")
+    if uri is not None:
+        return uri
+    url = request.header(b"x-original-url")
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 class ReloadingTokens:
@@ -106,7 +117,7 @@ def _decide(grant: Grant, original_uri: str) -> tuple[int, str]:
     return 403, f"the token does not grant access to {organization}/{segments[3]}"
 
 
-def _caches(gateway: "Gateway") -> dict[str, ByteLRU]:
+def _caches(gateway: Gateway) -> dict[str, ByteLRU]:
     """The gateway's caches by name: WKW file headers/jump tables, shard plans, chunk indexes."""
     found = {
         "files": getattr(getattr(gateway, "files", None), "lru", None),
@@ -119,7 +130,7 @@ def _caches(gateway: "Gateway") -> dict[str, ByteLRU]:
 class Ops:
     """The operations endpoints of one app, and its draining state."""
 
-    def __init__(self, gateway: "Gateway") -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.settings = gateway.settings
         self.draining = False
@@ -129,28 +140,22 @@ class Ops:
             )
         self.watch = metrics.CacheWatch(lambda: _caches(gateway))
 
-    def routes(self) -> list[Route]:
-        every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # a subrequest keeps the method
-        return [
-            Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
-            Route("/readyz", self.readyz, methods=["GET", "HEAD"]),
-            Route("/metrics", self.metrics, methods=["GET", "HEAD"]),
-            Route("/auth", self.auth, methods=every),
-        ]
+    def routes(self) -> dict[str, Callable[[Request], Awaitable[Answer]]]:
+        return {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics, "/auth": self.auth}
 
     # --- endpoints ----------------------------------------------------------------------------
 
-    async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"}, headers=NO_STORE)
+    async def healthz(self, request: Request) -> Answer:
+        return _json(200, {"status": "ok"})
 
-    async def readyz(self, request: Request) -> Response:
+    async def readyz(self, request: Request) -> Answer:
         if self.draining:
-            return JSONResponse({"status": "draining"}, status_code=503, headers=NO_STORE)
+            return _json(503, {"status": "draining"})
         problem = await self._root_problem()
         if problem:
             log.warning("not ready: %s", problem)
-            return JSONResponse({"status": "not ready", "problem": problem}, status_code=503, headers=NO_STORE)
-        return JSONResponse({"status": "ready"}, headers=NO_STORE)
+            return _json(503, {"status": "not ready", "problem": problem})
+        return _json(200, {"status": "ready"})
 
     async def _root_problem(self) -> str | None:
         root = self.settings.root
@@ -174,39 +179,39 @@ class Ops:
             return await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
         return f"data root {str(root)!r} did not answer within 5 s"
 
-    async def metrics(self, request: Request) -> Response:
+    async def metrics(self, request: Request) -> Answer:
         metrics.STATS.flush()
         self.watch.sync()
         body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type, headers=NO_STORE)
+        return Answer(200, raw_headers(NO_STORE), body, content_type)
 
-    async def auth(self, request: Request) -> Response:
+    async def auth(self, request: Request) -> Answer:
         tokens = self.gateway.tokens
         if tokens is None:
-            return Response(status_code=204, headers=NO_STORE)  # no tokens file: every dataset is readable
-        original = request.headers.get("x-original-uri")
+            return Answer(204, raw_headers(NO_STORE))  # no tokens file: every dataset is readable
+        original = _original_uri(request)
         if original is None:
-            return error_response(400, "X-Original-URI is missing: /auth answers a proxy's auth_request", NO_STORE)
-        query = original.partition("?")[2]
-        token = request.headers.get("x-auth-token") or QueryParams(query).get("token")
+            return json_error(
+                400, "X-Original-URI or X-Original-URL is missing: /auth answers a proxy's auth subrequest", NO_STORE
+            )
+        values = parse_qs(original.partition("?")[2]).get("token")
+        token = request.header(b"x-auth-token") or (values[-1] if values else None)
         if not token:
-            return error_response(
-                401,
-                "a token is required: send it as the X-Auth-Token header or the token query parameter",
-                NO_STORE,
+            return json_error(
+                401, "a token is required: send it as the X-Auth-Token header or the token query parameter", NO_STORE
             )
         grant = tokens.grant(token)
         if grant is None:
-            return error_response(401, "the token is not valid", NO_STORE)
+            return json_error(401, "the token is not valid", NO_STORE)
         status, message = _decide(grant, original)
         if status == 204:
-            return Response(status_code=204, headers=NO_STORE)
-        return error_response(status, message, NO_STORE)
+            return Answer(204, raw_headers(NO_STORE))
+        return json_error(status, message, NO_STORE)
 
     # --- draining -----------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def lifespan(self, app: "Starlette") -> AsyncIterator[None]:
+    async def lifespan(self) -> AsyncIterator[None]:
         self._hook_sigterm(asyncio.get_running_loop())
         try:
             yield

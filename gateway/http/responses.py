@@ -1,89 +1,32 @@
 """Answering with a Resource: validators, conditional requests (RFC 9110 §13) and byte ranges."""
 
 import functools
-import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from email.utils import formatdate, parsedate_to_datetime
 
 import anyio
-from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
 
-from ..zarr.resource import JSON, Resource
-from .ranges import TooManyRanges, Unsatisfiable, parse_range
+from ..zarr.resource import Resource
+from .errors import HttpError, record
+from .messages import Answer, RawHeaders, ResponseAborted, raw_headers
+from .ranges import Unsatisfiable, parse_range
 
-
-class HttpError(Exception):
-    """An answer other than success, with a message for the JSON body."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+Headers = dict[bytes, bytes]
 
 
-RawHeaders = list[tuple[bytes, bytes]]
-
-
-def raw_headers(headers: dict[str, str]) -> RawHeaders:
-    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
-
-
-class Answer:
-    """A complete HTTP answer with raw headers: cheaper than a framework response on the chunk path.
-
-    It is an ASGI application, so Starlette endpoints may return it as well.
-    """
-
-    __slots__ = ("body", "headers", "pieces", "status")
-
-    def __init__(
-        self,
-        status: int,
-        headers: RawHeaders,
-        body: bytes = b"",
-        media_type: str | None = None,
-        pieces: AsyncIterator[bytes] | None = None,
-    ) -> None:
-        if media_type is not None:
-            headers.append((b"content-type", media_type.encode("latin-1")))
-        if status != 304 and not any(name == b"content-length" for name, _ in headers):
-            headers.append((b"content-length", str(len(body)).encode()))
-        self.status = status
-        self.headers = headers
-        self.body = body
-        self.pieces = pieces  # a large body, sent as it is read instead of held whole in memory
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        if self.pieces is not None:
-            async for piece in self.pieces:
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": self.body})
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
-    body = json.dumps({"error": message, "status": status}).encode()
-    return Answer(status, raw_headers(headers or {}), body, JSON)
-
-
-def header(request: Request, name: bytes) -> str | None:
-    """A request header by its lower-case name, from one dict of the raw headers built per request."""
-    headers = request.scope.get("gateway.headers")
-    if headers is None:
-        headers = request.scope["gateway.headers"] = dict(request.scope["headers"])
+def header(headers: Headers, name: bytes) -> str | None:
+    """A request header by its lower-case name."""
     value = headers.get(name)
     return None if value is None else value.decode("latin-1")
 
 
-def _etags(header: str) -> list[str]:
-    return [t.strip() for t in header.split(",") if t.strip()]
+def _etags(value: str) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()]
 
 
-def _matches(header: str, etag: str, weak: bool) -> bool:
+def _matches(value: str, etag: str, weak: bool) -> bool:
     """Whether an If-Match/If-None-Match list matches; weak comparison ignores a ``W/`` prefix."""
-    for candidate in _etags(header):
+    for candidate in _etags(value):
         if candidate == "*":
             return True
         if weak:
@@ -94,108 +37,120 @@ def _matches(header: str, etag: str, weak: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _http_date(timestamp: float) -> str:
+def http_date(timestamp: float) -> str:
     return formatdate(timestamp, usegmt=True)
 
 
-def _not_modified_since(header: str | None, last_modified: float | None) -> bool:
-    if header is None or last_modified is None:
+def _not_modified_since(value: str | None, last_modified: float | None) -> bool:
+    if value is None or last_modified is None:
         return False
     try:
-        return int(last_modified) <= parsedate_to_datetime(header).timestamp()
+        return int(last_modified) <= parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):
         return False
 
 
-def _range_applies(request: Request, resource: Resource) -> bool:
+def _range_applies(headers: Headers, resource: Resource) -> bool:
     """If-Range: send the range only if the validator still matches (strong comparison)."""
-    if_range = header(request, b"if-range")
+    if_range = header(headers, b"if-range")
     if if_range is None:
         return True
     if_range = if_range.strip()
     if if_range.startswith('"') or if_range.startswith("W/"):
         return if_range == resource.etag
-    return resource.last_modified is not None and _http_date(resource.last_modified) == if_range
+    return resource.last_modified is not None and http_date(resource.last_modified) == if_range
 
 
 STREAM_PIECE = 4 << 20  # larger reads of a virtual object are sent piece by piece
 
 
-async def _pieces(resource: Resource, start: int, end: int, limiter: anyio.CapacityLimiter) -> AsyncIterator[bytes]:
-    for offset in range(start, end, STREAM_PIECE):
-        yield await _read(resource, offset, min(offset + STREAM_PIECE, end), limiter)
+class Reader:
+    """Reads ranges of a resource: slices of a body in place, or the resource's reader in a thread."""
 
+    def __init__(self, resource: Resource, limiter: anyio.CapacityLimiter, context: str) -> None:
+        self.resource = resource
+        self.limiter = limiter
+        self.context = context
 
-async def _body(
-    resource: Resource, start: int, end: int, head: bool, limiter: anyio.CapacityLimiter
-) -> tuple[bytes, AsyncIterator[bytes] | None]:
-    """The bytes ``[start, end)``: in memory, or as pieces when they must be read and are large."""
-    if head:
-        return b"", None
-    if resource.body is None and end - start > STREAM_PIECE:
-        return b"", _pieces(resource, start, end, limiter)
-    return await _read(resource, start, end, limiter), None
+    async def read(self, start: int, end: int) -> bytes:
+        resource = self.resource
+        if resource.body is not None:
+            return resource.body if (start, end) == (0, resource.size) else resource.body[start:end]
+        reader: Callable[[int, int], bytes] | None = resource.reader
+        assert reader is not None
+        return await anyio.to_thread.run_sync(reader, start, end, limiter=self.limiter)
 
+    async def body(self, start: int, end: int, head: bool) -> tuple[bytes, AsyncIterator[bytes] | None]:
+        """The bytes ``[start, end)``: in memory, or a first piece read now and the rest as they are read.
 
-async def _read(resource: Resource, start: int, end: int, limiter: anyio.CapacityLimiter) -> bytes:
-    if resource.body is not None:
-        return resource.body if (start, end) == (0, resource.size) else resource.body[start:end]
-    assert resource.reader is not None
-    return await anyio.to_thread.run_sync(resource.reader, start, end, limiter=limiter)
+        The first piece is read before anything is sent, so a fault there gets the same status as a
+        plain chunk; a fault in a later piece aborts the response (see :class:`ResponseAborted`).
+        """
+        if head:
+            return b"", None
+        if self.resource.body is None and end - start > STREAM_PIECE:
+            first = await self.read(start, start + STREAM_PIECE)
+            return first, self._rest(start + STREAM_PIECE, end)
+        return await self.read(start, end), None
+
+    async def _rest(self, start: int, end: int) -> AsyncIterator[bytes]:
+        for offset in range(start, end, STREAM_PIECE):
+            try:
+                piece = await self.read(offset, min(offset + STREAM_PIECE, end))
+            except Exception as exc:
+                record(exc, f"{self.context} (while streaming, at byte {offset})")
+                raise ResponseAborted(str(exc)) from exc
+            yield piece
 
 
 async def send_resource(
-    request: Request, resource: Resource, cache_control: str, limiter: anyio.CapacityLimiter
+    headers: Headers, method: str, resource: Resource, cache_control: bytes, reader: Reader
 ) -> Answer:
-    validators = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control}
+    validators = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control.decode()}
+    last_modified = None
     if resource.last_modified is not None:
-        validators["Last-Modified"] = _http_date(resource.last_modified)
-    if_match = header(request, b"if-match")
-    if if_match is not None and not _matches(if_match, resource.etag, weak=False):
+        last_modified = validators["Last-Modified"] = http_date(resource.last_modified)
+    if_match = headers.get(b"if-match")
+    if if_match is not None and not _matches(if_match.decode("latin-1"), resource.etag, weak=False):
         raise HttpError(412, "If-Match does not match the current ETag", validators)
-    if_none_match = header(request, b"if-none-match")
+    if_none_match = headers.get(b"if-none-match")
     if if_none_match is not None:
-        if _matches(if_none_match, resource.etag, weak=True):
+        if _matches(if_none_match.decode("latin-1"), resource.etag, weak=True):
             return Answer(304, raw_headers(validators))
-    elif _not_modified_since(header(request, b"if-modified-since"), resource.last_modified):
+    elif _not_modified_since(header(headers, b"if-modified-since"), resource.last_modified):
         return Answer(304, raw_headers(validators))
 
-    head = request.method == "HEAD"
+    head = method == "HEAD"
     spans = None
-    if _range_applies(request, resource):
+    range_header = headers.get(b"range")
+    if range_header is not None and _range_applies(headers, resource):
         try:
-            spans = parse_range(header(request, b"range"), resource.size)
-        except TooManyRanges as exc:
-            raise HttpError(400, str(exc), validators) from None
+            spans = parse_range(range_header.decode("latin-1"), resource.size)
         except Unsatisfiable as exc:
             raise HttpError(416, str(exc), {**validators, "Content-Range": f"bytes */{resource.size}"}) from None
 
-    headers = [
+    out: RawHeaders = [
         (b"etag", resource.etag.encode()),
         (b"accept-ranges", b"bytes"),
-        (b"cache-control", cache_control.encode("latin-1")),
+        (b"cache-control", cache_control),
     ]
-    if resource.last_modified is not None:
-        headers.append((b"last-modified", validators["Last-Modified"].encode()))
+    if last_modified is not None:
+        out.append((b"last-modified", last_modified.encode()))
     if spans is None:
-        headers.append((b"content-length", str(resource.size).encode()))
-        body, pieces = await _body(resource, 0, resource.size, head, limiter)
-        return Answer(200, headers, body, resource.media_type, pieces)
+        out.append((b"content-length", str(resource.size).encode()))
+        body, pieces = await reader.body(0, resource.size, head)
+        return Answer(200, out, body, resource.media_type, pieces)
     if len(spans) == 1:
         start, end = spans[0]
-        headers.append((b"content-range", f"bytes {start}-{end - 1}/{resource.size}".encode()))
-        headers.append((b"content-length", str(end - start).encode()))
-        body, pieces = await _body(resource, start, end, head, limiter)
-        return Answer(206, headers, body, resource.media_type, pieces)
-    return await _multipart(resource, spans, headers, head, limiter)
+        out.append((b"content-range", f"bytes {start}-{end - 1}/{resource.size}".encode()))
+        out.append((b"content-length", str(end - start).encode()))
+        body, pieces = await reader.body(start, end, head)
+        return Answer(206, out, body, resource.media_type, pieces)
+    return await _multipart(resource, spans, out, head, reader)
 
 
 async def _multipart(
-    resource: Resource,
-    spans: list[tuple[int, int]],
-    headers: RawHeaders,
-    head: bool,
-    limiter: anyio.CapacityLimiter,
+    resource: Resource, spans: list[tuple[int, int]], out: RawHeaders, head: bool, reader: Reader
 ) -> Answer:
     """Several ranges as ``multipart/byteranges``; the boundary derives from the ETag, so replicas agree."""
     boundary = "zarr-gateway-" + resource.etag.strip('"')
@@ -208,10 +163,10 @@ async def _multipart(
         parts.append((part_header, start, end))
     closing = f"--{boundary}--\r\n".encode()
     length = sum(len(h) + (e - s) + 2 for h, s, e in parts) + len(closing)
-    headers.append((b"content-length", str(length).encode()))
+    out.append((b"content-length", str(length).encode()))
     chunks = []
     if not head:
         for part_header, start, end in parts:
-            chunks += [part_header, await _read(resource, start, end, limiter), b"\r\n"]
+            chunks += [part_header, await reader.read(start, end), b"\r\n"]
         chunks.append(closing)
-    return Answer(206, headers, b"".join(chunks), f"multipart/byteranges; boundary={boundary}")
+    return Answer(206, out, b"".join(chunks), f"multipart/byteranges; boundary={boundary}")

@@ -1,14 +1,63 @@
-"""What every mag source shares: the bounding box at its mag, clipping, and masked reads."""
+"""What every mag source offers the Zarr layer: geometry, regions as voxels, stored chunks, stored file cubes.
 
+WKW and Zarr sources implement the same operations; the Zarr layer never asks which kind it holds.
+"""
+
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from wkw_adapter import FileIdentity
 from wkw_adapter.mag import FileSource
 
 from .properties import BoundingBox
 
 Vec3 = tuple[int, int, int]
+
+
+class ChunkNotFound(LookupError):
+    """A chunk or shard that is absent by design (outside the bounding box, past the grid, not stored): a 404."""
+
+
+class StoredEncoding(enum.Enum):
+    """How stored bytes are encoded, so the Zarr layer knows how to frame them."""
+
+    LZ4_BLOCK = "lz4-block"  # a raw LZ4 block (WKW LZ4/LZ4HC)
+    RAW_BLOCK = "raw-block"  # uncompressed voxels in Fortran order (WKW raw)
+    NATIVE = "native"  # a Zarr source's chunk in its own codecs
+
+
+@dataclass(slots=True)
+class StoredChunk:
+    """One chunk's bytes exactly as stored, with what its ETag and framing need."""
+
+    data: bytes
+    encoding: StoredEncoding
+    uncompressed_size: int
+    origin: str  # where it lies, relative to the data root (the same on every replica)
+    identity: FileIdentity | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlocks:
+    """The blocks of one stored file cube in file order: what a virtual shard is laid out from.
+
+    ``block_coords[i]`` are the cube-local ``(x, y, z)`` block coordinates of file block ``i``;
+    ``read_span(offset, length)`` reads file bytes of this very version of the file.
+    """
+
+    origin: str
+    identity: FileIdentity
+    block_edge: int
+    blocks_per_edge: int
+    block_bytes: int
+    encoding: StoredEncoding
+    offsets: np.ndarray
+    lengths: np.ndarray
+    block_coords: np.ndarray  # (blocks, 3) int64
+    read_span: Callable[[int, int], bytes]
 
 
 def bbox_at_mag(bbox: BoundingBox, mag: Vec3) -> tuple[Vec3, Vec3]:
@@ -31,10 +80,29 @@ class Region:
     sources: list[FileSource] | None
 
 
+@dataclass(frozen=True, slots=True)
+class NativeEncoding:
+    """How a Zarr source stores one (inner) chunk, in terms of the served ``(c, x, y, z)`` array.
+
+    The stored bytes of a chunk are the C-order bytes of the served chunk
+    transposed by ``permutation``, in ``dtype``'s byte order, then passed
+    through ``v2_compressor`` (a v2 source) or ``v3_codecs`` (a v3 source:
+    its bytes-to-bytes codecs).
+    """
+
+    zarr_format: int
+    chunk_shape: tuple[int, int, int, int]
+    permutation: tuple[int, ...]
+    dtype: np.dtype
+    v2_compressor: dict | None = None
+    v3_codecs: tuple[dict, ...] = ()
+
+
 class MagSource:
     """One mag of a layer. Voxels outside the bounding box are never returned."""
 
     kind = "abstract"
+    native: NativeEncoding | None = None  # the source's own chunk encoding (Zarr sources)
     location: str  # where the data lives
     root: str  # the data root ``location`` lies in
 
@@ -92,3 +160,25 @@ class MagSource:
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         """Voxels of a box that lies inside the bounding box, as ``[c, x, y, z]``."""
         raise NotImplementedError
+
+    # --- stored bytes, where a source can hand them out unchanged ------------------------------
+
+    @property
+    def stored_chunk_shape(self) -> tuple[int, int, int, int] | None:
+        """The ``(c, x, y, z)`` shape of the chunks :meth:`stored_chunk` hands out; None if it hands out none."""
+        return None
+
+    def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
+        """The stored chunk at grid ``index`` (voxel corner ``lo``), or None where nothing is stored there
+        that could be sent as is (the caller then reads voxels). Raises :class:`ChunkNotFound` when the
+        source knows the chunk is absent and reads as the fill value."""
+        return None
+
+    @property
+    def file_cube_edge(self) -> int | None:
+        """Voxels per edge of the file cubes :meth:`stored_blocks` describes; None if the source has none."""
+        return None
+
+    def stored_blocks(self, cube: Vec3) -> StoredBlocks | None:
+        """The stored blocks of file cube ``cube``, or None if no file holds it."""
+        return None

@@ -1,11 +1,13 @@
 """A WKW mag of a layer, in the terms the Zarr protocol needs: geometry, regions, stored blocks."""
 
+import functools
+
 import numpy as np
 
-from wkw_adapter import StoredBlock, WkwFile, WkwFileCache, WkwMag
+from wkw_adapter import TruncatedFileError, WkwFileCache, WkwMag, morton_grid
 from wkw_adapter.mag import FileSource
 
-from .mag import MagSource, Vec3
+from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox
 
 
@@ -20,14 +22,7 @@ class WkwMagSource(MagSource):
         self.root = getattr(files.store, "root", None) or ""
         header = self.wkw.header
         super().__init__(mag, bbox, header.dtype, header.num_channels)
-
-    @property
-    def block_len(self) -> int:
-        return self.wkw.header.block_len
-
-    @property
-    def file_voxel_len(self) -> int:
-        return self.wkw.header.file_voxel_len
+        self._encoding = StoredEncoding.LZ4_BLOCK if header.block_type.compressed else StoredEncoding.RAW_BLOCK
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -36,14 +31,67 @@ class WkwMagSource(MagSource):
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)
 
-    def open_file(self, cube: Vec3) -> WkwFile | None:
-        """The data file of one file cube (a v3 shard), or None if it does not exist."""
-        return self.wkw.open_file(cube)
+    @property
+    def stored_chunk_shape(self) -> tuple[int, int, int, int]:
+        edge = self.wkw.header.block_len
+        return (self.channels, edge, edge, edge)
 
-    def stored_block(self, wkw_file: WkwFile, index: int) -> StoredBlock:
-        return self.wkw.files.stored_block(wkw_file, index)
+    def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
+        """The stored block with corner ``lo``; None where its file does not exist (it reads as zeros)."""
+        side = self.wkw.header.block_len
+        cube, block = self.wkw.locate_block((lo[0] // side, lo[1] // side, lo[2] // side))
+        wkw_file = self.wkw.open_file(cube)
+        if wkw_file is None:
+            return None
+        stored = self.wkw.files.stored_block(wkw_file, block)
+        origin = self.relative(wkw_file.path)
+        return StoredChunk(stored.data, self._encoding, stored.header.block_bytes, origin, wkw_file.identity)
 
-    def block_in_file(self, x: int, y: int, z: int) -> tuple[WkwFile | None, int, str]:
-        """The file holding block ``(x, y, z)``, the block's Morton index in it, and the file's path."""
-        cube, index = self.wkw.locate_block((x, y, z))
-        return self.open_file(cube), index, self.wkw.file_path(cube)
+    @property
+    def file_cube_edge(self) -> int:
+        return self.wkw.header.file_voxel_len
+
+    def stored_blocks(self, cube: Vec3) -> StoredBlocks | None:
+        wkw_file = self.wkw.open_file(cube)
+        if wkw_file is None:
+            return None
+        header = wkw_file.header
+        count = header.blocks_per_file
+        if wkw_file.jump_table is None:
+            if wkw_file.identity.size < header.data_offset + count * header.block_bytes:
+                raise TruncatedFileError(f"{wkw_file.path}: raw file is shorter than its {count} blocks")
+            offsets = header.data_offset + np.arange(count, dtype=np.int64) * header.block_bytes
+            lengths = np.full(count, header.block_bytes, dtype=np.int64)
+        else:
+            ends = wkw_file.jump_table.astype(np.int64)
+            offsets = np.concatenate([[header.data_offset], ends[:-1]])
+            lengths = ends - offsets
+        store, path, identity = self.wkw.files.store, wkw_file.path, wkw_file.identity
+
+        def read_span(offset: int, length: int) -> bytes:
+            return store.read(path, offset, length, identity)
+
+        return StoredBlocks(
+            self.relative(path),
+            identity,
+            header.block_len,
+            header.file_len,
+            header.block_bytes,
+            self._encoding,
+            offsets,
+            lengths,
+            _block_coords(header.file_len),
+            read_span,
+        )
+
+
+@functools.lru_cache(maxsize=8)
+def _block_coords(blocks_per_edge: int) -> np.ndarray:
+    """Cube-local (x, y, z) of each block in a file's Morton order."""
+    grid = morton_grid(blocks_per_edge)  # [x, y, z] -> Morton index
+    coords = np.empty((blocks_per_edge**3, 3), dtype=np.int64)
+    coords[grid.ravel().astype(np.int64)] = np.stack(
+        np.unravel_index(np.arange(blocks_per_edge**3), (blocks_per_edge,) * 3), axis=1
+    )
+    coords.flags.writeable = False
+    return coords

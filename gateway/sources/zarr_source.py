@@ -10,35 +10,17 @@ from wkw_adapter import ByteLRU, FileIdentity, StoreUnavailableError
 from wkw_adapter.mag import FileSource
 
 from ..storage import Storage
-from .mag import MagSource, Vec3
+from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox
+from .shard_index import decode_shard_index, index_nbytes, is_absent
 
 SERVED_AXES = ("c", "x", "y", "z")
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
-_EMPTY = 2**64 - 1
 
 
 class SourceError(ValueError):
     """A Zarr array the gateway cannot serve; the message is the reason shown to users."""
-
-
-@dataclass(frozen=True, slots=True)
-class NativeEncoding:
-    """How a source stores one (inner) chunk, in terms of the served ``(c, x, y, z)`` array.
-
-    The stored bytes of a chunk are the C-order bytes of the served chunk
-    transposed by ``permutation``, in ``dtype``'s byte order, then passed
-    through ``v2_compressor`` (a v2 source) or ``v3_codecs`` (a v3 source:
-    its bytes-to-bytes codecs).
-    """
-
-    zarr_format: int
-    chunk_shape: tuple[int, int, int, int]
-    permutation: tuple[int, ...]
-    dtype: np.dtype
-    v2_compressor: dict | None = None
-    v3_codecs: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +30,12 @@ class _Sharding:
     index_checksum: bool
 
     @property
+    def chunks(self) -> int:
+        return int(np.prod(self.chunks_per_shard))
+
+    @property
     def index_size(self) -> int:
-        return 16 * int(np.prod(self.chunks_per_shard)) + (4 if self.index_checksum else 0)
+        return index_nbytes(self.chunks, self.index_checksum)
 
 
 def _axes(document: dict, rank: int, axis_order: dict[str, int] | None) -> list[str]:
@@ -222,35 +208,38 @@ class ZarrMagSource(MagSource):
         parts = [self.key_prefix] if self.key_prefix else []
         return self.storage.join(self.location, self.separator.join([*parts, *map(str, coords)]))
 
-    def native_chunk(self, index: tuple[int, ...]) -> tuple[bytes, FileSource] | None:
-        """The stored bytes of served chunk ``index`` (an inner chunk of a shard), or None if absent."""
+    def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
+        """The stored bytes of served chunk ``index`` (an inner chunk of a shard); absent ones raise."""
+        assert self.native is not None
         coords = self._source_coords(index)
         if any(c * n >= s for c, n, s in zip(coords, self._inner(), self.source_shape)):
-            return None
+            raise ChunkNotFound("the source holds no such chunk: it reads as the fill value")
+        size = int(np.prod(self.native.chunk_shape)) * self.native.dtype.itemsize
         if self.sharding is None:
             path = self._key(coords)
             found = self.storage.read_whole(path)
-            return None if found is None else (found[0], (path, found[1]))
+            if found is None:
+                raise ChunkNotFound("the source holds no such chunk: it reads as the fill value")
+            return StoredChunk(found[0], StoredEncoding.NATIVE, size, self.relative(path), found[1])
         cps = self.sharding.chunks_per_shard
         path = self._key(tuple(c // n for c, n in zip(coords, cps)))
         identity = self.storage.identity(path)
         if identity is None:
-            return None
+            raise ChunkNotFound("the source holds no such shard: it reads as the fill value")
         index_table = self._shard_index(path, identity)
         position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(coords, cps)), cps))
         offset, nbytes = (int(v) for v in index_table[position])
-        if offset == _EMPTY and nbytes == _EMPTY:
-            return None
+        if is_absent(offset, nbytes):
+            raise ChunkNotFound("the shard holds no such chunk: it reads as the fill value")
         if offset + nbytes > identity.size:
             raise OSError(f"{path}: shard index points past the end of the shard")
-        return self.storage.read(path, offset, nbytes, identity), (f"{path}@{offset}", identity)
+        data = self.storage.read(path, offset, nbytes, identity)
+        return StoredChunk(data, StoredEncoding.NATIVE, size, f"{self.relative(path)}@{offset}", identity)
 
     def _inner(self) -> tuple[int, ...]:
         return self.inner_chunks if self.sharding is not None else self.chunks
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
-        import crc32c
-
         key = (path, identity)
         cached = self.index_cache.get(key)
         if cached is not None:
@@ -261,10 +250,7 @@ class ZarrMagSource(MagSource):
         if identity.size < size:
             raise OSError(f"{path}: shard is smaller than its index")
         raw = self.storage.read(path, identity.size - size if sharding.index_at_end else 0, size, identity)
-        table_bytes = raw[: 16 * int(np.prod(sharding.chunks_per_shard))]
-        if sharding.index_checksum and crc32c.crc32c(table_bytes) != int.from_bytes(raw[-4:], "little"):
-            raise OSError(f"{path}: shard index checksum does not match")
-        table = np.frombuffer(table_bytes, dtype="<u8").reshape(-1, 2)
+        table = decode_shard_index(raw, sharding.chunks, sharding.index_checksum, path)
         self.index_cache.put(key, table, table.nbytes + 128)
         return table
 

@@ -1,6 +1,5 @@
 """Parsing chunk keys of both trees into grid indices."""
 
-RANK = 4
 _MAX_DIGITS = 18  # anything longer is past every grid this gateway serves
 
 
@@ -8,9 +7,9 @@ class MalformedKey(ValueError):
     """A chunk key that is malformed (400), as opposed to one past the grid (404)."""
 
 
-def _parse(parts: list[str], key: str) -> tuple[int, ...]:
-    if len(parts) != RANK:
-        raise MalformedKey(f"chunk key {key!r} has {len(parts)} indices, the array has {RANK} dimensions (c, x, y, z)")
+def _parse(parts: list[str], key: str, rank: int) -> tuple[int, ...]:
+    if len(parts) != rank:
+        raise MalformedKey(f"chunk key {key!r} has {len(parts)} indices, the array has {rank} dimensions")
     for part in parts:
         if not part.isascii() or not part.isdigit():
             raise MalformedKey(f"chunk key {key!r}: index {part!r} is not a non-negative integer")
@@ -19,14 +18,14 @@ def _parse(parts: list[str], key: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def parse_v2_key(key: str) -> tuple[int, ...]:
+def parse_v2_key(key: str, rank: int) -> tuple[int, ...]:
     """``"0.1.2.3"`` (dimension separator ".")."""
-    return _parse(key.split("."), key)
+    return _parse(key.split("."), key, rank)
 
 
-def parse_v3_key(key: str) -> tuple[int, ...]:
+def parse_v3_key(key: str, rank: int) -> tuple[int, ...]:
     """``"c/0/1/2/3"`` (default encoding, separator "/")."""
     parts = key.split("/")
     if parts[0] != "c":
         raise MalformedKey(f"chunk key {key!r} must start with 'c/' (default chunk key encoding)")
-    return _parse(parts[1:], key)
+    return _parse(parts[1:], key, rank)

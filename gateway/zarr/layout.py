@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sources.zarr_source import NativeEncoding
+from ..sources.mag import NativeEncoding
 from . import native
 from .codecs import Codec, v2_compressor, v3_codecs
 
@@ -89,8 +89,10 @@ def _inner_codecs(layout: ArrayLayout) -> list[dict]:
     ]
 
 
-def array_zarr_json(layout: ArrayLayout) -> dict:
-    """``zarr.json`` of a mag array for the Zarr v3 tree."""
+def array_zarr_json(
+    layout: ArrayLayout, dimension_names: tuple[str, ...] = AXES, attributes: dict | None = None
+) -> dict:
+    """``zarr.json`` of an array; with three dimension names the channel axis (of length 1) is left out."""
     codecs = _inner_codecs(layout)
     grid_chunk = layout.chunk_shape
     if layout.shard_shape is not None:
@@ -102,18 +104,29 @@ def array_zarr_json(layout: ArrayLayout) -> dict:
             "index_location": "end",
         }
         codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+    shape: list[int] = list(layout.shape)
+    chunks: list[int] = list(grid_chunk)
+    if len(dimension_names) == len(shape) - 1:  # no channel axis: the bytes are the same, the rank is not
+        shape, chunks, codecs = shape[1:], chunks[1:], [_without_channel(codec) for codec in codecs]
     return {
         "zarr_format": 3,
         "node_type": "array",
-        "shape": list(layout.shape),
+        "shape": shape,
         "data_type": layout.dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid_chunk)}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": layout.json_fill_value,
         "codecs": codecs,
-        "dimension_names": list(AXES),
-        "attributes": {},
+        "dimension_names": list(dimension_names),
+        "attributes": attributes or {},
     }
+
+
+def _without_channel(codec: dict) -> dict:
+    """A transpose over ``(c, x, y, z)`` as one over ``(x, y, z)``; other codecs are unchanged."""
+    if codec["name"] != "transpose":
+        return codec
+    return _transpose([axis - 1 for axis in codec["configuration"]["order"] if axis != 0])
 
 
 def _transpose(order: list[int]) -> dict:

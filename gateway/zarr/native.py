@@ -10,7 +10,7 @@ the same encoding, so every chunk of an array matches its metadata.
 import numcodecs
 import numpy as np
 
-from ..sources.zarr_source import NativeEncoding
+from ..sources.mag import NativeEncoding
 
 _V2_TO_V3 = {"blosc", "gzip", "zstd"}
 _SHUFFLE_NAMES = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}

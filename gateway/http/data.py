@@ -1,0 +1,182 @@
+"""The gateway's data routes: one pipeline from a parsed target to an answer.
+
+target (parsed once, :mod:`gateway.http.urls`) -> token check -> dataset (catalog)
+-> the tree's view of it -> a listing, a metadata document or a chunk -> validators,
+ranges and conditional requests (:mod:`gateway.http.responses`). Exceptions are
+not handled here: the edge maps them all in one place (:mod:`gateway.http.errors`).
+"""
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from wkw_adapter import ByteLRU, FileChangedError, WkwFileCache
+
+from ..settings import Settings
+from ..sources.catalog import BrokenDataset, Catalog, Dataset
+from ..storage import open_storage
+from ..zarr.nodes import ArrayNode
+from ..zarr.resource import JSON, Resource, bytes_resource
+from ..zarr.shards import ShardPlans
+from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
+from .auth import Grant, Tokens
+from .errors import HttpError
+from .listing import Entry, render_listing
+from .messages import Answer, Request
+from .responses import Reader, send_resource
+from .urls import DataTarget, Level
+
+log = logging.getLogger("gateway")
+T = TypeVar("T")
+HTML = "text/html; charset=utf-8"
+TOKEN_HEADER = b"x-auth-token"
+
+
+class Gateway:
+    """Everything a data request needs; holds caches only, so replicas answer alike."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.storage = open_storage(settings.root)
+        self.files = WkwFileCache(self.storage, max_bytes=settings.cache_bytes // 4)
+        self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
+        self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
+        self.shards = ShardPlans(settings.cache_bytes // 2)
+        self.limiter = anyio.CapacityLimiter(settings.threads)
+        self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
+        self.cache_control = settings.cache_control.encode("latin-1")
+        self._views: dict[tuple[str, str, str], DatasetView] = {}
+
+    # --- access -------------------------------------------------------------------------------
+
+    def authenticate(self, request: Request) -> Grant | None:
+        """The caller's grant; None when the gateway is open (no tokens file)."""
+        if self.tokens is None:
+            return None
+        token = request.header(TOKEN_HEADER) or request.query("token")
+        if not token:
+            raise HttpError(401, "a token is required: send it as the X-Auth-Token header or the token query parameter")
+        grant = self.tokens.grant(token)
+        if grant is None:
+            raise HttpError(401, "the token is not valid")
+        return grant
+
+    def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
+        key = (dataset.organization, dataset.name, tree.name)
+        view = self._views.get(key)
+        if view is None or view.dataset is not dataset:
+            view = self._views[key] = tree.build(dataset, self.options, self.shards)
+        return view
+
+    async def _storage_call(self, function: Callable[..., T], *args: Any) -> T:
+        """Catalog work: inline for a local root (a stat, mostly cached), in a thread for object storage."""
+        if self.storage.is_local:
+            return function(*args)
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
+
+    # --- the pipeline -------------------------------------------------------------------------
+
+    async def handle(self, target: DataTarget, request: Request) -> Answer:
+        grant = self.authenticate(request)
+        if target.level == Level.TREE:
+            _check_placed(target)
+            organizations = await self._storage_call(self._organizations, grant)
+            return await self._listing(request, target.base, organizations)
+        organization = target.organization
+        if target.level == Level.ORGANIZATION:
+            if grant is not None and not grant.allows_organization(organization):
+                raise HttpError(403, f"the token does not grant access to organization {organization}")
+            if organization not in await self._storage_call(self.catalog.organizations):
+                raise HttpError(404, f"no organization {organization!r}")
+            _check_placed(target)
+            datasets = await self._storage_call(self._datasets, grant, organization)
+            return await self._listing(request, target.base, datasets)
+        name = target.dataset
+        if grant is not None and not grant.allows(organization, name):
+            raise HttpError(403, f"the token does not grant access to {organization}/{name}")
+        dataset = await self._storage_call(self.catalog.dataset, organization, name)
+        if dataset is None:
+            raise HttpError(404, f"no dataset {organization}/{name}")
+        if isinstance(dataset, BrokenDataset):
+            raise HttpError(500, f"dataset {organization}/{name} cannot be served: {dataset.reason}")
+        view = self.view(dataset, target.tree)
+        resource = await self._in_dataset(target, view, request)
+        return await self._send(request, resource)
+
+    async def _in_dataset(self, target: DataTarget, view: DatasetView, request: Request) -> Resource:
+        tree, file = target.tree, target.file
+        if target.level == Level.DATASET:
+            _check_placed(target)
+            if file is not None:
+                return view.document((file,), lambda: tree.dataset_document(view, file))
+            entries = [Entry(f, False) for f in tree.dataset_files]
+            entries += [Entry(name, True) for name in view.groups]
+            entries += [Entry(name, True, reason) for name, reason in view.unusable.items()]
+            return self._page(target.base, entries)
+        group = view.group(target.names[2])
+        if target.level == Level.GROUP:
+            _check_placed(target)
+            if file is not None:
+                return view.document((group.name, file), lambda: tree.group_document(view, group, file))
+            entries = [Entry(f, False) for f in tree.group_files] + [Entry(a, True) for a in group.arrays]
+            return self._page(target.base, entries)
+        array_name = target.names[3]
+        node = view.array(group, array_name)
+        _check_placed(target)
+        if file is not None:
+            return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
+        if target.key is None:
+            return self._page(target.base, [Entry(f, False) for f in tree.array_files])
+        return await self._chunk(tree, node, target.key)
+
+    async def _chunk(self, tree: Tree, node: ArrayNode, key: str) -> Resource:
+        """A chunk or shard: cheap ones on the event loop, the rest in a thread; a file rewritten
+        mid-read is tried once more (then the error map answers 503)."""
+        index = tree.parse_key(key, node.rank)
+        try:
+            return node.cheap_chunk(index) or await anyio.to_thread.run_sync(
+                node.costly_chunk, index, limiter=self.limiter
+            )
+        except FileChangedError:
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+
+    async def _send(self, request: Request, resource: Resource) -> Answer:
+        reader = Reader(resource, self.limiter, request.context)
+        return await send_resource(request.headers, request.method, resource, self.cache_control, reader)
+
+    # --- listings -----------------------------------------------------------------------------
+
+    def _organizations(self, grant: Grant | None) -> list[Entry]:
+        return [
+            Entry(org, True) for org in self.catalog.organizations() if grant is None or grant.allows_organization(org)
+        ]
+
+    def _datasets(self, grant: Grant | None, organization: str) -> list[Entry]:
+        entries = []
+        for dataset in self.catalog.datasets(organization):
+            if grant is not None and not grant.allows(organization, dataset.name):
+                continue
+            note = dataset.reason if isinstance(dataset, BrokenDataset) else None
+            entries.append(Entry(dataset.name, True, note))
+        return entries
+
+    def _page(self, base: str, entries: list[Entry]) -> Resource:
+        return bytes_resource(render_listing(base, entries), HTML)
+
+    async def _listing(self, request: Request, base: str, entries: list[Entry]) -> Answer:
+        return await self._send(request, self._page(base, entries))
+
+
+def _check_placed(target: DataTarget) -> None:
+    """A misplaced metadata name is a 404, raised once the nodes above it are known to exist."""
+    if target.misplaced is not None:
+        raise NodeNotFound(target.misplaced)
+
+
+def index_page() -> bytes:
+    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES if name != "zarr3_experimental"])
+
+
+__all__ = ["HTML", "JSON", "Gateway", "index_page"]

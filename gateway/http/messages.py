@@ -1,0 +1,81 @@
+"""A request and its answer as the edge sees them: plain objects over the ASGI scope and messages.
+
+Cheaper than a framework's request and response classes on the chunk path.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from starlette.types import Send
+
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+class ResponseAborted(Exception):
+    """A streamed body failed after its first byte: the server must drop the connection, so the
+    client sees a short body (an error), never a complete-looking one."""
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
+    query_string: bytes
+
+    @property
+    def context(self) -> str:
+        """What a log line says about the request: method and path, never the query (it may hold a token)."""
+        return f"{self.method} {self.path}"
+
+    def header(self, name: bytes) -> str | None:
+        value = self.headers.get(name)
+        return None if value is None else value.decode("latin-1")
+
+    def query(self, name: str) -> str | None:
+        if not self.query_string:
+            return None
+        values = parse_qs(self.query_string.decode("latin-1")).get(name)
+        return values[-1] if values else None
+
+
+def raw_headers(headers: dict[str, str]) -> RawHeaders:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+class Answer:
+    """Status, raw headers and a body held in memory or sent piece by piece as it is read."""
+
+    __slots__ = ("body", "headers", "pieces", "status")
+
+    def __init__(
+        self,
+        status: int,
+        headers: RawHeaders,
+        body: bytes = b"",
+        media_type: str | None = None,
+        pieces: AsyncIterator[bytes] | None = None,
+    ) -> None:
+        if media_type is not None:
+            headers.append((b"content-type", media_type.encode("latin-1")))
+        if status != 304 and pieces is None and not any(name == b"content-length" for name, _ in headers):
+            headers.append((b"content-length", str(len(body)).encode()))
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.pieces = pieces  # after ``body``: a large body, sent as it is read instead of held whole
+
+    async def send(self, send: Send) -> int:
+        """Send the answer; the number of body bytes sent."""
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        if self.pieces is None:
+            await send({"type": "http.response.body", "body": self.body})
+            return len(self.body)
+        sent = len(self.body)
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        async for piece in self.pieces:
+            sent += len(piece)
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return sent

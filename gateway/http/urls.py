@@ -1,0 +1,110 @@
+"""The URL space of the data routes, parsed once per request into a typed target.
+
+``/data/{tree}/{organization}/{dataset}/{group}/{array}/{chunk key}``: each level
+answers its listing (the directory itself) and the metadata names its tree says
+belong there (:mod:`gateway.zarr.trees`); any other metadata name is a 404 that
+says why, and anything deeper than an array is a chunk key.
+"""
+
+import enum
+from dataclasses import dataclass
+
+from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
+from .errors import HttpError
+
+DATA_PREFIX = "/data/"
+
+
+class Level(enum.IntEnum):
+    TREE = 0
+    ORGANIZATION = 1
+    DATASET = 2
+    GROUP = 3
+    ARRAY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class DataTarget:
+    """What a data path names: a node (its listing or one of its metadata files) or a chunk."""
+
+    tree: Tree
+    tree_name: str
+    level: Level
+    names: tuple[str, ...]  # organization, dataset, group, array: as many as ``level`` says
+    file: str | None = None  # a metadata name at that level
+    key: str | None = None  # a chunk key below an array
+    misplaced: str | None = None  # why a metadata name is a 404 here, once the nodes above are found to exist
+
+    @property
+    def route(self) -> str:
+        """The kind of resource, a bounded metric label."""
+        if self.key is not None:
+            return "chunk"
+        return "listing" if self.file is None and self.misplaced is None else "metadata"
+
+    @property
+    def organization(self) -> str:
+        return self.names[0]
+
+    @property
+    def dataset(self) -> str:
+        return self.names[1]
+
+    @property
+    def base(self) -> str:
+        """The node's own path, ending in "/": what its listing's links start with."""
+        return DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
+
+
+_LEVEL_NAMES = {Level.DATASET: "dataset", Level.GROUP: "group", Level.ARRAY: "array"}
+
+
+def _files(tree: Tree, level: Level) -> tuple[str, ...]:
+    if level == Level.DATASET:
+        return tree.dataset_files
+    if level == Level.GROUP:
+        return tree.group_files
+    if level == Level.ARRAY:
+        return tree.array_files
+    return ()
+
+
+def parse_data_path(path: str) -> DataTarget:
+    """The target of a path below ``/data/``; :class:`NodeNotFound` or a 400 when it names none.
+
+    A metadata name where it does not belong is a 404 too, but only once the nodes above it are
+    known to exist, so that the message names the nearest level that does (``misplaced``).
+    """
+    tree_name, _, rest = path[len(DATA_PREFIX) :].partition("/")
+    tree = TREES.get(tree_name)
+    if tree is None:
+        raise NodeNotFound(f"unknown tree {tree_name!r}; there are {', '.join(TREES)}")
+    segments = [s for s in rest.split("/") if s]
+    for segment in segments:
+        if segment in (".", "..") or "\\" in segment or "\0" in segment:
+            raise HttpError(400, "path segments '.' and '..' are not allowed")
+    names: list[str] = []
+    for depth, segment in enumerate(segments):
+        level = Level(depth)
+        if level == Level.ARRAY:
+            return _below_array(tree, tree_name, tuple(names), segments[depth:])
+        files = _files(tree, level)
+        if segment in files and depth == len(segments) - 1:
+            return DataTarget(tree, tree_name, level, tuple(names), file=segment)
+        if segment in METADATA_NAMES:
+            why = tree.misplaced(segment, _LEVEL_NAMES.get(level, level.name.lower()), files)
+            return DataTarget(tree, tree_name, level, tuple(names), misplaced=why)
+        names.append(segment)
+    return DataTarget(tree, tree_name, Level(len(names)), tuple(names))
+
+
+def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[str]) -> DataTarget:
+    """``rest`` (not empty) below the array node ``names``: one of its metadata files, or a chunk key."""
+    first = rest[0]
+    if len(rest) == 1 and first in tree.array_files:
+        return DataTarget(tree, tree_name, Level.ARRAY, names, file=first)
+    if first in METADATA_NAMES:
+        return DataTarget(
+            tree, tree_name, Level.ARRAY, names, misplaced=tree.misplaced(first, "array", tree.array_files)
+        )
+    return DataTarget(tree, tree_name, Level.ARRAY, names, key="/".join(rest))

@@ -1,0 +1,141 @@
+"""The nodes of a served tree: groups, and arrays that know how to produce their chunks.
+
+An array's chunks come from a mag source (passed through, encoded, or as virtual
+shards) or, for the xarray tree's coordinates, from a small array held in memory.
+The HTTP layer asks every array the same two questions, whatever it is: a chunk
+that is cheap to produce (may run on the event loop), else one that is not.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .chunks import ChunkNotFound, ServedMag, encoded_chunk, passthrough_chunk, plain_chunk
+from .layout import array_zarr_json, zarray
+from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
+from .shards import ShardPlans
+
+
+class ArrayNode(ABC):
+    """An array: the names of its dimensions, its attributes, its metadata in each Zarr version, its chunks."""
+
+    dimension_names: tuple[str, ...]
+    attributes: dict
+
+    @property
+    def rank(self) -> int:
+        return len(self.dimension_names)
+
+    @abstractmethod
+    def zarr_json(self) -> dict:
+        """The array's ``zarr.json`` (Zarr v3)."""
+
+    @abstractmethod
+    def zarray(self) -> dict:
+        """The array's ``.zarray`` (Zarr v2)."""
+
+    @abstractmethod
+    def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
+        """The chunk if producing it needs no thread (in memory, or one local positioned read); else None."""
+
+    @abstractmethod
+    def costly_chunk(self, index: tuple[int, ...]) -> Resource:
+        """The chunk, produced with any I/O and computation it needs: run it off the event loop."""
+
+
+class SourceArray(ArrayNode):
+    """A mag of a layer as one array; ``plans`` is set when it is served as virtual shards."""
+
+    def __init__(
+        self,
+        served: ServedMag,
+        dimension_names: tuple[str, ...],
+        attributes: dict | None = None,
+        plans: ShardPlans | None = None,
+    ) -> None:
+        self.served = served
+        self.layout = served.layout
+        self.dimension_names = dimension_names
+        self.attributes = attributes or {}
+        self.plans = plans
+        # Without a channel dimension, keys have one index fewer than the source's (c, x, y, z) grid.
+        self._channel_dropped = len(dimension_names) == len(served.layout.shape) - 1
+        self._cheap = plans is None and served.source.reads_are_cheap
+
+    def zarr_json(self) -> dict:
+        return array_zarr_json(self.layout, self.dimension_names, self.attributes)
+
+    def zarray(self) -> dict:
+        return zarray(self.layout)
+
+    def _source_index(self, index: tuple[int, ...]) -> tuple[int, ...]:
+        return (0, *index) if self._channel_dropped else index
+
+    def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
+        if not self._cheap:
+            return None
+        return passthrough_chunk(self.served, self._source_index(index))
+
+    def costly_chunk(self, index: tuple[int, ...]) -> Resource:
+        full = self._source_index(index)
+        if self.plans is not None:
+            return self.plans.shard(self.served, full)
+        # A cheap source was offered the pass-through already; what is left is read and encoded.
+        return encoded_chunk(self.served, full) if self._cheap else plain_chunk(self.served, full)
+
+
+class MemoryArray(ArrayNode):
+    """A small 1-D float64 array held in memory as one uncompressed chunk (the xarray tree's coordinates)."""
+
+    def __init__(self, name: str, values: np.ndarray, attributes: dict) -> None:
+        self.dimension_names = (name,)
+        self.attributes = attributes
+        self.size = int(values.size)
+        self._body = values.astype("<f8").tobytes()
+        self._etag = make_etag("memory", name, self._body)
+
+    def zarr_json(self) -> dict:
+        return {
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": [self.size],
+            "data_type": "float64",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(self.size, 1)]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0.0,
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "dimension_names": list(self.dimension_names),
+            "attributes": self.attributes,
+        }
+
+    def zarray(self) -> dict:
+        return {
+            "zarr_format": 2,
+            "shape": [self.size],
+            "chunks": [max(self.size, 1)],
+            "dtype": "<f8",
+            "compressor": None,
+            "fill_value": 0.0,
+            "order": "C",
+            "filters": None,
+        }
+
+    def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
+        if index != (0,):
+            raise ChunkNotFound(f"a coordinate array has one chunk, (0,); there is no {index}")
+        return bytes_resource(self._body, OCTET_STREAM, self._etag)
+
+    def costly_chunk(self, index: tuple[int, ...]) -> Resource:
+        found = self.cheap_chunk(index)
+        assert found is not None
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class GroupNode:
+    """A group of a tree (a layer, or an xarray mag) and the arrays in it."""
+
+    name: str
+    attributes: dict
+    arrays: dict[str, ArrayNode] = field(default_factory=dict)

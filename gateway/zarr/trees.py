@@ -1,0 +1,370 @@
+"""The served trees: which names each level of a tree answers, and the documents behind them.
+
+Every tree has the same four levels below ``/data/{tree}/``: organization,
+dataset, group, array (then chunk keys). What a group and an array are differs:
+
+- ``zarr`` (Zarr v2) and ``zarr3`` (Zarr v3): a group per layer (OME-NGFF
+  multiscales), an array per mag.
+- ``xarray`` (Zarr v3): a group per mag, holding an array per layer that has the
+  mag, on the dataset's grid at that mag, and coordinate arrays, so that
+  ``xr.open_zarr`` of a mag gives one Dataset and ``xr.open_datatree`` of the
+  dataset one group per mag.
+
+Dispatch, listings and metric labels all derive from :data:`TREES`.
+"""
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..sources.catalog import Dataset
+from ..sources.mag import MagSource
+from ..sources.properties import mag_name
+from . import native
+from .chunks import served_mag
+from .codecs import Codec
+from .keys import MalformedKey, parse_v2_key, parse_v3_key
+from .layout import AXES, ArrayLayout, LayerDescription, MagArray, group_zarr_json, ome_v04, ome_v05
+from .nodes import ArrayNode, GroupNode, MemoryArray, SourceArray
+from .resource import JSON, Resource, bytes_resource
+from .shards import ShardPlans, shard_inner_codec
+
+PROPERTIES = "datasource-properties.json"
+V2_METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata")
+V3_METADATA = ("zarr.json",)
+METADATA_NAMES = frozenset((*V2_METADATA, *V3_METADATA, PROPERTIES))
+
+
+class NodeNotFound(LookupError):
+    """A name that does not exist at a level of a tree (a 404); the message names what does."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How arrays are served: the settings that shape metadata and chunk bytes."""
+
+    codec: Codec = Codec.BLOSC_LZ4
+    chunk_edge: int = 32
+    sharded: bool = False  # v3 layer trees only
+
+
+@dataclass(slots=True)
+class DatasetView:
+    """A dataset as one tree serves it. ``documents`` memoizes rendered metadata of this view."""
+
+    tree: "Tree"
+    dataset: Dataset
+    groups: dict[str, GroupNode]
+    unusable: dict[str, str]  # names listed at the dataset level with the reason they cannot be served
+    problems: dict[str, str]  # groups served in part, with what is wrong with the rest
+    documents: dict[tuple[str, ...], Resource] = field(default_factory=dict)
+
+    def group(self, name: str) -> GroupNode:
+        found = self.groups.get(name)
+        if found is None:
+            where = f"{self.dataset.organization}/{self.dataset.name}"
+            reason = self.unusable.get(name)
+            if reason is not None:
+                raise NodeNotFound(f"no servable {self.tree.group_kind} {name!r} in {where}: {reason}")
+            raise NodeNotFound(
+                f"no {self.tree.group_kind} {name!r} in {where}; there are {', '.join(self.groups) or 'none'}"
+            )
+        return found
+
+    def array(self, group: GroupNode, name: str) -> ArrayNode:
+        found = group.arrays.get(self.tree.array_alias(name))
+        if found is None:
+            detail = self.problems.get(group.name)
+            raise NodeNotFound(
+                f"no {self.tree.array_kind} {name!r} in {self.tree.group_kind} {group.name!r}; "
+                f"there are {', '.join(group.arrays)}" + (f" ({detail})" if detail else "")
+            )
+        return found
+
+    def document(self, key: tuple[str, ...], make: Callable[[], dict]) -> Resource:
+        """A metadata document as a JSON resource, rendered once per view (views are rebuilt on change)."""
+        found = self.documents.get(key)
+        if found is None:
+            found = self.documents[key] = bytes_resource(json.dumps(make()).encode(), JSON)
+        return found
+
+
+class Tree(ABC):
+    """One URL tree: its names per level and the documents they answer."""
+
+    name: str
+    zarr_format: int
+    group_kind: str  # what a group is, for messages
+    array_kind: str
+    dataset_files: tuple[str, ...]
+    group_files: tuple[str, ...]
+    array_files: tuple[str, ...]
+
+    @abstractmethod
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
+        """The dataset as this tree serves it."""
+
+    @abstractmethod
+    def dataset_document(self, view: DatasetView, name: str) -> dict: ...
+
+    @abstractmethod
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict: ...
+
+    @abstractmethod
+    def array_document(self, node: ArrayNode, name: str) -> dict: ...
+
+    @abstractmethod
+    def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
+        """Grid indices of a chunk key; :class:`MalformedKey` if it is not one."""
+
+    def array_alias(self, name: str) -> str:
+        """The canonical name of an array named ``name`` in a URL."""
+        return name
+
+    def misplaced(self, name: str, level: str, files: tuple[str, ...]) -> str:
+        """Why a metadata name is a 404 at a level where it does not belong."""
+        if name in METADATA_NAMES and name not in (*V2_METADATA, *V3_METADATA) and name not in files:
+            return f"{name} exists only at the dataset level of the zarr and zarr3 trees"
+        own = V2_METADATA if self.zarr_format == 2 else V3_METADATA
+        if name not in own:
+            return f"{name} belongs to the other Zarr version's tree; this is the {self.name} tree"
+        return f"no {name} at the {level} level of the {self.name} tree; it answers {', '.join(files)}"
+
+
+# --- the layer trees: a group per layer, an array per mag -------------------------------------------
+
+
+def _layout(source: MagSource, zarr_format: int, options: ServeOptions) -> ArrayLayout:
+    """How one mag is served: as file-sized shards, in the source's own encoding, or as plain chunks."""
+    channels = source.channels
+    shape = (channels, *source.shape)
+    stored = source.stored_chunk_shape
+    cube = source.file_cube_edge
+    if zarr_format == 3 and options.sharded and stored is not None and cube is not None:
+        return ArrayLayout(shape, stored, source.dtype, shard_inner_codec(options.codec), (channels, cube, cube, cube))
+    encoding = source.native
+    if encoding is not None and encoding.chunk_shape[0] == channels:
+        servable = (
+            native.v2_order(encoding) is not None and native.v2_compressor(encoding)[0]
+            if zarr_format == 2
+            else native.v3_codecs(encoding) is not None
+        )
+        if servable:
+            return ArrayLayout(
+                shape, encoding.chunk_shape, source.dtype, options.codec, fill_value=source.fill_value, native=encoding
+            )
+    edge = options.chunk_edge
+    return ArrayLayout(shape, (channels, edge, edge, edge), source.dtype, options.codec, fill_value=source.fill_value)
+
+
+class LayerTree(Tree):
+    group_kind = "layer"
+    array_kind = "mag"
+
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
+        scale = dataset.properties.scale
+        groups: dict[str, GroupNode] = {}
+        unusable: dict[str, str] = {}
+        problems: dict[str, str] = {}
+        for name, layer in dataset.layers.items():
+            if not layer.mags:
+                unusable[name] = "; ".join(layer.problems) or "no usable mag"
+                continue
+            arrays: dict[str, ArrayNode] = {}
+            described = []
+            for mag, source in layer.mags.items():
+                layout = _layout(source, self.zarr_format, options)
+                sharded = plans if layout.shard_shape is not None else None
+                arrays[mag_name(mag)] = SourceArray(served_mag(source, layout), AXES, plans=sharded)
+                described.append(MagArray(mag, mag_name(mag), layout))
+            description = LayerDescription(name, scale.factor, scale.unit, tuple(described))
+            groups[name] = GroupNode(name, self.layer_attributes(description), arrays)
+            if layer.problems:
+                problems[name] = "; ".join(layer.problems)
+        return DatasetView(self, dataset, groups, unusable, problems)
+
+    @abstractmethod
+    def layer_attributes(self, layer: LayerDescription) -> dict: ...
+
+    def array_alias(self, name: str) -> str:
+        """Mags are named ``2`` or ``2-2-1``; the long form ``2-2-2`` of an isotropic mag is accepted."""
+        parts = name.split("-")
+        return parts[0] if len(parts) == 3 and len(set(parts)) == 1 else name
+
+    def rewritten_properties(self, view: DatasetView) -> dict:
+        """The dataset's ``datasource-properties.json`` as a Zarr dataset of this tree."""
+        document = json.loads(json.dumps(view.dataset.document))
+        served_layers = []
+        for layer in document.get("dataLayers", []):
+            group = view.groups.get(layer.get("name"))
+            if group is None:
+                continue
+            layer["dataFormat"] = "zarr" if self.zarr_format == 2 else "zarr3"
+            layer.pop("wkwResolutions", None)
+            layer["numChannels"] = view.dataset.layers[layer["name"]].properties.channels
+            layer["mags"] = [
+                {
+                    "mag": list(mag),
+                    "path": f"./{layer['name']}/{mag_name(mag)}",
+                    "axisOrder": {"c": 0, "x": 1, "y": 2, "z": 3},
+                }
+                for mag in view.dataset.layers[layer["name"]].mags
+            ]
+            served_layers.append(layer)
+        document["dataLayers"] = served_layers
+        return document
+
+
+class ZarrV2Tree(LayerTree):
+    name = "zarr"
+    zarr_format = 2
+    dataset_files = (PROPERTIES, ".zgroup", ".zattrs", ".zmetadata")
+    group_files = (".zgroup", ".zattrs", ".zmetadata")
+    array_files = (".zarray", ".zattrs")
+
+    def layer_attributes(self, layer: LayerDescription) -> dict:
+        return ome_v04(layer)
+
+    def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
+        return parse_v2_key(key, rank)
+
+    def dataset_document(self, view: DatasetView, name: str) -> dict:
+        if name == PROPERTIES:
+            return self.rewritten_properties(view)
+        if name == ".zmetadata":
+            return self.consolidated(view, None)
+        return {"zarr_format": 2} if name == ".zgroup" else {}
+
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+        if name == ".zmetadata":
+            return self.consolidated(view, group)
+        return {"zarr_format": 2} if name == ".zgroup" else group.attributes
+
+    def array_document(self, node: ArrayNode, name: str) -> dict:
+        return node.zarray() if name == ".zarray" else _v2_array_attributes(node)
+
+    def consolidated(self, view: DatasetView, only: GroupNode | None) -> dict:
+        """``.zmetadata`` of the dataset group, or of one layer group."""
+        metadata: dict[str, dict] = {}
+        if only is None:
+            metadata = {".zgroup": {"zarr_format": 2}, ".zattrs": {}}
+        for group in view.groups.values():
+            if only is not None and group is not only:
+                continue
+            prefix = "" if only is not None else f"{group.name}/"
+            metadata[f"{prefix}.zgroup"] = {"zarr_format": 2}
+            metadata[f"{prefix}.zattrs"] = group.attributes
+            for array_name, node in group.arrays.items():
+                metadata[f"{prefix}{array_name}/.zarray"] = node.zarray()
+                metadata[f"{prefix}{array_name}/.zattrs"] = _v2_array_attributes(node)
+        return {"zarr_consolidated_format": 1, "metadata": metadata}
+
+
+def _v2_array_attributes(node: ArrayNode) -> dict:
+    """Array ``.zattrs``: xarray and viewers read the dimension names from ``_ARRAY_DIMENSIONS``."""
+    return {**node.attributes, "_ARRAY_DIMENSIONS": list(node.dimension_names)}
+
+
+class ZarrV3Tree(LayerTree):
+    name = "zarr3"
+    zarr_format = 3
+    dataset_files = (PROPERTIES, "zarr.json")
+    group_files = ("zarr.json",)
+    array_files = ("zarr.json",)
+
+    def layer_attributes(self, layer: LayerDescription) -> dict:
+        return ome_v05(layer)
+
+    def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
+        return parse_v3_key(key, rank)
+
+    def dataset_document(self, view: DatasetView, name: str) -> dict:
+        if name == PROPERTIES:
+            return self.rewritten_properties(view)
+        return _consolidated_v3(view.groups.values())
+
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+        return group_zarr_json(group.attributes)
+
+    def array_document(self, node: ArrayNode, name: str) -> dict:
+        return node.zarr_json()
+
+
+def _consolidated_v3(groups: Any, prefix: str = "") -> dict:
+    """A group's ``zarr.json`` with every group and array below it consolidated inline."""
+    metadata: dict[str, dict] = {}
+    for group in groups:
+        metadata[f"{prefix}{group.name}"] = group_zarr_json(group.attributes)
+        for array_name, node in group.arrays.items():
+            metadata[f"{prefix}{group.name}/{array_name}"] = node.zarr_json()
+    document = group_zarr_json()
+    document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": metadata}
+    return document
+
+
+# --- the xarray tree: a group per mag, an array per layer on the dataset's grid ---------------------
+
+
+class XarrayTree(Tree):
+    name = "xarray"
+    zarr_format = 3
+    group_kind = "mag"
+    array_kind = "variable"
+    dataset_files = ("zarr.json",)
+    group_files = ("zarr.json",)
+    array_files = ("zarr.json",)
+
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
+        scale = dataset.properties.scale
+        plain = ServeOptions(options.codec, options.chunk_edge, sharded=False)
+        by_mag: dict[tuple[int, int, int], dict[str, MagSource]] = {}
+        for layer_name, layer in dataset.layers.items():
+            for mag, source in layer.mags.items():
+                by_mag.setdefault(mag, {})[layer_name] = source
+        groups: dict[str, GroupNode] = {}
+        for mag in sorted(by_mag):
+            sources = by_mag[mag]
+            grid = tuple(max(source.shape[axis] for source in sources.values()) for axis in range(3))
+            arrays: dict[str, ArrayNode] = {}
+            for axis, axis_name in enumerate(AXES[1:]):
+                step = scale.factor[axis] * mag[axis]
+                arrays[axis_name] = MemoryArray(axis_name, np.arange(grid[axis]) * step, {"units": scale.unit})
+            for layer_name, source in sources.items():
+                own = _layout(source, 3, plain)
+                layout = ArrayLayout(
+                    (source.channels, *grid), own.chunk_shape, own.dtype, own.codec, None, own.fill_value, own.native
+                )
+                channel = f"c_{layer_name}"
+                names = (channel, *AXES[1:]) if source.channels > 1 else AXES[1:]
+                if source.channels > 1:
+                    arrays[channel] = MemoryArray(channel, np.arange(source.channels), {})
+                category = dataset.layers[layer_name].properties.category
+                attributes = {"long_name": layer_name, "category": category}
+                arrays[layer_name] = SourceArray(served_mag(source, layout), names, attributes)
+            groups[mag_name(mag)] = GroupNode(mag_name(mag), {}, arrays)
+        return DatasetView(self, dataset, groups, {}, {})
+
+    def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
+        return parse_v3_key(key, rank)
+
+    def dataset_document(self, view: DatasetView, name: str) -> dict:
+        return _consolidated_v3(view.groups.values())
+
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+        document = group_zarr_json(group.attributes)
+        members = {name: node.zarr_json() for name, node in group.arrays.items()}
+        document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": members}
+        return document
+
+    def array_document(self, node: ArrayNode, name: str) -> dict:
+        return node.zarr_json()
+
+
+TREES: dict[str, Tree] = {"zarr": ZarrV2Tree(), "zarr3": ZarrV3Tree(), "xarray": XarrayTree()}
+TREES["zarr3_experimental"] = TREES["zarr3"]  # webKnossos' older name for the v3 tree
+
+__all__ = ["METADATA_NAMES", "PROPERTIES", "TREES", "DatasetView", "MalformedKey", "NodeNotFound", "Tree"]
