@@ -217,7 +217,7 @@ def snippets(
     zarr_options = f', storage_options={{"headers": {{"X-Auth-Token": {token}}}}}' if needs_token else ""
     ts_headers = f'\n        "headers": ["X-Auth-Token: {TOKEN_PLACEHOLDER}"],' if needs_token else ""
     upath_options = f', headers={{"X-Auth-Token": {token}}}' if needs_token else ""
-    xarray_options = "\noptions = {" + f'"headers": {{"X-Auth-Token": {token}}}' + "}" if needs_token else ""
+    xarray_options = f'\noptions = {{"headers": {{"X-Auth-Token": {token}}}}}' if needs_token else ""
     xarray_kwargs = ", storage_options=options" if needs_token else ""
     return (
         Snippet(
@@ -258,11 +258,13 @@ print(cutout)
             f"""import webknossos as wk
 from upath import UPath
 
-dataset = wk.Dataset.open(UPath("{dataset_url}"{upath_options}))
+url = "{dataset_url}"
+dataset = wk.Dataset.open(UPath(url{upath_options}))
 layer = dataset.get_layer({layer_literal})
 mag = layer.get_mag({mag_literal})
-box = layer.bounding_box.intersected_with(wk.BoundingBox(layer.bounding_box.topleft, (256, 256, 1)))
-cutout = mag.read(absolute_bounding_box=box.align_with_mag(mag.mag, ceil=True))
+corner = wk.BoundingBox(layer.bounding_box.topleft, (256, 256, 1))
+box = layer.bounding_box.intersected_with(corner).align_with_mag(mag.mag, ceil=True)
+cutout = mag.read(absolute_bounding_box=box)
 print(layer.bounding_box, cutout.shape, cutout.dtype)
 """,
         ),
@@ -271,7 +273,8 @@ print(layer.bounding_box, cutout.shape, cutout.dtype)
             "xarray",
             f"""import xarray as xr
 {xarray_options}
-mag = xr.open_zarr("{xarray_url}/{finest_mag}"{xarray_kwargs})  # every layer at mag {finest_mag}
+url = "{xarray_url}/{finest_mag}"  # every layer at mag {finest_mag}
+mag = xr.open_zarr(url{xarray_kwargs})
 print(mag)
 tree = xr.open_datatree("{xarray_url}/", engine="zarr"{xarray_kwargs})  # every layer and mag
 print(tree)
