@@ -273,8 +273,7 @@ print(layer.bounding_box, cutout.shape, cutout.dtype)
             "xarray",
             f"""import xarray as xr
 {xarray_options}
-url = "{xarray_url}/{finest_mag}"  # every layer at mag {finest_mag}
-mag = xr.open_zarr(url{xarray_kwargs})
+mag = xr.open_zarr("{xarray_url}/{finest_mag}"{xarray_kwargs})  # every layer at mag {finest_mag}
 print(mag)
 tree = xr.open_datatree("{xarray_url}/", engine="zarr"{xarray_kwargs})  # every layer and mag
 print(tree)
