@@ -325,6 +325,8 @@ def test_public_base_is_the_url_the_client_used() -> None:
     assert public_base({"host": "inner", "x-forwarded-host": 'evil"/><script>'}) == "http://inner"
     assert public_base({"host": "inner", "x-forwarded-proto": "javascript"}) == "http://inner"
     assert public_base({}) == "http://localhost"
+    scope_headers = {b"host": b"inner:1", b"x-forwarded-host": b"zarr.example.org:8443", b"x-forwarded-proto": b"https"}
+    assert public_base(scope_headers) == "https://zarr.example.org:8443"
 
 
 # --- snippets ---------------------------------------------------------------------------------------------------

@@ -125,13 +125,13 @@ def _listing_items(base_path: str, entries: list[Entry]) -> list[str]:
 # --- the dataset page ------------------------------------------------------------------------------------------
 
 
-def public_base(headers: Mapping[str, str]) -> str:
+def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
     """``scheme://host`` as the client sees it: X-Forwarded-Proto/-Host when a proxy set them, else Host.
 
-    A value that is not a plain host (or http/https) is ignored, so a forged header cannot inject markup or
-    a path into the URLs the page shows.
+    ``headers`` as Starlette gives them (str) or as the ASGI scope holds them (bytes). A value that is not a
+    plain host (or http/https) is ignored, so a forged header cannot inject markup or a path into the page's URLs.
     """
-    lowered = {name.lower(): value for name, value in headers.items()}
+    lowered = {_latin1(name).lower(): _latin1(value) for name, value in headers.items()}
     scheme = _first(lowered.get("x-forwarded-proto")).lower()
     if scheme not in ("http", "https"):
         scheme = "http"
@@ -141,6 +141,10 @@ def public_base(headers: Mapping[str, str]) -> str:
     if not _is_host(host):
         host = "localhost"
     return f"{scheme}://{host}"
+
+
+def _latin1(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
 def _first(value: str | None) -> str:
