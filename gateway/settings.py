@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -60,6 +61,10 @@ class Settings(BaseSettings):
     tokens_reload_seconds: float = Field(
         default=2, ge=0, description="how often a changed tokens file is re-read; 0 never re-reads it"
     )
+    neuroglancer_url: str = Field(
+        default="https://neuroglancer-demo.appspot.com/",
+        description="the Neuroglancer client that dataset pages link to (its state follows in the #! fragment)",
+    )
 
     @field_validator("chunk_edge")
     @classmethod
@@ -70,6 +75,14 @@ class Settings(BaseSettings):
                 f"(32, 64, 128, 256, ...), got {edge}"
             )
         return edge
+
+    @field_validator("neuroglancer_url")
+    @classmethod
+    def _neuroglancer_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
+            raise ValueError(f"neuroglancer_url must be an http(s) URL without a #fragment, got {url!r}")
+        return url
 
     @field_validator("root")
     @classmethod

@@ -1,8 +1,59 @@
-"""HTML directory pages whose links fsspec's HTTP filesystem and browsers both follow."""
+"""HTML directory pages whose links fsspec's HTTP filesystem and browsers both follow.
 
+Every level is a plain listing except a dataset, whose page also helps a person: a card per layer
+(a preview, the facts, a Neuroglancer link) and code to read it with each client. That page must
+stay a listing for fsspec, which takes every ``<a href>`` and, by default, every absolute URL in
+the text below the page's own URL for a child: so the listing is the only list of links to the
+dataset's tree, previews live under ``/preview/``, the Neuroglancer state is percent-encoded, and
+URLs in the text are written with ``//`` as character references (rendered and copied unchanged).
+"""
+
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote
+
+from ..sources.catalog import Dataset
+from ..sources.properties import mag_name
+
+Vec3 = tuple[int, int, int]
+TOKEN_PLACEHOLDER = "<token>"
+NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
+_UNIT_PREFIXES = {
+    "yocto": 1e-24,
+    "zepto": 1e-21,
+    "atto": 1e-18,
+    "femto": 1e-15,
+    "pico": 1e-12,
+    "nano": 1e-9,
+    "micro": 1e-6,
+    "milli": 1e-3,
+    "centi": 1e-2,
+    "deci": 1e-1,
+    "": 1.0,
+    "hecto": 1e2,
+    "kilo": 1e3,
+    "mega": 1e6,
+    "giga": 1e9,
+    "tera": 1e12,
+    "peta": 1e15,
+    "exa": 1e18,
+    "zetta": 1e21,
+    "yotta": 1e24,
+}
+_SHORT_PREFIXES = {"y": "yocto", "z": "zepto", "a": "atto", "f": "femto", "p": "pico", "n": "nano", "u": "micro"}
+_SHORT_PREFIXES |= {"µ": "micro", "m": "milli", "c": "centi", "d": "deci", "": "", "k": "kilo", "M": "mega"}
+_METERS_PER_UNIT = {f"{prefix}meter": factor for prefix, factor in _UNIT_PREFIXES.items()}
+_METERS_PER_UNIT |= {f"{short}m": _UNIT_PREFIXES[long] for short, long in _SHORT_PREFIXES.items()}
+_METERS_PER_UNIT |= {
+    "angstrom": 1e-10,
+    "inch": 0.0254,
+    "foot": 0.3048,
+    "yard": 0.9144,
+    "mile": 1609.344,
+    "parsec": 3.0856775814913673e16,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,12 +63,54 @@ class Entry:
     note: str | None = None  # shown instead of a link: why the entry cannot be served
 
 
+@dataclass(frozen=True, slots=True)
+class LayerCard:
+    """Everything a layer's card shows."""
+
+    name: str
+    category: str  # color | segmentation
+    dtype: str  # of one channel, as the arrays declare it
+    channels: int
+    top_left: Vec3  # of the bounding box, in mag-1 voxels
+    size: Vec3
+    voxel_size: tuple[float, float, float]
+    unit: str
+    mags: tuple[str, ...]  # URL names, finest first
+    preview_url: str
+    neuroglancer_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snippet:
+    client: str  # the data-client attribute: zarr-python, tensorstore, webknossos, xarray
+    title: str
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPage:
+    organization: str
+    name: str
+    layers: tuple[LayerCard, ...]
+    snippets: tuple[Snippet, ...]
+
+
 def render_listing(base_path: str, entries: list[Entry]) -> bytes:
     """A page for the directory at ``base_path`` (absolute, ending in "/").
 
     Links are absolute paths: fsspec resolves them against the server whether
     or not the page's URL ended in a slash.
     """
+    title = escape(f"Index of {base_path}")
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{title}</title></head>\n<body><h1>{title}</h1>\n<ul>\n"
+        + "\n".join(_listing_items(base_path, entries))
+        + "\n</ul></body></html>\n"
+    ).encode()
+
+
+def _listing_items(base_path: str, entries: list[Entry]) -> list[str]:
     items = []
     for entry in entries:
         label = escape(entry.name + ("/" if entry.is_directory else ""))
@@ -26,8 +119,325 @@ def render_listing(base_path: str, entries: list[Entry]) -> bytes:
             continue
         href = quote(base_path + entry.name + ("/" if entry.is_directory else ""))
         items.append(f'<li><a href="{href}">{label}</a></li>')
-    title = escape(f"Index of {base_path}")
+    return items
+
+
+# --- the dataset page ------------------------------------------------------------------------------------------
+
+
+def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
+    """``scheme://host`` as the client sees it: X-Forwarded-Proto/-Host when a proxy set them, else Host.
+
+    ``headers`` as Starlette gives them (str) or as the ASGI scope holds them (bytes). A value that is not a
+    plain host (or http/https) is ignored, so a forged header cannot inject markup or a path into the page's URLs.
+    """
+    lowered = {_latin1(name).lower(): _latin1(value) for name, value in headers.items()}
+    scheme = _first(lowered.get("x-forwarded-proto")).lower()
+    if scheme not in ("http", "https"):
+        scheme = "http"
+    host = _first(lowered.get("x-forwarded-host"))
+    if not _is_host(host):
+        host = lowered.get("host", "").strip()
+    if not _is_host(host):
+        host = "localhost"
+    return f"{scheme}://{host}"
+
+
+def _latin1(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def _first(value: str | None) -> str:
+    """The first of a comma-separated list that proxies append to."""
+    return (value or "").split(",")[0].strip()
+
+
+def _is_host(host: str) -> bool:
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]_")
+    return bool(host) and all(character in allowed for character in host)
+
+
+def _path(*segments: str) -> str:
+    return "/".join(quote(segment, safe="") for segment in segments)
+
+
+def _with_token(url: str, token: str | None) -> str:
+    return url if token is None else f"{url}?token={quote(token, safe='')}"
+
+
+def neuroglancer_source(base: str, tree: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
+    """The layer group as a Neuroglancer source: zarr2:// of the v2 tree, zarr3:// of the v3 tree for the others."""
+    scheme, served_tree = NEUROGLANCER_SCHEMES.get(tree, NEUROGLANCER_SCHEMES["zarr3"])
+    return _with_token(f"{scheme}://{base}/data/{served_tree}/{_path(organization, dataset, layer)}/", token)
+
+
+def meters_per_unit(unit: str) -> float:
+    """Length of one ``unit`` (a webKnossos length unit, long or short form) in meters; unknown means nanometer."""
+    return _METERS_PER_UNIT.get(unit.strip(), _METERS_PER_UNIT.get(unit.strip().lower(), 1e-9))
+
+
+def neuroglancer_link(
+    neuroglancer_url: str,
+    source_url: str,
+    layer_name: str,
+    category: str,
+    voxel_size: tuple[float, float, float],
+    unit: str,
+) -> str:
+    """A link that opens Neuroglancer on one layer, its x, y, z dimensions the dataset's voxel size.
+
+    Neuroglancer's state holds scales in meters; giving them keeps anisotropic data from looking squashed.
+    The JSON is percent-encoded whole, so no URL appears literally in the page.
+    """
+    meters = meters_per_unit(unit)
+    state = {
+        "dimensions": {axis: [float(f"{size * meters:.12g}"), "m"] for axis, size in zip("xyz", voxel_size)},
+        "layers": [
+            {
+                "type": "segmentation" if category == "segmentation" else "image",
+                "source": source_url,
+                "name": layer_name,
+            }
+        ],
+        "selectedLayer": {"layer": layer_name},
+        "layout": "4panel",
+    }
+    fragment = quote(json.dumps(state, separators=(",", ":")), safe="")
+    return f"{neuroglancer_url.split('#')[0]}#!{fragment}"
+
+
+def snippets(
+    public_base: str, organization: str, dataset: str, first_layer: str, finest_mag: str, needs_token: bool
+) -> tuple[Snippet, ...]:
+    """Code that reads this dataset with each client, with ``<token>`` where the gateway needs a token."""
+    layer_path = _path(organization, dataset, first_layer)
+    zarr_url = f"{public_base}/data/zarr/{layer_path}/{finest_mag}"
+    zarr3_url = f"{public_base}/data/zarr3/{layer_path}/{finest_mag}/"
+    dataset_url = f"{public_base}/data/zarr/{_path(organization, dataset)}"
+    xarray_url = f"{public_base}/data/xarray/{_path(organization, dataset)}"
+    layer_literal = json.dumps(first_layer)
+    mag_literal = json.dumps(finest_mag)
+    token = json.dumps(TOKEN_PLACEHOLDER)
+    zarr_options = f', storage_options={{"headers": {{"X-Auth-Token": {token}}}}}' if needs_token else ""
+    ts_headers = f'\n        "headers": ["X-Auth-Token: {TOKEN_PLACEHOLDER}"],' if needs_token else ""
+    upath_options = f', headers={{"X-Auth-Token": {token}}}' if needs_token else ""
+    xarray_options = f'\noptions = {{"headers": {{"X-Auth-Token": {token}}}}}' if needs_token else ""
+    xarray_kwargs = ", storage_options=options" if needs_token else ""
     return (
-        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{title}</title></head>\n<body><h1>{title}</h1>\n<ul>\n" + "\n".join(items) + "\n</ul></body></html>\n"
+        Snippet(
+            "zarr-python",
+            "zarr-python (Zarr v2 tree)",
+            f"""import zarr
+
+url = "{zarr_url}"
+array = zarr.open_array(url, mode="r"{zarr_options})
+print(array.shape, array.dtype)  # axes c, x, y, z
+x, y, z = (n // 2 for n in array.shape[1:])
+cutout = array[0, x : x + 64, y : y + 64, z]
+print(cutout)
+""",
+        ),
+        Snippet(
+            "tensorstore",
+            "tensorstore (Zarr v3 tree)",
+            f"""import tensorstore as ts
+
+spec = {{
+    "driver": "zarr3",
+    "kvstore": {{
+        "driver": "http",
+        "base_url": "{zarr3_url}",{ts_headers}
+    }},
+}}
+array = ts.open(spec, read=True).result()
+print(array.domain)  # axes c, x, y, z
+x, y, z = (n // 2 for n in array.shape[1:])
+cutout = array[0, x : x + 64, y : y + 64, z].read().result()
+print(cutout)
+""",
+        ),
+        Snippet(
+            "webknossos",
+            "webknossos-libs",
+            f"""import webknossos as wk
+from upath import UPath
+
+url = "{dataset_url}"
+dataset = wk.Dataset.open(UPath(url{upath_options}))
+layer = dataset.get_layer({layer_literal})
+mag = layer.get_mag({mag_literal})
+corner = wk.BoundingBox(layer.bounding_box.topleft, (256, 256, 1))
+box = layer.bounding_box.intersected_with(corner).align_with_mag(mag.mag, ceil=True)
+cutout = mag.read(absolute_bounding_box=box)
+print(layer.bounding_box, cutout.shape, cutout.dtype)
+""",
+        ),
+        Snippet(
+            "xarray",
+            "xarray",
+            f"""import xarray as xr
+{xarray_options}
+mag = xr.open_zarr("{xarray_url}/{finest_mag}"{xarray_kwargs})  # every layer at mag {finest_mag}
+print(mag)
+tree = xr.open_datatree("{xarray_url}/", engine="zarr"{xarray_kwargs})  # every layer and mag
+print(tree)
+""",
+        ),
+    )
+
+
+def build_dataset_page(
+    dataset: Dataset,
+    tree: str,
+    base: str,
+    token: str | None,
+    neuroglancer_url: str,
+    needs_token: bool,
+    root_path: str = "",
+) -> DatasetPage:
+    """The page of a dataset as tree ``tree`` lists it.
+
+    ``base`` is the public ``scheme://host`` (see ``public_base``) followed by any root path; ``token`` is the
+    one the page was requested with in its query (it goes into image and viewer URLs, which cannot send
+    headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder).
+    """
+    scale = dataset.properties.scale
+    cards = []
+    for name, layer in dataset.layers.items():
+        if not layer.mags:
+            continue  # listed with its reason, no card
+        properties = layer.properties
+        bbox = properties.bounding_box
+        preview = f"{root_path}/preview/{_path(dataset.organization, dataset.name, name)}.png"
+        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token)
+        cards.append(
+            LayerCard(
+                name=name,
+                category=properties.category,
+                dtype=properties.dtype.name,
+                channels=properties.channels,
+                top_left=bbox.top_left,
+                size=bbox.size,
+                voxel_size=scale.factor,
+                unit=scale.unit,
+                mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
+                preview_url=_with_token(preview, token),
+                neuroglancer_url=neuroglancer_link(
+                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit
+                ),
+            )
+        )
+    code: tuple[Snippet, ...] = ()
+    if cards:
+        first = cards[0]
+        code = snippets(base, dataset.organization, dataset.name, first.name, first.mags[0], needs_token)
+    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code)
+
+
+def _text(value: str) -> str:
+    """Escaped text in which no absolute URL is literal (``//`` as references): fsspec must not see children."""
+    return escape(value).replace("/", "&#47;")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _card(card: LayerCard) -> str:
+    top_left = ", ".join(map(str, card.top_left))
+    size = " &times; ".join(map(str, card.size))
+    voxel = " &times; ".join(_number(v) for v in card.voxel_size)
+    facts = [
+        ("Category", escape(card.category)),
+        ("Data type", escape(card.dtype)),
+        ("Channels", str(card.channels)),
+        ("Bounding box", f"top-left ({top_left}), size {size} (mag-1 voxels)"),
+        ("Voxel size", f"{voxel} {escape(card.unit)}"),
+        ("Mags", escape(", ".join(card.mags))),
+    ]
+    rows = "\n".join(f"<dt>{term}</dt><dd>{value}</dd>" for term, value in facts)
+    name = escape(card.name)
+    return (
+        f'<section class="layer" id="layer-{name}" data-layer="{name}">\n<h2>{name}</h2>\n<div class="card">\n'
+        f'<img class="preview" src="{escape(card.preview_url)}" alt="preview of {name}">\n'
+        f'<div class="about">\n<dl class="facts">\n{rows}\n</dl>\n'
+        f'<p><a class="open-neuroglancer" href="{escape(card.neuroglancer_url)}" target="_blank" rel="noopener">'
+        "Open in Neuroglancer</a></p>\n</div>\n</div>\n</section>"
+    )
+
+
+def _snippet(snippet: Snippet) -> str:
+    client = escape(snippet.client)
+    return (
+        f'<div class="snippet-box"><h3>{escape(snippet.title)}</h3>'
+        f'<button type="button" class="copy" data-copies="snippet-{client}">Copy</button>\n'
+        f'<pre class="snippet" id="snippet-{client}" data-client="{client}">{_text(snippet.code)}</pre></div>'
+    )
+
+
+_STYLE = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 60em; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h1 small { font-weight: normal; color: #666; font-size: 0.6em; display: block; }
+ul.children { columns: 2; padding-left: 1.2em; }
+section.layer { border: 1px solid #ccc; border-radius: 8px; margin: 1.2em 0; padding: 0.6em 1em 1em; }
+section.layer h2 { margin: 0 0 0.5em; font-size: 1.2em; }
+.card { display: flex; gap: 1.5em; align-items: flex-start; flex-wrap: wrap; }
+img.preview { width: 256px; max-width: 100%; image-rendering: pixelated; background: #000; border-radius: 4px; }
+dl.facts { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; margin: 0 0 0.8em; }
+dl.facts dt { color: #666; } dl.facts dd { margin: 0; }
+a.open-neuroglancer { display: inline-block; padding: 0.3em 0.8em; border-radius: 4px; background: #1f5fbf;
+  color: #fff; text-decoration: none; }
+.snippet-box { position: relative; margin: 1em 0; } .snippet-box h3 { font-size: 1em; margin: 0 0 0.3em; }
+pre.snippet { background: #f4f4f4; border: 1px solid #ddd; border-radius: 4px; padding: 0.8em; overflow-x: auto; }
+button.copy { position: absolute; right: 0.5em; top: 2em; }
+"""
+
+# Copies the snippet's text; navigator.clipboard needs a secure context, so plain http pages select and copy.
+_SCRIPT = """
+document.addEventListener("click", function (event) {
+  var button = event.target.closest ? event.target.closest("button.copy") : null;
+  if (!button) { return; }
+  var pre = document.getElementById(button.getAttribute("data-copies"));
+  var text = pre.textContent;
+  function report(ok) {
+    button.textContent = ok ? "Copied" : "Press Ctrl+C";
+    setTimeout(function () { button.textContent = "Copy"; }, 1500);
+  }
+  function selectAndCopy() {
+    var range = document.createRange();
+    range.selectNodeContents(pre);
+    var selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (error) { ok = false; }
+    report(ok);
+  }
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(text).then(function () { report(true); }, selectAndCopy);
+  } else {
+    selectAndCopy();
+  }
+});
+"""
+
+
+def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage) -> bytes:
+    """The dataset's listing (the same links as ``render_listing``) with its layer cards and snippets."""
+    title = escape(f"{page.organization}/{page.name}")
+    cards = "\n".join(_card(card) for card in page.layers)
+    code = ""
+    if page.snippets:
+        code = (
+            '<section class="snippets">\n<h2>Read it from code</h2>\n'
+            + "\n".join(_snippet(snippet) for snippet in page.snippets)
+            + "\n</section>\n"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{title}</title>\n<style>{_STYLE}</style></head>\n<body>\n"
+        f"<h1>{title}<small>Index of {_text(base_path)}</small></h1>\n"
+        '<ul class="children">\n' + "\n".join(_listing_items(base_path, entries)) + "\n</ul>\n"
+        f"{cards}\n{code}<script>{_SCRIPT}</script>\n</body></html>\n"
     ).encode()
