@@ -78,7 +78,16 @@ def test_token_as_query_parameter(gateway: Server, route: str) -> None:
     with_header = requests.get(gateway.url + PROTECTED[route], headers={"X-Auth-Token": TOKEN}, timeout=10)
     with_query = requests.get(gateway.url + PROTECTED[route], params={"token": TOKEN}, timeout=10)
     assert with_header.status_code == with_query.status_code == 200
-    assert with_header.content == with_query.content
+    if route == "dataset_listing":
+        # A page asked for with ?token= carries it in its image and viewer URLs (they cannot send headers),
+        # so only the listing itself is the same.
+        def listed(page: str) -> set[str]:
+            return {link for link in _links(page) if link.startswith("/data/")}
+
+        assert listed(with_header.text) == listed(with_query.text)
+        assert TOKEN not in with_header.text
+    else:
+        assert with_header.content == with_query.content
 
 
 def test_listings_show_only_what_the_token_may_see(gateway: Server) -> None:

@@ -14,6 +14,7 @@ import anyio
 
 from wkw_adapter import ByteLRU, FileChangedError, WkwFileCache
 
+from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..storage import open_storage
@@ -23,7 +24,7 @@ from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
 from .auth import Grant, Tokens
 from .errors import HttpError
-from .listing import Entry, render_listing
+from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
 from .urls import DataTarget, Level
@@ -31,6 +32,7 @@ from .urls import DataTarget, Level
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 HTML = "text/html; charset=utf-8"
+PREVIEW_PREFIX = "/preview/"
 TOKEN_HEADER = b"x-auth-token"
 
 
@@ -44,6 +46,7 @@ class Gateway:
         self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
         self.shards = ShardPlans(settings.cache_bytes // 2)
+        self.previews = Previews(settings.cache_bytes // 16)
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
@@ -93,7 +96,12 @@ class Gateway:
             _check_placed(target)
             datasets = await self._storage_call(self._datasets, grant, organization)
             return await self._listing(request, target.base, datasets)
-        name = target.dataset
+        dataset = await self._dataset(grant, organization, target.dataset)
+        view = self.view(dataset, target.tree)
+        resource = await self._in_dataset(target, view, request)
+        return await self._send(request, resource)
+
+    async def _dataset(self, grant: Grant | None, organization: str, name: str) -> Dataset:
         if grant is not None and not grant.allows(organization, name):
             raise HttpError(403, f"the token does not grant access to {organization}/{name}")
         dataset = await self._storage_call(self.catalog.dataset, organization, name)
@@ -101,8 +109,23 @@ class Gateway:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):
             raise HttpError(500, f"dataset {organization}/{name} cannot be served: {dataset.reason}")
-        view = self.view(dataset, target.tree)
-        resource = await self._in_dataset(target, view, request)
+        return dataset
+
+    async def preview(self, request: Request) -> Answer:
+        """``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
+        parts = request.path.removeprefix(PREVIEW_PREFIX).split("/")
+        if len(parts) != 3 or not parts[2].endswith(".png") or not all(parts):
+            raise HttpError(404, f"a preview is at {PREVIEW_PREFIX}{{organization}}/{{dataset}}/{{layer}}.png")
+        organization, name, image = parts
+        grant = self.authenticate(request)
+        dataset = await self._dataset(grant, organization, name)
+        layer_name = image.removesuffix(".png")
+        layer = dataset.layers.get(layer_name)
+        if layer is None or not layer.mags:
+            raise HttpError(404, f"no servable layer {layer_name!r}; there are {', '.join(dataset.layers)}")
+        resource = await anyio.to_thread.run_sync(
+            self.previews.preview, layer.mags, layer.properties.category, limiter=self.limiter
+        )
         return await self._send(request, resource)
 
     async def _in_dataset(self, target: DataTarget, view: DatasetView, request: Request) -> Resource:
@@ -114,7 +137,7 @@ class Gateway:
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
             entries += [Entry(name, True, reason) for name, reason in view.unusable.items()]
-            return self._page(target.base, entries)
+            return self._dataset_page(target, view, request, entries)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -161,6 +184,18 @@ class Gateway:
             note = dataset.reason if isinstance(dataset, BrokenDataset) else None
             entries.append(Entry(dataset.name, True, note))
         return entries
+
+    def _dataset_page(self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry]) -> Resource:
+        """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
+        page = build_dataset_page(
+            view.dataset,
+            target.tree.name,
+            public_base(request.headers),
+            request.query("token"),
+            self.settings.neuroglancer_url,
+            self.tokens is not None,
+        )
+        return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 
     def _page(self, base: str, entries: list[Entry]) -> Resource:
         return bytes_resource(render_listing(base, entries), HTML)

@@ -17,7 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..logs import access_log
 from ..metrics import STATS
-from .data import HTML, Gateway, index_page
+from .data import HTML, PREVIEW_PREFIX, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Request
 from .ops import Ops
@@ -93,6 +93,9 @@ class Edge:
                 target = parse_data_path(path)
                 route = target.route
                 return route, await self.gateway.handle(target, request)
+            if path.startswith(PREVIEW_PREFIX):
+                route = "preview"
+                return route, await self.gateway.preview(request)
             handler = self.pages.get(path)
             if handler is None:
                 return route, json_error(404, f"nothing at {path}; data is under {DATA_PREFIX}")

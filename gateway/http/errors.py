@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from wkw_adapter import FileChangedError, StoreUnavailableError, WkwError
 
 from ..metrics import count_storage_error
+from ..previews import NoPreviewError
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
@@ -47,6 +48,7 @@ class ErrorRule:
 # Looked up along the exception's class hierarchy, most specific first.
 RULES: dict[type[BaseException], ErrorRule] = {
     NodeNotFound: ErrorRule(404),
+    NoPreviewError: ErrorRule(404),
     ChunkNotFound: ErrorRule(404),
     MalformedKey: ErrorRule(400),
     TooManyRanges: ErrorRule(400),
