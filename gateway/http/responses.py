@@ -103,9 +103,24 @@ class Reader:
             yield piece
 
 
+_CONDITIONAL = (b"if-match", b"if-none-match", b"if-modified-since", b"range")
+
+
 async def send_resource(
     headers: Headers, method: str, resource: Resource, cache_control: bytes, reader: Reader
 ) -> Answer:
+    if resource.body is not None and not any(name in headers for name in _CONDITIONAL):
+        # The common case, a whole object held in memory and no condition: nothing to decide.
+        out: RawHeaders = [
+            (b"etag", resource.etag.encode()),
+            (b"accept-ranges", b"bytes"),
+            (b"cache-control", cache_control),
+            (b"content-length", str(resource.size).encode()),
+            (b"content-type", resource.media_type.encode()),
+        ]
+        if resource.last_modified is not None:
+            out.append((b"last-modified", http_date(resource.last_modified).encode()))
+        return Answer(200, out, b"" if method == "HEAD" else resource.body)
     validators = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control.decode()}
     last_modified = None
     if resource.last_modified is not None:
@@ -129,7 +144,7 @@ async def send_resource(
         except Unsatisfiable as exc:
             raise HttpError(416, str(exc), {**validators, "Content-Range": f"bytes */{resource.size}"}) from None
 
-    out: RawHeaders = [
+    out = [
         (b"etag", resource.etag.encode()),
         (b"accept-ranges", b"bytes"),
         (b"cache-control", cache_control),

@@ -69,6 +69,11 @@ def _files(tree: Tree, level: Level) -> tuple[str, ...]:
     return ()
 
 
+_LEVELS = tuple(Level)
+# Per tree, the names each level answers, indexed by depth: the lookup of the per-request loop below.
+_FILES = {name: tuple(_files(tree, level) for level in _LEVELS) for name, tree in TREES.items()}
+
+
 def parse_data_path(path: str) -> DataTarget:
     """The target of a path below ``/data/``; :class:`NodeNotFound` or a 400 when it names none.
 
@@ -80,22 +85,23 @@ def parse_data_path(path: str) -> DataTarget:
     if tree is None:
         raise NodeNotFound(f"unknown tree {tree_name!r}; there are {', '.join(TREES)}")
     segments = [s for s in rest.split("/") if s]
-    for segment in segments:
-        if segment in (".", "..") or "\\" in segment or "\0" in segment:
-            raise HttpError(400, "path segments '.' and '..' are not allowed")
-    names: list[str] = []
+    if ".." in rest or "\\" in rest or "\0" in rest or "/./" in f"/{rest}/":  # rare: then look closer
+        for segment in segments:
+            if segment in (".", "..") or "\\" in segment or "\0" in segment:
+                raise HttpError(400, "path segments '.' and '..' are not allowed")
+    files_by_depth = _FILES[tree_name]
+    last = len(segments) - 1
     for depth, segment in enumerate(segments):
-        level = Level(depth)
-        if level == Level.ARRAY:
-            return _below_array(tree, tree_name, tuple(names), segments[depth:])
-        files = _files(tree, level)
-        if segment in files and depth == len(segments) - 1:
-            return DataTarget(tree, tree_name, level, tuple(names), file=segment)
+        if depth == Level.ARRAY:
+            return _below_array(tree, tree_name, tuple(segments[:depth]), segments[depth:])
         if segment in METADATA_NAMES:
+            level = _LEVELS[depth]
+            files = files_by_depth[depth]
+            if segment in files and depth == last:
+                return DataTarget(tree, tree_name, level, tuple(segments[:depth]), file=segment)
             why = tree.misplaced(segment, _LEVEL_NAMES.get(level, level.name.lower()), files)
-            return DataTarget(tree, tree_name, level, tuple(names), misplaced=why)
-        names.append(segment)
-    return DataTarget(tree, tree_name, Level(len(names)), tuple(names))
+            return DataTarget(tree, tree_name, level, tuple(segments[:depth]), misplaced=why)
+    return DataTarget(tree, tree_name, _LEVELS[len(segments)], tuple(segments))
 
 
 def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[str]) -> DataTarget:

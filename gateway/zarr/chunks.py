@@ -18,7 +18,7 @@ from .blosc import lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
 from .codecs import encode
 from .layout import ArrayLayout
 from .native import encode_native
-from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
+from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag, stored_etag
 
 Vec3 = tuple[int, int, int]
 
@@ -79,14 +79,19 @@ FRAMING: dict[StoredEncoding, Callable[[StoredChunk], bytes]] = {
 }
 
 
-def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3]:
-    check_grid(served.layout, index)
-    shape = served.layout.chunk_shape
-    lo = (index[1] * shape[1], index[2] * shape[2], index[3] * shape[3])
-    hi = (lo[0] + shape[1], lo[1] + shape[2], lo[2] + shape[3])
-    if served.source.clip(lo, hi) is None:
+def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3, bool]:
+    """The chunk's voxel box and whether it lies wholly inside the bounding box (written out: per request)."""
+    grid = served.layout.grid_shape
+    if index[0] >= grid[0] or index[1] >= grid[1] or index[2] >= grid[2] or index[3] >= grid[3]:
+        check_grid(served.layout, index)
+    _, cx, cy, cz = served.layout.chunk_shape
+    x, y, z = index[1] * cx, index[2] * cy, index[3] * cz
+    X, Y, Z = x + cx, y + cy, z + cz
+    (bx, by, bz), (BX, BY, BZ) = served.source.bbox_lo, served.source.bbox_hi
+    if bx >= X or by >= Y or bz >= Z or x >= BX or y >= BY or z >= BZ:
         raise ChunkNotFound("the chunk lies wholly outside the layer's bounding box")
-    return lo, hi
+    inside = x >= bx and y >= by and z >= bz and X <= BX and Y <= BY and Z <= BZ
+    return (x, y, z), (X, Y, Z), inside
 
 
 def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | None:
@@ -95,8 +100,8 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
     For local files this costs a stat and one positioned read, so the HTTP
     layer may call it on the event loop.
     """
-    lo, hi = _chunk_box(served, index)
-    if not (served.passes_through and served.source.contains(lo, hi)):
+    lo, _, inside = _chunk_box(served, index)
+    if not (inside and served.passes_through):
         return None
     stored = served.source.stored_chunk(index, lo)
     if stored is None:
@@ -106,7 +111,7 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
         etag, mtime = make_etag(served.fingerprint, index, stored.origin, stored.data), None
     else:
         etag, mtime = (
-            make_etag(served.fingerprint, index, stored.origin, identity.size, identity.version),
+            stored_etag(served.fingerprint, index, stored.origin, identity.size, identity.version),
             identity.mtime,
         )
     return bytes_resource(FRAMING[stored.encoding](stored), OCTET_STREAM, etag, mtime)
@@ -123,7 +128,7 @@ def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
 
 def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     """A chunk read as voxels, masked to the bounding box and encoded as the layout declares."""
-    lo, hi = _chunk_box(served, index)
+    lo, hi, _ = _chunk_box(served, index)
     region = served.source.read_box(lo, hi)
     body = encode_chunk(served.layout, region.data)
     if region.sources is None:

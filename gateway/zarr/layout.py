@@ -1,5 +1,6 @@
 """One description of a served layer and its mag arrays, from which both trees' metadata derive."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ AXES = ("c", "x", "y", "z")
 V3_TRANSPOSE = [3, 2, 1, 0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: grid_shape is cached on the instance
 class ArrayLayout:
     """A served mag array: shape ``(c, x, y, z)``, its chunking, and how chunks are encoded.
 
@@ -34,7 +35,7 @@ class ArrayLayout:
     def json_fill_value(self) -> int | float:
         return float(self.fill_value) if self.dtype.kind == "f" else int(self.fill_value)
 
-    @property
+    @functools.cached_property
     def grid_shape(self) -> tuple[int, ...]:
         """How many (outer) chunks there are along each axis."""
         outer = self.shard_shape or self.chunk_shape

@@ -17,6 +17,12 @@ def make_etag(*parts: object) -> str:
     return f'"{digest.hexdigest()}"'
 
 
+def stored_etag(fingerprint: str, index: tuple[int, ...], origin: str, size: int, version: str) -> str:
+    """:func:`make_etag` for the parts of a stored chunk, in one hash update: it is computed per request."""
+    text = f"{fingerprint}\0{index}\0{origin}\0{size}\0{version}"
+    return f'"{hashlib.blake2b(text.encode(), digest_size=16).hexdigest()}"'
+
+
 @dataclass(slots=True)  # not frozen: one is built per request, and frozen construction is slower
 class Resource:
     """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
