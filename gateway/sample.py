@@ -56,8 +56,8 @@ def make_sample(root: Path, progress: bool = True) -> Path:
         largest_segment_id = int(labels.max())
         task = bar.add_task("writing mags", total=2 * len(MAGS))
         for name, data, dtype, downsample in (
-            ("color", color, np.uint8, _mean_downsample),
-            ("segmentation", labels, np.uint32, _mode_downsample),
+            ("color", color, np.dtype(np.uint8), _mean_downsample),
+            ("segmentation", labels, np.dtype(np.uint32), _mode_downsample),
         ):
             header = WkwHeader.create(dtype, 1, BlockType.LZ4HC, block_len=BLOCK_LEN, file_len=FILE_LEN)
             for mag in MAGS:
@@ -302,7 +302,7 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
             if len(placed) == wanted:
                 break
             if all(np.linalg.norm(middles[i] - middles[j]) > half[i] + half[j] for j in placed):
-                placed.append(i)
+                placed.append(int(i))
                 tissue.mitochondria.append((int(cell), middles[i], axis[i], float(half[i]), float(thick[i])))
         # Some cells get a cluster of vesicles (as in a synaptic bouton) near their surface.
         if rng.random() < 0.3:

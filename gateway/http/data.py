@@ -159,9 +159,10 @@ class Gateway:
         mid-read is tried once more (then the error map answers 503)."""
         index = tree.parse_key(key, node.rank)
         try:
-            return node.cheap_chunk(index) or await anyio.to_thread.run_sync(
-                node.costly_chunk, index, limiter=self.limiter
-            )
+            cheap = node.cheap_chunk(index)
+            if cheap is not None:
+                return cheap
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
         except FileChangedError:
             return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
 

@@ -60,8 +60,8 @@ class LayerDescription:
 def zarray(layout: ArrayLayout) -> dict:
     """``.zarray`` for the Zarr v2 tree."""
     dtype, order, compressor = layout.dtype.str, "F", v2_compressor(layout.codec, layout.dtype.itemsize)
-    if layout.native is not None:
-        dtype, order = layout.native.dtype.str, native.v2_order(layout.native)
+    if layout.native is not None:  # only layouts whose order v2 can name are served in the source's encoding
+        dtype, order = layout.native.dtype.str, native.v2_order(layout.native) or "F"
         compressor = native.v2_compressor(layout.native)[1]
     return {
         "zarr_format": 2,

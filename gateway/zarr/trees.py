@@ -328,7 +328,8 @@ class XarrayTree(Tree):
         groups: dict[str, GroupNode] = {}
         for mag in sorted(by_mag):
             sources = by_mag[mag]
-            grid = tuple(max(source.shape[axis] for source in sources.values()) for axis in range(3))
+            x, y, z = (max(source.shape[axis] for source in sources.values()) for axis in range(3))
+            grid = (x, y, z)
             arrays: dict[str, ArrayNode] = {}
             for axis, axis_name in enumerate(AXES[1:]):
                 step = scale.factor[axis] * mag[axis]
