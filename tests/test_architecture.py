@@ -1,0 +1,120 @@
+"""The dependency rule of docs/architecture.md, checked on the source: HTTP edge -> Zarr protocol ->
+sources -> storage, nothing lower importing anything higher, and no import cycle between modules,
+type-only imports (under ``if TYPE_CHECKING``) included."""
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("gateway", "wkw_adapter")
+
+# Lower number = lower layer. A module may import its own layer and any lower one.
+LAYERS = [
+    (0, ("wkw_adapter",)),
+    (0, ("gateway.logs", "gateway.metrics", "gateway.probe")),  # leaves: import nothing of the project
+    (1, ("gateway.storage",)),
+    (2, ("gateway.sources",)),
+    (3, ("gateway.zarr",)),
+    (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
+    (5, ("gateway.http",)),
+    (6, ("gateway.startup", "gateway.cli", "gateway.__main__", "gateway")),
+]
+
+
+def layer_of(module: str) -> int:
+    best = (-1, -1)
+    for layer, prefixes in LAYERS:
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                best = max(best, (len(prefix), layer))
+    assert best[1] >= 0, f"{module} is in no layer: add it to LAYERS"
+    return best[1]
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Project modules imported by ``path``, wherever the import statement stands."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def resolve(target: str, known: dict[str, Path]) -> str | None:
+    """The module a dotted import names (``a.b.name`` may be the name ``name`` of module ``a.b``)."""
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = {resolve(t, known) for t in imports(path)}
+        edges[name] = {t for t in targets if t is not None and t != name and not name.startswith(t + ".")}
+    return edges
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_no_module_imports_a_higher_layer(module: str) -> None:
+    mine = layer_of(module)
+    upward = sorted(t for t in graph()[module] if layer_of(t) > mine)
+    assert not upward, f"{module} (layer {mine}) imports higher layers: {upward}"
+
+
+def test_no_import_cycles() -> None:
+    edges = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                cycle = [*stack[stack.index(target) :], target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+
+
+def test_the_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
+    """The rule can fail: a type-only import of the HTTP layer from a source module is caught."""
+    planted = tmp_path / "gateway" / "sources" / "bad.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..http.data import Gateway\n")
+    found = imports(planted, tmp_path)
+    assert "gateway.http.data" in found
+    assert layer_of("gateway.http.data") > layer_of(module_name(planted, tmp_path))
