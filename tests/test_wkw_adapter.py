@@ -56,7 +56,7 @@ WKW_BLOCK_TYPES = {
     BlockType.LZ4HC: wkw.Header.BLOCK_TYPE_LZ4HC,
 }
 ALL_BLOCK_TYPES = list(WKW_BLOCK_TYPES)
-# Voxel type codes of the WKW header (DESIGN §2 / the wkw library).
+# Voxel type codes of the WKW header (as the wkw library writes them).
 VOXEL_TYPE_CODES = {np.dtype(t): code for code, t in enumerate(ALL_DTYPES, start=1)}
 
 

@@ -1,4 +1,4 @@
-"""The 16-byte WKW header (see DESIGN §2)."""
+"""The 16-byte WKW header: magic, version, block and file sizes, block and voxel types, data offset."""
 
 import enum
 import struct

@@ -2,7 +2,7 @@
 
 A stored WKW LZ4 block is a raw LZ4 block; a Blosc-1 chunk whose header says
 "lz4, typesize 1, no shuffle, one block, not split" carries exactly such a
-block, so it can be served without decoding (DESIGN §5b). Raw bytes go in a
+block, so it can be served without decoding (docs/architecture.md). Raw bytes go in a
 "memcpyed" chunk, whose size is known without looking at the data.
 """
 
