@@ -479,3 +479,32 @@ def test_servers_keep_serving(gateway: Server, hostile: Hostile, test_data: conf
     assert_good_chunk(gateway, test_data, DATASET, "segmentation", (3, 3, 1))
     assert_good_chunk(hostile.server, test_data, CORRUPT, "rgb", (3, 3, 1))
     assert hostile.server.process.poll() is None and gateway.process.poll() is None
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "TRACE"])
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/healthz", "/readyz", "/metrics", "/auth", "/nowhere", f"{DATASET}/", f"{DATASET}/color_u8/1/0.1.1.1"],
+)
+def test_other_methods_are_405_on_every_path(gateway: Server, method: str, path: str) -> None:
+    response = requests.request(method, gateway.url + path, headers=HEADERS, timeout=10)
+    assert response.status_code == 405
+    assert response.headers["Allow"] == "GET, HEAD, OPTIONS"
+    assert method in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "path, nearest",
+    [
+        ("/data/zarr/test_org/wk_dataset/.zarray", "dataset level"),
+        ("/data/zarr/test_org/wk_dataset/color_u8/.zarray", "group level"),
+        ("/data/zarr/test_org/wk_dataset/nope/1/.zarray", "'nope'"),
+        ("/data/zarr/test_org/wk_dataset/color_u8/7/.zarray", "there are 1, 2-2-1, 4-4-2"),
+        ("/data/zarr3/test_org/wk_dataset/color_u8/1/.zarray", "other Zarr version"),
+        ("/data/nope/test_org/", "there are zarr, zarr3, xarray"),
+    ],
+)
+def test_an_unknown_target_is_a_404_naming_the_nearest_level(gateway: Server, path: str, nearest: str) -> None:
+    response = requests.get(gateway.url + path, headers=HEADERS, timeout=10)
+    assert response.status_code == 404
+    assert nearest in response.json()["error"]
