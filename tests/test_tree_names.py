@@ -219,6 +219,9 @@ def test_every_level_answers_its_names_and_404_for_the_rest(
         for name in METADATA:
             response = session.get(f"{gateway.url}/{node.path}{name}")
             where = f"{node}{name}"
+            head = session.head(f"{gateway.url}/{node.path}{name}")  # what fsspec's info() and exists() ask
+            assert head.status_code == response.status_code, where
+            assert head.headers["content-length"] == str(len(response.content)), where
             if name in belongs:
                 assert response.status_code == 200, f"{where}: {response.status_code} {response.text}"
                 assert response.headers["content-type"].startswith("application/json"), where

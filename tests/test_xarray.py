@@ -32,11 +32,11 @@ VOXEL_SIZE = (11.24, 11.24, 28.0)  # what conftest's dataset declares
 # ``offset``, smaller and shifted, reaching further in y and z. The grid is the largest extent of both.
 SHIFTED = "shifted_dataset"
 SHIFTED_VOXEL_SIZE = (4.0, 5.0, 30.0)
-SHIFTED_MAGS = ((1, 1, 1), (2, 2, 1))
-BOXES = {  # layer: (topLeft, size, dtype, compressed)
-    "wide": ((0, 0, 0), (100, 64, 40), "uint8", True),
-    "offset": ((40, 50, 10), (30, 40, 50), "uint16", False),
+BOXES = {  # layer: (topLeft, size, dtype, compressed, mags); only "offset" has mag 4-4-2
+    "wide": ((0, 0, 0), (100, 64, 40), "uint8", True, ((1, 1, 1), (2, 2, 1))),
+    "offset": ((40, 50, 10), (30, 40, 50), "uint16", False, ((1, 1, 1), (2, 2, 1), (4, 4, 2))),
 }
+SHIFTED_MAGS = ((1, 1, 1), (2, 2, 1), (4, 4, 2))
 OUTSIDE_WRITTEN = "offset"  # its raw files also hold voxels before its box along x (written with wkw)
 
 
@@ -52,8 +52,13 @@ def box_at_mag(layer: str, mag: tuple[int, int, int]) -> tuple[tuple[int, ...], 
     return lo, hi
 
 
+def layers_with(mag: tuple[int, int, int]) -> list[str]:
+    return [layer for layer, spec in BOXES.items() if mag in spec[4]]
+
+
 def shifted_grid(mag: tuple[int, int, int]) -> tuple[int, ...]:
-    return tuple(max(box_at_mag(layer, mag)[1][axis] for layer in BOXES) for axis in range(3))
+    """The dataset's grid at ``mag``: the largest extent of the layers that have it."""
+    return tuple(max(box_at_mag(layer, mag)[1][axis] for layer in layers_with(mag)) for axis in range(3))
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +69,15 @@ def shifted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("xarray_root")
     rng = np.random.default_rng(11)
     dataset = wk.Dataset(root / ORG / SHIFTED, voxel_size=SHIFTED_VOXEL_SIZE)
-    for name, (top_left, size, dtype, compressed) in BOXES.items():
+    for name, (top_left, size, dtype, compressed, mags) in BOXES.items():
         layer = dataset.add_layer(name, "color", dtype_per_channel=dtype, data_format="wkw")
         layer.bounding_box = wk.BoundingBox(top_left, size)
-        for mag in SHIFTED_MAGS:
+        for mag in mags:
             view = layer.add_mag(mag, chunk_shape=EDGE, shard_shape=2 * EDGE, compress=compressed)
             lo, hi = box_at_mag(name, mag)
             data = rng.integers(1, 250, size=tuple(h - low for low, h in zip(lo, hi))).astype(dtype)
             view.write(data, absolute_offset=tuple(v * m for v, m in zip(lo, mag)))
-    for mag in SHIFTED_MAGS:  # voxels in the files but outside the box, which must never be served
+    for mag in BOXES[OUTSIDE_WRITTEN][4]:  # voxels in the files but outside the box, which must never be served
         lo, hi = box_at_mag(OUTSIDE_WRITTEN, mag)
         with wkw.Dataset.open(str(root / ORG / SHIFTED / OUTSIDE_WRITTEN / mag_name(mag))) as ds:
             ds.write((0, lo[1], lo[2]), np.full((1, lo[0], hi[1] - lo[1], hi[2] - lo[2]), 7, dtype=np.uint16))
@@ -193,9 +198,12 @@ def test_layers_share_the_datasets_grid(shifted_gateway: Server, shifted_root: P
     ds = xr.open_zarr(xarray_url(shifted_gateway, mag_name(mag), dataset=SHIFTED), storage_options=STORAGE)
     grid = shifted_grid(mag)
     assert dict(ds.sizes) == dict(zip("xyz", grid))
-    assert grid == tuple(-(-e // m) for e, m in zip((100, 90, 60), mag))  # x from "wide", y and z from "offset"
+    assert set(ds.data_vars) == set(layers_with(mag))
+    # x from "wide", y and z from "offset"; where only "offset" has the mag, its own extent.
+    extent = (100, 90, 60) if mag != (4, 4, 2) else (70, 90, 60)
+    assert grid == tuple(-(-e // m) for e, m in zip(extent, mag))
     check_coordinates(ds, grid, SHIFTED_VOXEL_SIZE, mag)
-    for layer in BOXES:
+    for layer in layers_with(mag):
         variable = ds[layer]
         assert variable.dims == ("x", "y", "z") and variable.dtype == BOXES[layer][2]
         check_dask_chunks(variable)
@@ -206,14 +214,25 @@ def test_layers_share_the_datasets_grid(shifted_gateway: Server, shifted_root: P
                 assert np.all(stored.read((0, lo[1], lo[2]), (lo[0], hi[1] - lo[1], hi[2] - lo[2])) == 7)
         assert np.count_nonzero(truth) == np.prod(np.subtract(*box_at_mag(layer, mag)[::-1]))  # data fills the box
         np.testing.assert_array_equal(variable.compute().values, truth, err_msg=f"{layer} mag {mag_name(mag)}")
-    # A cut-out across chunk edges (32, 64) and both layers' box edges (x 40 and 70, y 50 and 64, z 10 and 40).
-    window = {"x": slice(25, 75), "y": slice(30, 70), "z": slice(5, 45)}
+    # A cut-out across chunk edges and both layers' box edges (mag 1: x 40 and 70, y 50 and 64, z 10 and 40).
+    window = {
+        name: slice(start // m, -(-stop // m)) for name, start, stop, m in zip("xyz", (25, 30, 5), (75, 70, 45), mag)
+    }
     cut = ds.isel(window).compute()
-    for layer in BOXES:
+    for layer in layers_with(mag):
         truth = shifted_truth(shifted_root, layer, mag)[window["x"], window["y"], window["z"]]
         assert truth.shape == cut[layer].shape
         assert np.any(truth == 0) and np.any(truth != 0)  # the cut-out crosses the box
         np.testing.assert_array_equal(cut[layer].values, truth, err_msg=f"cut-out of {layer} at {mag_name(mag)}")
+
+
+def test_datatree_groups_hold_the_layers_that_have_the_mag(shifted_gateway: Server) -> None:
+    tree = xr.open_datatree(xarray_url(shifted_gateway, dataset=SHIFTED) + "/", engine="zarr", storage_options=STORAGE)
+    assert set(tree.children) == {mag_name(m) for m in SHIFTED_MAGS}
+    for mag in SHIFTED_MAGS:
+        group = tree[mag_name(mag)]
+        assert set(group.data_vars) == set(layers_with(mag)), mag
+        assert dict(group.sizes) == dict(zip("xyz", shifted_grid(mag)))
 
 
 def test_chunks_outside_a_layers_box_are_absent(shifted_gateway: Server) -> None:
