@@ -29,7 +29,7 @@ from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
 from gateway.zarr.codecs import Codec
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
-from gateway.zarr.shards import plan_shard, read_shard
+from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
 from wkw_adapter import ByteLRU, FileChangedError, StoreUnavailableError, WkwError, WkwFileCache
 
@@ -138,8 +138,10 @@ def test_unknown_tree_names_the_trees() -> None:
 # --- a real WKW layer written by the wkw package ----------------------------------------------------
 
 
-def _properties(layers: dict[str, list[int]]) -> dict:
-    """A datasource-properties.json with one WKW layer per entry (its mags as scalars)."""
+def _properties(layers: dict[str, list[int]], copies: dict[str, str] | None = None) -> dict:
+    """A datasource-properties.json with one WKW layer per entry (its mags as scalars); ``copies`` names
+    the unit-test layer a differently named layer is a copy of."""
+    copies = copies or {}
     return {
         "id": {"name": DATASET, "team": "org"},
         "scale": {"factor": [4.0, 4.0, 35.0], "unit": "nanometer"},
@@ -148,7 +150,7 @@ def _properties(layers: dict[str, list[int]]) -> dict:
                 "name": name,
                 "category": "color",
                 "boundingBox": {"topLeft": list(TOP_LEFT), "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]},
-                "elementClass": np.dtype(WKW_LAYERS[name][0]).name,
+                "elementClass": np.dtype(WKW_LAYERS[copies.get(name, name)][0]).name,
                 "dataFormat": "wkw",
                 "mags": [{"mag": [m, m, m]} for m in mags],
             }
@@ -420,7 +422,7 @@ def test_catalog_missing_mag_directory_is_a_layer_problem(wkw_root: Path, tmp_pa
     assert raw_layer.mags == {}
     assert raw_layer.problems == ["mag 2: directory not found or outside the data root"]
     # The tree lists the layer without mags as unusable, with that reason, and serves the other.
-    view = TREES["zarr"].build(dataset, ServeOptions(), None)  # type: ignore[arg-type]
+    view = TREES["zarr"].build(dataset, ServeOptions(), ShardPlans(1 << 20))
     assert list(view.groups) == ["lz4"]
     assert "mag 2: directory not found" in view.unusable["raw"]
     assert "mag 2" in view.problems["lz4"]
@@ -428,6 +430,24 @@ def test_catalog_missing_mag_directory_is_a_layer_problem(wkw_root: Path, tmp_pa
         view.group("raw")
     with pytest.raises(NodeNotFound, match=r"there are 1 \(mag 2: directory not found"):
         view.array(view.groups["lz4"], "2")
+
+
+def test_xarray_layer_named_like_a_coordinate_does_not_replace_it(wkw_root: Path, tmp_path: Path) -> None:
+    """A layer named ``x`` cannot be the variable ``x``: that name is the coordinate every variable is indexed by."""
+    directory = tmp_path / "org" / DATASET
+    directory.mkdir(parents=True)
+    for name in ("x", "lz4"):
+        shutil.copytree(wkw_root / "org" / DATASET / "lz4", directory / name)
+    properties = _properties({"x": [1], "lz4": [1]}, copies={"x": "lz4"})
+    (directory / "datasource-properties.json").write_text(json.dumps(properties))
+    dataset = _catalog(tmp_path).dataset("org", DATASET)
+    assert isinstance(dataset, Dataset)
+    view = TREES["xarray"].build(dataset, ServeOptions(), ShardPlans(1 << 20))
+    group = view.group("1")
+    for axis in ("x", "y", "z"):
+        assert group.arrays[axis].dimension_names == (axis,), f"the coordinate {axis} was replaced"
+    assert group.arrays["lz4"].dimension_names == ("x", "y", "z")
+    assert "'x'" in view.problems.get("1", ""), "the layer left out is not reported"
 
 
 # --- the error map ------------------------------------------------------------------------------
