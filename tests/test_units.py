@@ -279,6 +279,7 @@ def test_shard_plan_inner_chunks_decode_to_the_truth(wkw_root: Path, layer: str)
                 assert offset + nbytes <= plan.data_size
                 chunk = shard[offset : offset + nbytes]
                 decoded = np.frombuffer(numcodecs.Blosc().decode(chunk), dtype=dtype)
+                assert bytes(blosc2.decompress(chunk)) == decoded.tobytes()
                 expected = truth[0, lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
                 np.testing.assert_array_equal(
                     decoded.reshape((BLOCK,) * 3, order="F"), expected, err_msg=str((x, y, z))

@@ -184,6 +184,19 @@ def test_chunk_bytes_are_the_zarr3_trees(gateway: Server, layer: str, mag: tuple
     assert (absent > 0) == (mag == (1, 1, 1))
 
 
+def test_the_xarray_tree_is_plain_when_the_v3_tree_is_sharded(gateway: Server, sharded_gateway: Server) -> None:
+    """xarray reads chunk by chunk: its tree keeps plain chunks whatever ``v3_layout`` says."""
+    path = f"data/xarray/{ORG}/wk_dataset/1/color_u8"
+    plain = requests.get(f"{gateway.url}/{path}/zarr.json", headers=HEADERS, timeout=10).json()
+    sharded = requests.get(f"{sharded_gateway.url}/{path}/zarr.json", timeout=10).json()
+    assert sharded == plain
+    assert [codec["name"] for codec in sharded["codecs"]] == ["transpose", "bytes", "blosc"]
+    for key in ("1/1/0", "2/1/1", "0/0/0"):
+        plain_chunk = requests.get(f"{gateway.url}/{path}/c/{key}", headers=HEADERS, timeout=10)
+        sharded_chunk = requests.get(f"{sharded_gateway.url}/{path}/c/{key}", timeout=10)
+        assert (sharded_chunk.status_code, sharded_chunk.content) == (plain_chunk.status_code, plain_chunk.content)
+
+
 def test_without_the_token_xarray_is_refused(gateway: Server) -> None:
     with pytest.raises(aiohttp.ClientResponseError) as raised:
         xr.open_zarr(xarray_url(gateway, "1"))
