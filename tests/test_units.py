@@ -7,6 +7,7 @@ package, the truth), the shard index, chunk keys, Blosc framing checked by real 
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import blosc2
@@ -352,9 +353,9 @@ def test_keys_parse() -> None:
         (parse_v3_key, "c/0/0/0/" + "9" * 40, 4, "out of range"),
     ],
 )
-def test_malformed_keys(parse: object, key: str, rank: int, why: str) -> None:
-    with pytest.raises(MalformedKey, match=why.replace("(", r"\(")):
-        parse(key, rank)  # type: ignore[operator]
+def test_malformed_keys(parse: Callable[[str, int], tuple[int, ...]], key: str, rank: int, why: str) -> None:
+    with pytest.raises(MalformedKey, match=why):
+        parse(key, rank)
 
 
 # --- Blosc framing, checked by real decoders --------------------------------------------------------
@@ -397,7 +398,14 @@ def test_catalog_broken_properties_say_why(tmp_path: Path) -> None:
         json.dumps({"id": {"name": "x"}, "scale": [1, 1, 1], "dataLayers": "nope"})
     )
     (tmp_path / "org" / "no_properties").mkdir()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"  # a valid file, but outside the data root
+    outside.write_text(json.dumps(_properties({"lz4": [1]})))
+    (tmp_path / "org" / "escaped").mkdir()
+    (tmp_path / "org" / "escaped" / "datasource-properties.json").symlink_to(outside)
     catalog = _catalog(tmp_path)
+    escaped = catalog.dataset("org", "escaped")
+    assert isinstance(escaped, BrokenDataset)
+    assert "outside the data root" in escaped.reason
     not_json = catalog.dataset("org", "not_json")
     assert isinstance(not_json, BrokenDataset)
     assert "not readable JSON" in not_json.reason
@@ -406,7 +414,7 @@ def test_catalog_broken_properties_say_why(tmp_path: Path) -> None:
     assert "is invalid" in invalid.reason and "dataLayers" in invalid.reason
     assert catalog.dataset("org", "no_properties") is None
     assert catalog.dataset("org", "..") is None
-    assert sorted(d.name for d in catalog.datasets("org")) == ["invalid", "not_json"]
+    assert sorted(d.name for d in catalog.datasets("org")) == ["escaped", "invalid", "not_json"]
 
 
 def test_catalog_missing_mag_directory_is_a_layer_problem(wkw_root: Path, tmp_path: Path) -> None:
@@ -431,6 +439,19 @@ def test_catalog_missing_mag_directory_is_a_layer_problem(wkw_root: Path, tmp_pa
         view.group("raw")
     with pytest.raises(NodeNotFound, match=r"there are 1 \(mag 2: directory not found"):
         view.array(view.groups["lz4"], "2")
+
+
+def test_catalog_element_class_that_the_data_does_not_hold_is_a_layer_problem(wkw_root: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "org" / DATASET
+    directory.mkdir(parents=True)
+    shutil.copytree(wkw_root / "org" / DATASET / "lz4", directory / "lz4")
+    properties = _properties({"lz4": [1]}, copies={"lz4": "raw"})  # says uint16; the files hold uint8
+    (directory / "datasource-properties.json").write_text(json.dumps(properties))
+    dataset = _catalog(tmp_path).dataset("org", DATASET)
+    assert isinstance(dataset, Dataset)
+    layer = dataset.layers["lz4"]
+    assert layer.mags == {}
+    assert layer.problems == ["mag 1: the data holds 1 x uint8, but elementClass 'uint16' means 1 x uint16"]
 
 
 def test_xarray_layer_named_like_a_coordinate_does_not_replace_it(wkw_root: Path, tmp_path: Path) -> None:
