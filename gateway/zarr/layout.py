@@ -124,7 +124,16 @@ def array_zarr_json(
 
 
 def _without_channel(codec: dict) -> dict:
-    """A transpose over ``(c, x, y, z)`` as one over ``(x, y, z)``; other codecs are unchanged."""
+    """A codec over ``(c, x, y, z)`` as one over ``(x, y, z)``: a transpose loses the channel axis, and so do
+    the inner chunk shape and inner codecs of a shard; other codecs are unchanged."""
+    if codec["name"] == "sharding_indexed":
+        sharding = codec["configuration"]
+        inner = {
+            **sharding,
+            "chunk_shape": sharding["chunk_shape"][1:],
+            "codecs": [_without_channel(inner_codec) for inner_codec in sharding["codecs"]],
+        }
+        return {"name": "sharding_indexed", "configuration": inner}
     if codec["name"] != "transpose":
         return codec
     return _transpose([axis - 1 for axis in codec["configuration"]["order"] if axis != 0])

@@ -64,7 +64,7 @@ class DatasetView:
     documents: dict[tuple[str, ...], Resource] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupNode:
-        found = self.groups.get(name)
+        found = self.groups.get(self.tree.group_alias(name))
         if found is None:
             where = f"{self.dataset.organization}/{self.dataset.name}"
             reason = self.unusable.get(name)
@@ -125,6 +125,10 @@ class Tree(ABC):
         """The canonical name of an array named ``name`` in a URL."""
         return name
 
+    def group_alias(self, name: str) -> str:
+        """The canonical name of a group named ``name`` in a URL."""
+        return name
+
     def misplaced(self, name: str, level: str, files: tuple[str, ...]) -> str:
         """Why a metadata name is a 404 at a level where it does not belong."""
         if name in METADATA_NAMES and name not in (*V2_METADATA, *V3_METADATA) and name not in files:
@@ -133,6 +137,12 @@ class Tree(ABC):
         if name not in own:
             return f"{name} belongs to the other Zarr version's tree; this is the {self.name} tree"
         return f"no {name} at the {level} level of the {self.name} tree; it answers {', '.join(files)}"
+
+
+def short_mag_name(name: str) -> str:
+    """Mags are named ``2`` or ``2-2-1``; the long form ``2-2-2`` of an isotropic mag is accepted too."""
+    parts = name.split("-")
+    return parts[0] if len(parts) == 3 and len(set(parts)) == 1 else name
 
 
 # --- the layer trees: a group per layer, an array per mag -------------------------------------------
@@ -191,9 +201,7 @@ class LayerTree(Tree):
     def layer_attributes(self, layer: LayerDescription) -> dict: ...
 
     def array_alias(self, name: str) -> str:
-        """Mags are named ``2`` or ``2-2-1``; the long form ``2-2-2`` of an isotropic mag is accepted."""
-        parts = name.split("-")
-        return parts[0] if len(parts) == 3 and len(set(parts)) == 1 else name
+        return short_mag_name(name)
 
     def rewritten_properties(self, view: DatasetView) -> dict:
         """The dataset's ``datasource-properties.json`` as a Zarr dataset of this tree."""
@@ -326,6 +334,7 @@ class XarrayTree(Tree):
             for mag, source in layer.mags.items():
                 by_mag.setdefault(mag, {})[layer_name] = source
         groups: dict[str, GroupNode] = {}
+        problems: dict[str, str] = {}
         for mag in sorted(by_mag):
             sources = by_mag[mag]
             x, y, z = (max(source.shape[axis] for source in sources.values()) for axis in range(3))
@@ -334,7 +343,16 @@ class XarrayTree(Tree):
             for axis, axis_name in enumerate(AXES[1:]):
                 step = scale.factor[axis] * mag[axis]
                 arrays[axis_name] = MemoryArray(axis_name, np.arange(grid[axis]) * step, {"units": scale.unit})
+            # A layer named like a coordinate would replace it, and every variable is indexed by the coordinates.
+            coordinates = {*arrays, *(f"c_{name}" for name, source in sources.items() if source.channels > 1)}
+            clashing = [name for name in sources if name in coordinates]
+            if clashing:
+                problems[mag_name(mag)] = "; ".join(
+                    f"layer {name!r} is not served here: its name is a coordinate's" for name in clashing
+                )
             for layer_name, source in sources.items():
+                if layer_name in clashing:
+                    continue
                 own = _layout(source, 3, plain)
                 layout = ArrayLayout(
                     (source.channels, *grid), own.chunk_shape, own.dtype, own.codec, None, own.fill_value, own.native
@@ -347,10 +365,13 @@ class XarrayTree(Tree):
                 attributes = {"long_name": layer_name, "category": category}
                 arrays[layer_name] = SourceArray(served_mag(source, layout), names, attributes)
             groups[mag_name(mag)] = GroupNode(mag_name(mag), {}, arrays)
-        return DatasetView(self, dataset, groups, {}, {})
+        return DatasetView(self, dataset, groups, {}, problems)
 
     def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
         return parse_v3_key(key, rank)
+
+    def group_alias(self, name: str) -> str:
+        return short_mag_name(name)
 
     def dataset_document(self, view: DatasetView, name: str) -> dict:
         return _consolidated_v3(view.groups.values())
