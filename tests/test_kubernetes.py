@@ -815,9 +815,26 @@ def test_a_changed_tokens_secret_reaches_the_running_gateway(
     assert filesystem_pod.process.poll() is None
 
 
-def test_an_unknown_setting_stops_start_up_naming_it(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
-    log = exit_message(rendered["shared-filesystem"], tmp_path, ZARR_GATEWAY_CHUNK_EGDE="64")
-    assert "ZARR_GATEWAY_CHUNK_EGDE" in log
+def test_an_overlay_with_an_unknown_setting_stops_start_up_naming_it(tree: Path, tmp_path: Path) -> None:
+    """A misspelled setting merged into the settings ConfigMap by an operator's own overlay."""
+    overlay = tree / "overlays" / "misspelled"
+    overlay.mkdir(exist_ok=True)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../shared-filesystem"],
+                "configMapGenerator": [
+                    {"name": "zarr-gateway-settings", "behavior": "merge", "literals": ["ZARR_GATEWAY_CHUNK_EGDE=64"]}
+                ],
+            }
+        )
+    )
+    docs = render(overlay)
+    assert settings_of(docs)["ZARR_GATEWAY_CHUNK_EGDE"] == "64"
+    log = exit_message(docs, tmp_path)
+    assert "ZARR_GATEWAY_CHUNK_EGDE" in log and "unknown setting" in log
 
 
 def test_the_base_alone_stops_start_up_naming_the_missing_root(tree: Path, tmp_path: Path) -> None:
