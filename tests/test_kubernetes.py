@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 OVERLAYS = ("object-storage", "shared-filesystem")
-# Schemas: the oldest version the manifests need (the preStop sleep action) and the newest one bundled.
-KUBERNETES_VERSIONS = ("1.32.0", kubernetes_validate.latest_version())
+# Schemas: the oldest version the README names (its preStop sleep action is on by default from 1.30) and
+# the newest one kubernetes-validate bundles.
+KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # Routes for the cluster's insiders only: probes, scraping, the ingress controller's token check.
 INTERNAL_ROUTES = ("/metrics", "/healthz", "/readyz", "/auth")
 TOKENS = {"tokens": {TOKEN: [f"{ORG}/*"], OTHER_TOKEN: ["other_org/*"]}}
