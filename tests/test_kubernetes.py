@@ -757,12 +757,6 @@ def test_through_the_ingress_every_read_is_authenticated(controller: Controller)
     assert requests.get(controller.url + theirs, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 403
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gateway's /auth answers 204 with Cache-Control: no-store, which nginx obeys over "
-    "auth-cache-duration, and ingress-nginx has no proxy_ignore_headers without snippets: the 204 of "
-    "/auth must come without no-store (a change in gateway/http/ops.py, asked of the lead)",
-)
 def test_through_the_ingress_grants_are_cached_per_token_and_uri(controller: Controller, filesystem_pod: Pod) -> None:
     uri = f"/data/zarr/{ORG}/wk_dataset/color_u16/2-2-1/.zarray"  # asked for by no other test
     before = gateway_requests(filesystem_pod, "/auth")

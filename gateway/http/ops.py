@@ -188,7 +188,7 @@ class Ops:
     async def auth(self, request: Request) -> Answer:
         tokens = self.gateway.tokens
         if tokens is None:
-            return Answer(204, raw_headers(NO_STORE))  # no tokens file: every dataset is readable
+            return Answer(204, [])  # no tokens file: every dataset is readable
         original = _original_uri(request)
         if original is None:
             return json_error(
@@ -205,7 +205,9 @@ class Ops:
             return json_error(401, "the token is not valid", NO_STORE)
         status, message = _decide(grant, original)
         if status == 204:
-            return Answer(204, raw_headers(NO_STORE))
+            # A grant may be cached by the proxy for as long as it is configured to (no Cache-Control here:
+            # no-store would forbid it); refusals are never cached, so a new grant works at once.
+            return Answer(204, [])
         return json_error(status, message, NO_STORE)
 
     # --- draining -----------------------------------------------------------------------------
