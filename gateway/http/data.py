@@ -155,16 +155,19 @@ class Gateway:
         return await self._chunk(tree, node, target.key)
 
     async def _chunk(self, tree: Tree, node: ArrayNode, key: str) -> Resource:
-        """A chunk or shard: cheap ones on the event loop, the rest in a thread; a file rewritten
-        mid-read is tried once more (then the error map answers 503)."""
+        """A chunk or shard: cheap ones on the event loop, the rest in a thread. A file rewritten
+        mid-read is tried once more the same way (then the error map answers 503)."""
         index = tree.parse_key(key, node.rank)
-        try:
-            cheap = node.cheap_chunk(index)
-            if cheap is not None:
-                return cheap
-            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
-        except FileChangedError:
-            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+        for attempt in (1, 2):
+            try:
+                cheap = node.cheap_chunk(index)
+                if cheap is not None:
+                    return cheap
+                return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+            except FileChangedError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _send(self, request: Request, resource: Resource) -> Answer:
         reader = Reader(resource, self.limiter, request.context)
