@@ -27,8 +27,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 
-from wkw_adapter import ByteLRU
-
 from .. import metrics
 from .auth import Grant, Tokens, TokensFileError
 from .data import Gateway
@@ -117,16 +115,6 @@ def _decide(grant: Grant, original_uri: str) -> tuple[int, str]:
     return 403, f"the token does not grant access to {organization}/{segments[3]}"
 
 
-def _caches(gateway: Gateway) -> dict[str, ByteLRU]:
-    """The gateway's caches by name: WKW file headers/jump tables, shard plans, chunk indexes."""
-    found = {
-        "files": getattr(getattr(gateway, "files", None), "lru", None),
-        "shards": getattr(getattr(gateway, "shards", None), "lru", None),
-        "indexes": getattr(getattr(gateway, "catalog", None), "index_cache", None),
-    }
-    return {name: cache for name, cache in found.items() if isinstance(cache, ByteLRU)}
-
-
 class Ops:
     """The operations endpoints of one app, and its draining state."""
 
@@ -138,7 +126,7 @@ class Ops:
             gateway.tokens = ReloadingTokens(  # type: ignore[assignment]
                 self.settings.tokens_file, gateway.tokens, self.settings.tokens_reload_seconds
             )
-        self.watch = metrics.CacheWatch(lambda: _caches(gateway))
+        self.watch = metrics.CacheWatch(gateway.caches_by_name)
 
     def routes(self) -> dict[str, Callable[[Request], Awaitable[Answer]]]:
         return {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics, "/auth": self.auth}

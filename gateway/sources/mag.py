@@ -161,6 +161,11 @@ class MagSource:
         """Voxels of a box that lies inside the bounding box, as ``[c, x, y, z]``."""
         raise NotImplementedError
 
+    def sources_of(self, lo: Vec3, hi: Vec3) -> list[FileSource] | None:
+        """The files :meth:`read_box` of ``[lo, hi)`` would read, with their current identities, found
+        without reading them (in the order ``read_box`` reports them); None if the source cannot say."""
+        return None
+
     # --- stored bytes, where a source can hand them out unchanged ------------------------------
 
     @property

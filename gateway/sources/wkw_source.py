@@ -31,6 +31,20 @@ class WkwMagSource(MagSource):
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)
 
+    def sources_of(self, lo: Vec3, hi: Vec3) -> list[FileSource] | None:
+        inner = self.clip(lo, hi)
+        if inner is None:
+            return []
+        shift = self.wkw.header.block_len_log2 + self.wkw.header.file_len_log2
+        (ax, ay, az), (bx, by, bz) = inner
+        found: list[FileSource] = []
+        for x in range(ax >> shift, ((bx - 1) >> shift) + 1):  # the order WkwMag reads cubes in
+            for y in range(ay >> shift, ((by - 1) >> shift) + 1):
+                for z in range(az >> shift, ((bz - 1) >> shift) + 1):
+                    wkw_file = self.wkw.open_file((x, y, z))
+                    found.append((self.wkw.file_path((x, y, z)), None if wkw_file is None else wkw_file.identity))
+        return found
+
     @property
     def stored_chunk_shape(self) -> tuple[int, int, int, int]:
         edge = self.wkw.header.block_len
