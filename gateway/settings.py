@@ -21,7 +21,6 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from .storage import SETTLE_SECONDS
 from .zarr.codecs import Codec
 
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
@@ -63,7 +62,9 @@ class Settings(BaseSettings):
         default=2, ge=0, description="how often a changed tokens file is re-read; 0 never re-reads it"
     )
     settle_seconds: float = Field(
-        default=SETTLE_SECONDS,
+        # Long enough for a write call under way to have finished (see wkw_adapter.LocalStore), short
+        # enough that new data still shows up at once to a person looking at it.
+        default=1.0,
         ge=0,
         description="a data file last written less than this long ago may still be being rewritten in place: "
         "answered 503 with Retry-After until it is older; 0 trusts every file at once",

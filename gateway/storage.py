@@ -15,10 +15,6 @@ from urllib.parse import urlparse
 from wkw_adapter import FileChangedError, FileIdentity, LocalStore, StoreUnavailableError, TruncatedFileError
 from wkw_adapter.storage import resolve_inside
 
-# A data file is served once its last write is this old: long enough for a write call that was
-# under way to have finished (see wkw_adapter.LocalStore), short enough that new data shows at once.
-SETTLE_SECONDS = 1.0
-
 
 class Storage(Protocol):
     is_local: bool
@@ -62,10 +58,11 @@ class LocalStorage(LocalStore):
 
     ``extra_roots`` are further directories that layers may be symlinked to (a second volume, as
     webKnossos data roots often have); every path outside all the roots is still refused. Data files
-    are served once they have been quiet for ``settle_seconds`` (see LocalStore).
+    are served once they have been quiet for ``settle_seconds`` (see LocalStore; the server takes it
+    from its settings, other callers trust every file unless they ask).
     """
 
-    def __init__(self, root: str, extra_roots: Sequence[str] = (), settle_seconds: float = SETTLE_SECONDS) -> None:
+    def __init__(self, root: str, extra_roots: Sequence[str] = (), settle_seconds: float = 0.0) -> None:
         super().__init__(root, extra_roots=extra_roots, settle_seconds=settle_seconds)
         self.root: str = os.path.realpath(root)
 
@@ -239,7 +236,7 @@ class S3Storage:
         return spec
 
 
-def open_storage(root: str, extra_roots: Sequence[str] = (), settle_seconds: float = SETTLE_SECONDS) -> Storage:
+def open_storage(root: str, extra_roots: Sequence[str] = (), settle_seconds: float = 0.0) -> Storage:
     """A local path or ``file://`` URL (with its extra trusted roots), or an ``s3://bucket/prefix`` URL.
 
     Objects in a bucket are replaced whole and read with If-Match, so neither option applies there.

@@ -248,7 +248,7 @@ def test_file_rewritten_in_place_is_never_served_mixed_under_one_etag(
         counts[answer.status] += 1
         if answer.status == 503:
             assert answer.retry_after is not None and int(answer.retry_after) >= 1
-            assert "rewritten" in json.loads(answer.body)["error"]
+            assert "written" in json.loads(answer.body)["error"]  # being (re)written
             continue
         edge = servers[answer.server][1]
         chunk = decoded_chunk(answer.body, edge)
@@ -327,7 +327,7 @@ def test_file_being_written_for_the_first_time_is_503_not_500(
     response = requests.get(f"{layer_url(server, 'color')}/1/0.0.0.0", timeout=30)
     assert response.status_code == 503, response.text
     assert int(response.headers["Retry-After"]) >= 1
-    assert "rewritten" in response.json()["error"]
+    assert "written" in response.json()["error"]  # being (re)written
 
     other = serve(server_factory, root, settle_seconds=0)  # a gateway that trusts every file: it is corrupt
     response = requests.get(f"{layer_url(other, 'color')}/1/0.0.0.0", timeout=30)
