@@ -158,10 +158,8 @@ def _hammer(name: str, base: str, keys: list[str], stop: threading.Event, answer
             key = keys[turn % len(keys)]
             turn += 1
             response = session.get(f"{base}/{key}", timeout=30)
-            headers = response.headers
-            answer = Answer(name, key, response.status_code, headers.get("ETag"), response.content, None)
-            answer.retry_after = headers.get("Retry-After")
-            answers.append(answer)
+            etag, retry_after = response.headers.get("ETag"), response.headers.get("Retry-After")
+            answers.append(Answer(name, key, response.status_code, etag, response.content, retry_after))
 
 
 @pytest.fixture(scope="module")
