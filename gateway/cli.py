@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--graceful-timeout", dest="graceful_timeout", type=float)
     run.add_argument("--metrics-dir", dest="metrics_dir")
     run.add_argument("--tokens-reload-seconds", dest="tokens_reload_seconds", type=float)
+    run.add_argument("--settle-seconds", dest="settle_seconds", type=float)
+    run.add_argument("--extra-roots", dest="extra_roots", help="trusted directories besides the root, dir:dir")
     run.set_defaults(func=serve)
     sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
     sample.add_argument("directory")

@@ -9,13 +9,14 @@ the file stops start-up with a message that names it.
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -65,6 +66,19 @@ class Settings(BaseSettings):
         default="https://neuroglancer-demo.appspot.com/",
         description="the Neuroglancer client that dataset pages link to (its state follows in the #! fragment)",
     )
+    settle_seconds: float = Field(
+        # Long enough for a write call under way to have finished (see wkw_adapter.LocalStore), short
+        # enough that new data still shows up at once to a person looking at it.
+        default=1.0,
+        ge=0,
+        description="a data file last written less than this long ago may still be being rewritten in place: "
+        "answered 503 with Retry-After until it is older; 0 trusts every file at once",
+    )
+    extra_roots: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="further directories that layers of a local data root may be symlinked to (other volumes); "
+        "absolute paths separated by ':' or a JSON list",
+    )
 
     @field_validator("chunk_edge")
     @classmethod
@@ -83,6 +97,36 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
             raise ValueError(f"neuroglancer_url must be an http(s) URL without a #fragment, got {url!r}")
         return url
+
+    @field_validator("extra_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        """A JSON list or PATH-style ``dir:dir`` text (as environment variables and KEY=VALUE files give it)."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        return [part for part in value.split(os.pathsep) if part.strip()]
+
+    @field_validator("extra_roots")
+    @classmethod
+    def _absolute_roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        # Not required to exist yet: a volume may be mounted after the gateway starts.
+        relative = [root for root in roots if not os.path.isabs(root.removeprefix("file://"))]
+        if relative:
+            raise ValueError(f"extra_roots must be absolute paths, got {', '.join(map(repr, relative))}")
+        return tuple(root.removeprefix("file://") for root in roots)
+
+    @field_serializer("extra_roots")
+    def _join_roots(self, roots: tuple[str, ...]) -> str:
+        """The PATH-style text that start-up hands to the workers through the environment."""
+        return os.pathsep.join(roots)
+
+    @model_validator(mode="after")
+    def _extra_roots_are_local(self) -> "Settings":
+        if self.extra_roots and self.root.startswith("s3://"):
+            raise ValueError("extra_roots apply to a local data root, not to s3:// (objects cannot be symlinked)")
+        return self
 
     @field_validator("root")
     @classmethod

@@ -8,6 +8,7 @@ decided in one place.
 
 import os
 import posixpath
+from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -22,12 +23,16 @@ class Storage(Protocol):
     def join(self, base: str, *parts: str) -> str: ...
 
     def resolve(self, path: str) -> str | None:
-        """``path`` in canonical form if it lies inside the data root, else None."""
+        """``path`` in canonical form if it lies inside the data root (or another trusted root), else None."""
+        ...
+
+    def root_of(self, path: str) -> str:
+        """The trusted root a canonical path lies under: paths relative to it are the same on every replica."""
         ...
 
     def identity(self, path: str) -> FileIdentity | None: ...
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity) -> bytes: ...
+    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes: ...
 
     def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
         """A small file (metadata) with its identity, or None if it does not exist."""
@@ -49,25 +54,33 @@ def _plain(name: str) -> bool:
 
 
 class LocalStorage(LocalStore):
-    """A directory on a local (or network-mounted) file system."""
+    """A directory on a local (or network-mounted) file system, plus other trusted directories.
 
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
+    ``extra_roots`` are further directories that layers may be symlinked to (a second volume, as
+    webKnossos data roots often have); every path outside all the roots is still refused. Data files
+    are served once they have been quiet for ``settle_seconds`` (see LocalStore; the server takes it
+    from its settings, other callers trust every file unless they ask).
+    """
+
+    def __init__(self, root: str, extra_roots: Sequence[str] = (), settle_seconds: float = 0.0) -> None:
+        super().__init__(root, extra_roots=extra_roots, settle_seconds=settle_seconds)
         self.root: str = os.path.realpath(root)
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
 
     def resolve(self, path: str) -> str | None:
-        return resolve_inside(self.root, path)
+        return resolve_inside(self.roots, path)
 
     def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+        # Metadata is read whole and parsed: a torn copy does not parse, and its dataset is looked at
+        # again soon (the catalog reloads datasets with problems), so it is not held to the settle rule.
         for _ in range(3):
             identity = self.identity(path)
             if identity is None:
                 return None
             try:
-                return self.read(path, 0, identity.size, identity), identity
+                return self.read(path, 0, identity.size, identity, settled=False), identity
             except (FileChangedError, TruncatedFileError):
                 continue
         raise FileChangedError(f"{path} keeps changing while it is read")
@@ -128,6 +141,9 @@ class S3Storage:
             return normal
         return None
 
+    def root_of(self, path: str) -> str:
+        return self.root
+
     def _call(self, operation: str, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -159,7 +175,8 @@ class S3Storage:
             raise
         return FileIdentity(head["ContentLength"], head["ETag"], head["LastModified"].timestamp())
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity) -> bytes:
+    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+        """A ranged GET with If-Match: an object is replaced whole, so every version is settled."""
         from botocore.exceptions import ClientError
 
         if size == 0:
@@ -219,8 +236,11 @@ class S3Storage:
         return spec
 
 
-def open_storage(root: str) -> Storage:
-    """A local path or ``file://`` URL, or an ``s3://bucket/prefix`` URL."""
+def open_storage(root: str, extra_roots: Sequence[str] = (), settle_seconds: float = 0.0) -> Storage:
+    """A local path or ``file://`` URL (with its extra trusted roots), or an ``s3://bucket/prefix`` URL.
+
+    Objects in a bucket are replaced whole and read with If-Match, so neither option applies there.
+    """
     if root.startswith("s3://"):
         return S3Storage(root)
-    return LocalStorage(root.removeprefix("file://"))
+    return LocalStorage(root.removeprefix("file://"), extra_roots, settle_seconds)

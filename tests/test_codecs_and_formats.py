@@ -179,7 +179,8 @@ def test_file_rewritten_while_served_never_mixes_bytes_and_etags(
         "dataLayers": [_color_layer(mags=[{"mag": [1, 1, 1], "path": "./color/1"}])],
     }
     (root / "org" / "ds" / "datasource-properties.json").write_text(json.dumps(properties))
-    server = server_factory(root, codec="zstd")  # re-encoded: a chunk is read from several blocks' worth of work
+    # re-encoded: a chunk is read from several blocks' worth of work; atomic replacement needs no settle time
+    server = server_factory(root, codec="zstd", settle_seconds=0)
     target = mag_dir / "z0" / "y0" / "x0.wkw"
     stop = threading.Event()
 

@@ -122,7 +122,7 @@ def test_a_shard_rewritten_in_place_while_it_streams_ends_short(
 def test_a_shard_replaced_atomically_while_it_streams_is_the_whole_old_version(
     root: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
-    server = server_factory(root, v3_layout="sharded")
+    server = server_factory(root, v3_layout="sharded", settle_seconds=0)  # atomic replacement needs no settle time
     whole = requests.get(server.url + SHARD, timeout=60)
     sock, length, body = stalled_get(server, SHARD)
     time.sleep(1)

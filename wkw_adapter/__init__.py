@@ -1,7 +1,15 @@
 """The WKW format on its own: headers, data files, mags, and a writer. No HTTP, no Zarr."""
 
 from .cache import ByteLRU
-from .errors import BlockDecodeError, FileChangedError, HeaderError, JumpTableError, TruncatedFileError, WkwError
+from .errors import (
+    BlockDecodeError,
+    FileChangedError,
+    FileUnsettledError,
+    HeaderError,
+    JumpTableError,
+    TruncatedFileError,
+    WkwError,
+)
 from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
 from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
 from .mag import WkwMag
@@ -17,6 +25,7 @@ __all__ = [
     "ByteStore",
     "FileChangedError",
     "FileIdentity",
+    "FileUnsettledError",
     "HeaderError",
     "JumpTableError",
     "LocalStore",

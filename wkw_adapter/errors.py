@@ -27,3 +27,16 @@ class BlockDecodeError(WkwError):
 
 class FileChangedError(WkwError):
     """The file was replaced or rewritten while it was being read; retry."""
+
+
+class FileUnsettledError(FileChangedError):
+    """The file was written too recently to trust what was read: a writer may still be rewriting it in place.
+
+    Size, modification time and inode cannot tell apart the versions a file passes through while one
+    write call is still copying bytes into it, so such a file is not served until it has been quiet
+    for the store's settle time. ``retry_after`` is how many seconds that is from now.
+    """
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

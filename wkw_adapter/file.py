@@ -61,9 +61,12 @@ def _check_jump_table(path: str, header: WkwHeader, jumps: np.ndarray, size: int
 
 def load_wkw_file(store: ByteStore, path: str, identity: FileIdentity) -> WkwFile:
     """Read and validate the header and jump table of one version of a file."""
-    if identity.size < HEADER_SIZE:
+    # Read before the size is judged, so that a file still being written is reported as such by the
+    # store (FileUnsettledError: retry later) rather than as a truncated file.
+    head = store.read(path, 0, min(identity.size, HEADER_SIZE), identity)
+    if len(head) < HEADER_SIZE:
         raise TruncatedFileError(f"{path}: {identity.size} bytes is shorter than a header")
-    header = parse_header(store.read(path, 0, HEADER_SIZE, identity))
+    header = parse_header(head)
     jumps = None
     if header.block_type.compressed:
         if identity.size < HEADER_SIZE + header.jump_table_size:

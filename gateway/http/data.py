@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from wkw_adapter import ByteLRU, FileChangedError, WkwFileCache
+from wkw_adapter import ByteLRU, FileChangedError, FileUnsettledError, WkwFileCache
 
 from ..previews import Previews
 from ..settings import Settings
@@ -42,7 +42,7 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.storage = open_storage(settings.root)
+        self.storage = open_storage(settings.root, settings.extra_roots, settings.settle_seconds)
         self.files = WkwFileCache(self.storage, max_bytes=settings.cache_bytes // 4)
         self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
@@ -178,6 +178,8 @@ class Gateway:
                 if cheap is not None:
                     return cheap
                 return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+            except FileUnsettledError:
+                raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:
                 if attempt == 2:
                     raise

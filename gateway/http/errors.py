@@ -11,7 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from wkw_adapter import FileChangedError, StoreUnavailableError, WkwError
+from wkw_adapter import FileChangedError, FileUnsettledError, StoreUnavailableError, WkwError
 
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
@@ -52,6 +52,9 @@ RULES: dict[type[BaseException], ErrorRule] = {
     ChunkNotFound: ErrorRule(404),
     MalformedKey: ErrorRule(400),
     TooManyRanges: ErrorRule(400),
+    FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
+        503, "the data file was written moments ago and may still be being written; retry", retry_after="1"
+    ),
     FileChangedError: ErrorRule(
         503, "the data file is being rewritten; retry", retry_after="1", storage_error="changed", logged=True
     ),

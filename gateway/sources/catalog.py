@@ -22,6 +22,9 @@ log = logging.getLogger("gateway.catalog")
 
 PROPERTIES = "datasource-properties.json"
 REVALIDATE_SECONDS = 1.0  # a changed datasource-properties.json is noticed within this long
+# A dataset or layer found unusable (a mag directory missing, a volume not mounted yet, a symlink being
+# repaired, an upload in progress) is loaded again at most this often, even if its properties stay the same.
+RELOAD_PROBLEMS_SECONDS = 3.0
 Vec3 = tuple[int, int, int]
 
 
@@ -52,6 +55,24 @@ class BrokenDataset:
     reason: str
 
 
+def _problems(loaded: Dataset | BrokenDataset) -> list[str]:
+    """Everything that keeps part of a dataset from being served; empty for a healthy one."""
+    if isinstance(loaded, BrokenDataset):
+        return [loaded.reason]
+    return [f"layer {name}: {problem}" for name, layer in loaded.layers.items() for problem in layer.problems]
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """A dataset as last loaded, and when to look at it again."""
+
+    version: str  # of its datasource-properties.json
+    dataset: Dataset | BrokenDataset
+    problems: list[str]
+    check_at: float  # stat the properties file again
+    reload_at: float  # load it again even if the properties file is the same (only when it has problems)
+
+
 def _validation_message(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
 
@@ -63,8 +84,7 @@ class Catalog:
         self.storage = storage
         self.files = files
         self.index_cache = index_cache
-        # (organization, name) -> (properties version, dataset, when to look at the file again)
-        self._loaded: dict[tuple[str, str], tuple[str, Dataset | BrokenDataset, float]] = {}
+        self._loaded: dict[tuple[str, str], _Loaded] = {}
         self._lock = threading.Lock()
 
     def organizations(self) -> list[str]:
@@ -81,14 +101,19 @@ class Catalog:
         return found
 
     def dataset(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
-        """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none."""
+        """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none.
+
+        A healthy dataset costs one stat of its properties file per REVALIDATE_SECONDS; one with
+        problems is also loaded again every RELOAD_PROBLEMS_SECONDS, so data that appears late (a
+        volume mounted after start-up, a repaired symlink, an upload) is served without a restart.
+        """
         if not (is_plain_name(organization) and is_plain_name(name)):
             return None
         key = (organization, name)
         now = time.monotonic()
         cached = self._loaded.get(key)
-        if cached is not None and now < cached[2]:
-            return cached[1]  # its properties file was checked less than REVALIDATE_SECONDS ago
+        if cached is not None and now < cached.check_at:
+            return cached.dataset  # its properties file was checked less than REVALIDATE_SECONDS ago
         directory = self.storage.join(self.storage.root, organization, name)
         path = self.storage.join(directory, PROPERTIES)
         try:
@@ -97,15 +122,30 @@ class Catalog:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
         if identity is None:
             return None
-        if cached is not None and cached[0] == identity.version:
-            loaded = cached[1]
+        unchanged = cached is not None and cached.version == identity.version
+        if cached is not None and unchanged and (not cached.problems or now < cached.reload_at):
+            loaded, problems, reload_at = cached.dataset, cached.problems, cached.reload_at
         else:
             loaded = self._load(organization, name, directory, path)
-            if isinstance(loaded, BrokenDataset):
-                log.warning("dataset %s/%s cannot be served: %s", organization, name, loaded.reason)
+            problems = _problems(loaded)
+            reload_at = now + RELOAD_PROBLEMS_SECONDS
+            if cached is None or problems != cached.problems:  # said once, not at every reload
+                self._report(organization, name, loaded, problems, cached)
         with self._lock:
-            self._loaded[key] = (identity.version, loaded, now + REVALIDATE_SECONDS)
+            self._loaded[key] = _Loaded(identity.version, loaded, problems, now + REVALIDATE_SECONDS, reload_at)
         return loaded
+
+    @staticmethod
+    def _report(
+        organization: str, name: str, loaded: Dataset | BrokenDataset, problems: list[str], before: _Loaded | None
+    ) -> None:
+        if isinstance(loaded, BrokenDataset):
+            log.warning("dataset %s/%s cannot be served: %s", organization, name, loaded.reason)
+            return
+        for problem in problems:
+            log.warning("dataset %s/%s %s", organization, name, problem)
+        if before is not None and before.problems and not problems:
+            log.info("dataset %s/%s: every layer can be served now", organization, name)
 
     def _load(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
         if self.storage.resolve(path) is None:
@@ -124,9 +164,6 @@ class Catalog:
         except ValidationError as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is invalid: {_validation_message(exc)}")
         layers = {layer.name: self._load_layer(directory, layer) for layer in properties.data_layers}
-        for layer in layers.values():
-            for problem in layer.problems:
-                log.warning("dataset %s/%s layer %s: %s", organization, name, layer.properties.name, problem)
         return Dataset(organization, name, directory, found[1].version, properties, document, layers)
 
     def _load_layer(self, directory: str, layer: DataLayer) -> Layer:

@@ -19,7 +19,7 @@ class WkwMagSource(MagSource):
     def __init__(self, mag: Vec3, directory: str, bbox: BoundingBox, files: WkwFileCache) -> None:
         self.wkw = WkwMag(directory, files)
         self.location = directory
-        self.root = getattr(files.store, "root", None) or ""
+        self.root = files.store.root_of(directory)  # the root it lies under: replicas agree on relative paths
         header = self.wkw.header
         super().__init__(mag, bbox, header.dtype, header.num_channels)
         self._encoding = StoredEncoding.LZ4_BLOCK if header.block_type.compressed else StoredEncoding.RAW_BLOCK

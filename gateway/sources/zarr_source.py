@@ -97,7 +97,7 @@ class ZarrMagSource(MagSource):
     ) -> None:
         self.storage = storage
         self.location = directory
-        self.root = storage.root
+        self.root = storage.root_of(directory)  # the root it lies under: replicas agree on relative paths
         self.index_cache = index_cache
         document, self.zarr_format, self.version = self._read_metadata(directory)
         self.source_shape = tuple(int(s) for s in document["shape"])
