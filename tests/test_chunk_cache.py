@@ -25,7 +25,7 @@ def test_a_chunk_is_encoded_once_and_read_again_when_its_file_changes(
 ) -> None:
     shutil.copytree(test_data.root / ORG / "wk_dataset", tmp_path / ORG / "wk_dataset")
     data = conftest.TestData(tmp_path, "wk_dataset")
-    server = server_factory(tmp_path, chunk_edge=64)
+    server = server_factory(tmp_path, chunk_edge=64, settle_seconds=0)  # atomic replacement needs no settle time
     url = server.url + CHUNK.format(org=ORG)
     before = scrape(server)
     first = requests.get(url, timeout=10)

@@ -76,7 +76,7 @@ def load_wkw_file(store: ByteStore, path: str, identity: FileIdentity) -> WkwFil
         _check_jump_table(path, header, jumps, identity.size)
     elif header.data_offset < HEADER_SIZE:
         raise TruncatedFileError(f"{path}: data offset {header.data_offset} lies inside the header")
-    ends = None if jumps is None else memoryview(np.ascontiguousarray(jumps, dtype="=u8")).cast("B").cast("Q")
+    ends = None if jumps is None else memoryview(np.ascontiguousarray(jumps, dtype="=u8").tobytes()).cast("Q")
     return WkwFile(path, identity, header, jumps, ends)
 
 
