@@ -13,7 +13,10 @@ Set ``ZARR_GATEWAY_SCREENSHOT_DIR`` to keep a downscaled screenshot for the READ
 import io
 import json
 import os
+import re
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,7 +40,11 @@ METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr
 LOAD_TIMEOUT = 120  # seconds for a view to load on a busy 2-core machine; not an assertion on speed
 # The whole volume fills the panel; at this zoom Neuroglancer draws mag 1.
 VIEW = {
-    "dimensions": {"x": [VOXEL_SIZE_NM[0] * 1e-9, "m"], "y": [VOXEL_SIZE_NM[1] * 1e-9, "m"], "z": [28e-9, "m"]},
+    "dimensions": {
+        "x": [VOXEL_SIZE_NM[0] * 1e-9, "m"],
+        "y": [VOXEL_SIZE_NM[1] * 1e-9, "m"],
+        "z": [VOXEL_SIZE_NM[2] * 1e-9, "m"],
+    },
     "position": [TOP_LEFT[0] + SIZE[0] / 2, TOP_LEFT[1] + SIZE[1] / 2, TOP_LEFT[2] + SIZE[2] / 2 + 0.5],
     "crossSectionScale": 0.45,
     "layout": "xy",
@@ -245,12 +252,17 @@ def views(
     keep = os.environ.get(SCREENSHOT_DIR_VARIABLE)
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
-        with Image.open(opened["segmentation-over-image"].screenshot) as shot:
-            shot.convert("RGB").resize((shot.width // 2, shot.height // 2), Image.Resampling.LANCZOS).save(
-                Path(keep) / "neuroglancer.png", optimize=True
-            )
-        print(f"README screenshot written to {Path(keep) / 'neuroglancer.png'}")
+        written = readme_image(opened["segmentation-over-image"].screenshot, Path(keep) / "neuroglancer.png")
+        print(f"README screenshot written to {written}")
     return opened
+
+
+def readme_image(screenshot: Path, path: Path) -> Path:
+    """The screenshot at half size in 256 colours: small enough to commit (docs/images/neuroglancer.png)."""
+    with Image.open(screenshot) as shot:
+        half = shot.convert("RGB").resize((shot.width // 2, shot.height // 2), Image.Resampling.LANCZOS)
+    half.quantize(colors=256).save(path, optimize=True)
+    return path
 
 
 def assert_loaded_from_gateway(view: View) -> None:
@@ -362,6 +374,14 @@ class _Links(HTMLParser):
             self._open_lists.pop()
 
 
+# Where each client's snippet must point: the finest mag of the first layer (either Zarr tree), the
+# dataset in the zarr tree for webknossos, the dataset in the xarray tree for xarray.
+SNIPPET_URLS = {
+    "zarr-python": r"{base}/data/zarr3?/{org}/{ds}/color/1\b",
+    "tensorstore": r"{base}/data/zarr3?/{org}/{ds}/color/1\b",
+    "webknossos": r"{base}/data/zarr/{org}/{ds}\b",
+    "xarray": r"{base}/data/xarray/{org}/{ds}/",
+}
 PAGE_JS = """(() => ({
   previews: [...document.querySelectorAll("img.preview")].map(i => ({
     src: i.src, complete: i.complete, width: i.naturalWidth, alt: i.alt,
@@ -414,7 +434,6 @@ def test_dataset_page_in_the_browser(
 
     sections = {section["layer"]: section for section in content["sections"]}
     assert set(sections) == {"color", "segmentation"}
-    x, y, z = TOP_LEFT
     for layer, category, dtype in (("color", "color", "uint8"), ("segmentation", "segmentation", "uint32")):
         section = sections[layer]
         assert section["id"] == f"layer-{layer}" and section["heading"] == layer
@@ -423,9 +442,8 @@ def test_dataset_page_in_the_browser(
         assert facts["Category"] == category
         assert facts["Data type"] == dtype
         assert facts["Channels"] == "1"
-        numbers = facts["Bounding box"].replace(",", " ").replace("(", " ").replace(")", " ").split()
-        for value in (x, y, z, *SIZE):
-            assert str(value) in numbers, facts["Bounding box"]
+        numbers = [int(n) for n in re.findall(r"\d+", facts["Bounding box"])]
+        assert set(TOP_LEFT) | set(SIZE) <= set(numbers), facts["Bounding box"]
         voxel_size = facts["Voxel size"]
         assert "11.24" in voxel_size and "28" in voxel_size and ("nm" in voxel_size or "nanomet" in voxel_size)
         assert facts["Mags"] == "1, 2-2-1, 4-4-2"
@@ -436,13 +454,15 @@ def test_dataset_page_in_the_browser(
         assert layer_state["type"] == ("image" if category == "color" else "segmentation")
 
     snippets = content["snippets"]
-    assert set(snippets) >= {"zarr-python", "tensorstore", "webknossos", "xarray"}, snippets
-    assert f"{dataset_url}/color/1" in snippets["zarr-python"]
-    assert f"{dataset_url}/color/1" in snippets["tensorstore"]
-    assert f"{page_gateway.url}/data/zarr/{ORGANIZATION}/{DATASET}" in snippets["webknossos"]
-    assert f"{page_gateway.url}/data/xarray/{ORGANIZATION}/{DATASET}/" in snippets["xarray"]
+    assert set(snippets) >= set(SNIPPET_URLS), snippets
+    for client, pattern in SNIPPET_URLS.items():
+        url = re.escape(page_gateway.url)
+        assert re.search(pattern.format(base=url, org=ORGANIZATION, ds=DATASET), snippets[client]), snippets[client]
     assert "open_datatree" in snippets["xarray"]
     assert not any("<token>" in text for text in snippets.values()), "an open gateway needs no token"
+    for client in SNIPPET_URLS:  # copyable code: each snippet runs as it is
+        run = subprocess.run([sys.executable, "-c", snippets[client]], capture_output=True, text=True, cwd=tmp_path)
+        assert run.returncode == 0, f"the {client} snippet failed:\n{snippets[client]}\n{run.stderr[-3000:]}"
 
     # The page is still a directory listing: its child links are exactly the listing, for fsspec too.
     html = requests.get(page_url, timeout=30).text
