@@ -398,9 +398,16 @@ PAGE_JS = """(() => ({
 
 
 @pytest.fixture(scope="module")
-def page_gateway(sample_root: Path, server_factory: Callable[..., Server], neuroglancer_url: str) -> Server:
+def page_gateway(
+    sample_root: Path,
+    server_factory: Callable[..., Server],
+    neuroglancer_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Server:
     """An open gateway whose pages link to the local Neuroglancer, so the link can be followed here."""
-    return server_factory(sample_root, neuroglancer_url=neuroglancer_url)
+    settings = tmp_path_factory.mktemp("page-settings") / "settings.json"
+    settings.write_text(json.dumps({"neuroglancer_url": neuroglancer_url}))
+    return server_factory(sample_root, settings_file=settings)
 
 
 def read_page(browser: Browser, url: str, screenshot: Path) -> dict[str, Any]:
