@@ -31,6 +31,10 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--no-first-run",
     "--disable-quic",
+    # Tabs are driven one at a time: never let Chromium slow down a tab's timers or frames.
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-renderer-backgrounding",
 )
 INSTALL_HINT = "install Debian's chromium (scripts/install-system-packages does, as root)"
 
@@ -157,6 +161,7 @@ class Browser:
         target = self._browser.send("Target.createTarget", url="about:blank", browserContextId=context)["targetId"]
         page = Page(f"{self.endpoint.replace('http://', 'ws://')}/devtools/page/{target}")
         page.send("Page.bringToFront")  # a background tab may not draw animation frames
+        page.send("Emulation.setFocusEmulationEnabled", enabled=True)
         try:
             yield page
         finally:
