@@ -134,12 +134,13 @@ class Browser:
             raise BrowserError(f"no chromium on PATH: {INSTALL_HINT}")
         profile_dir.mkdir(parents=True, exist_ok=True)
         self._log = (profile_dir.parent / f"{profile_dir.name}-chromium.log").open("wb")
+        port_file = profile_dir / "DevToolsActivePort"
+        port_file.unlink(missing_ok=True)  # a reused profile's old port is not this browser's
         self.process = subprocess.Popen(
             [executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        port_file = profile_dir / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
             if self.process.poll() is not None or time.monotonic() > deadline:
