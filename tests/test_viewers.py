@@ -81,7 +81,7 @@ class AccessLine:
     def is_chunk(self) -> bool:
         """A chunk or shard of a mag: /data/{tree}/{org}/{dataset}/{layer}/{mag}/{key...}."""
         parts = self.path.split("/")
-        return len(parts) > 7 and parts[-1] not in METADATA_NAMES
+        return len(parts) > 7 and parts[-1] != "" and parts[-1] not in METADATA_NAMES  # "" is a listing
 
 
 @dataclass
