@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,8 +36,8 @@ ENV_EXAMPLE = DEPLOY / ".env.example"
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 THEIRS = "/data/zarr/other_org/theirs"
 HEADERS = {"X-Auth-Token": TOKEN}
-# What nginx answers on its own; the test renders the template with these instead of the compose values.
-FAST = {"PROXY_RATE_LIMIT": "10000r/s", "PROXY_RATE_BURST": "10000", "PROXY_CONN_LIMIT": "256"}
+# Where the compose file keeps cached token checks: a tmpfs. The tests use a fresh directory there per proxy.
+TMPFS = Path("/dev/shm")
 
 
 def _tool(name: str) -> str:
@@ -102,6 +103,7 @@ class Proxy:
     url: str
     process: subprocess.Popen
     directory: Path
+    auth_cache: Path
 
     def access_log(self) -> list[dict]:
         return [json.loads(line) for line in (self.directory / "stdout.log").read_text().splitlines() if line]
@@ -117,15 +119,19 @@ class Proxy:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        shutil.rmtree(self.auth_cache, ignore_errors=True)
 
 
 def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Proxy:
+    """nginx with the template rendered from the compose defaults, but for ``overrides``."""
     port = free_port()
     values = compose_defaults()
     values.pop("NGINX_ENVSUBST_FILTER")
+    auth_cache = Path(tempfile.mkdtemp(prefix="zarr-gateway-auth-", dir=TMPFS))
     values.update(
         PROXY_LISTEN=f"127.0.0.1:{port}",
         PROXY_UPSTREAM_SERVERS=" ".join(f"server {address};" for address in upstreams),
+        PROXY_AUTH_CACHE_DIR=str(auth_cache),
         **overrides,
     )
     (directory / "conf.d").mkdir(parents=True)
@@ -140,7 +146,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
     assert check.returncode == 0, check.stderr
     with open(directory / "stdout.log", "wb") as stdout, open(directory / "stderr.log", "wb") as stderr:
         process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
-    proxy = Proxy(f"http://127.0.0.1:{port}", process, directory)
+    proxy = Proxy(f"http://127.0.0.1:{port}", process, directory, auth_cache)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -187,7 +193,7 @@ def pair(test_data: conftest.TestData, tokens_file: Path, server_factory: Callab
 
 @pytest.fixture(scope="module")
 def proxy(pair: list[Server], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair], **FAST)
+    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair])
     yield started
     started.stop()
 
@@ -229,10 +235,10 @@ def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, p
     def seen() -> list[dict]:
         return [line for s, n in zip(pair, before) for line in access_lines(s)[n:]]
 
-    assert wait_for(lambda: len(seen()) >= 2 * len(cases)), "every request was checked by a gateway's /auth"
+    assert wait_for(lambda: len(seen()) > 0), "the requests were checked by a gateway's /auth"
     time.sleep(0.2)
     assert {line["path"] for line in seen()} == {"/auth"}, "a refused request reached a gateway route"
-    assert len(seen()) == 2 * len(cases)
+    assert len(seen()) < 2 * len(cases), "refusals are cached: repeated requests are not checked again"
 
 
 def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
@@ -323,14 +329,17 @@ def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: confte
 
 
 def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]) -> None:
-    before = [len(access_lines(s)) for s in pair]
     with requests.Session() as session:
         for i in range(60):
             path = f"{DATASET}/color_u8/1/0.{1 + i % 5}.{i % 4}.{i % 3}"
-            assert session.get(proxy.url + path, headers=HEADERS, timeout=10).status_code == 200
+            headers = {**HEADERS, "X-Request-Id": f"spread-{i}"}
+            assert session.get(proxy.url + path, headers=headers, timeout=10).status_code == 200
 
-    def served() -> list[int]:
-        return [sum(line["path"].startswith("/data/") for line in access_lines(s)[n:]) for s, n in zip(pair, before)]
+    def served() -> list[int]:  # by request id: a late line of an earlier test is not counted
+        return [
+            sum(line["path"].startswith("/data/") and line["request_id"].startswith("spread-") for line in access_lines(s))
+            for s in pair
+        ]
 
     assert wait_for(lambda: sum(served()) == 60)
     assert min(served()) >= 10, f"requests per gateway: {served()}"
@@ -388,13 +397,15 @@ def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list
     def paths(request_id: str) -> set[str]:
         return {line["path"] for s in pair for line in access_lines(s) if line["request_id"] == request_id}
 
-    assert wait_for(lambda: paths("trace-42.a") == {"/auth", f"{DATASET}/color_u8/1/.zarray"}), paths("trace-42.a")
+    # the token check carries the id too when it is not answered from the proxy's cache
+    assert wait_for(lambda: f"{DATASET}/color_u8/1/.zarray" in paths("trace-42.a")), paths("trace-42.a")
+    assert paths("trace-42.a") <= {"/auth", f"{DATASET}/color_u8/1/.zarray"}
     assert wait_for(lambda: any(line["request_id"] == "trace-42.a" for line in proxy.access_log()))
 
     generated = requests.get(f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers=HEADERS, timeout=10)
     request_id = generated.headers["X-Request-Id"]
     assert re.fullmatch(r"[0-9a-f]{32}", request_id), "nginx's own $request_id"
-    assert wait_for(lambda: len(paths(request_id)) == 2)
+    assert wait_for(lambda: f"{DATASET}/color_u8/1/.zarray" in paths(request_id))
 
     hostile = requests.get(
         f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": 'a"b' + "x" * 300}, timeout=10
@@ -442,7 +453,9 @@ def _hammer(url: str, headers: list[dict[str, str]]) -> list[int]:
 
 def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Path) -> None:
     # the test client stands for a TLS terminator on loopback, whose X-Forwarded-For names the client
-    strict = start_proxy(tmp_path, [address(s) for s in pair], PROXY_RATE_LIMIT="5r/s", PROXY_RATE_BURST="10")
+    strict = start_proxy(
+        tmp_path, [address(s) for s in pair], PROXY_RATE_LIMIT_PER="client", PROXY_RATE_LIMIT="5r/s", PROXY_RATE_BURST="10"
+    )
     try:
         url = f"{strict.url}{DATASET}/color_u8/1/.zarray"
         started = time.monotonic()
@@ -453,6 +466,7 @@ def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Pa
         assert set(statuses) == {200, 429}
         refused = requests.get(url, headers=HEADERS, timeout=10)
         assert refused.status_code == 429 and refused.json()["status"] == 429
+        assert refused.headers["Retry-After"] == "1"
         assert refused.headers["Access-Control-Allow-Origin"] == "*"
         other_client = requests.get(url, headers={**HEADERS, "X-Forwarded-For": "198.51.100.7"}, timeout=10)
         assert other_client.status_code == 200, "the limit is per client"
@@ -468,6 +482,7 @@ def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp
     strict = start_proxy(
         tmp_path,
         [address(s) for s in pair],
+        PROXY_RATE_LIMIT_PER="client",
         PROXY_RATE_LIMIT="5r/s",
         PROXY_RATE_BURST="10",
         PROXY_REAL_IP_FROM="192.0.2.1/32",
@@ -482,11 +497,12 @@ def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp
 
 
 def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
-    down = start_proxy(tmp_path, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], **FAST)
+    down = start_proxy(tmp_path, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
     try:
         response = requests.get(f"{down.url}{DATASET}/.zgroup", headers=HEADERS, timeout=30)
         assert response.status_code == 502
         assert response.json()["status"] == 502
+        assert response.headers["Retry-After"] == "2"
     finally:
         down.stop()
 
@@ -508,7 +524,7 @@ def test_killing_a_gateway_mid_run_loses_no_request(
     with requests.Session() as session:
         expected = {p: session.get(survivor.url + p, headers=HEADERS, timeout=10) for p in paths}
     assert all(r.status_code == 200 for r in expected.values())
-    proxy = start_proxy(tmp_path, [address(survivor), address(victim)], **FAST)
+    proxy = start_proxy(tmp_path, [address(survivor), address(victim)])
     done = 0
     halfway = threading.Event()
     lock = threading.Lock()
@@ -645,7 +661,9 @@ def test_the_rendered_template_names_every_compose_value() -> None:
     rendered = render(TEMPLATE.read_text(), values)
     assert not re.search(r"\$\{?PROXY_[A-Z0-9_]", rendered)
     assert "server gateway:8000;" in rendered
-    assert "rate=200r/s" in rendered
+    assert "limit_req_zone $zg_limit_per_off " in rendered, "no request rate limit by default"
+    assert "limit_conn_zone $zg_limit_per_client " in rendered
+    assert "proxy_cache_path /dev/shm/" in rendered, "token checks are cached on a tmpfs"
     assert "$request_uri" in rendered and "$uri" in rendered, "nginx's own variables are left alone"
 
 
