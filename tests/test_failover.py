@@ -299,7 +299,8 @@ def test_a_rolling_restart_fails_no_request(
         for i, port in enumerate(ports):
             _progress(load)
             replicas[i].send_signal(signal.SIGTERM)
-            assert replicas[i].wait(TIMEOUT) == 0, "a clean shutdown"
+            # uvicorn re-raises the signal once its graceful shutdown is done
+            assert replicas[i].wait(TIMEOUT) in (0, -signal.SIGTERM), logs[i].read_text()[-2000:]
             replicas[i] = _start_gateway_on(port, test_data.root, logs[i], tokens_file=tokens_file)
         _progress(load)
     finally:
