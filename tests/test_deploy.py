@@ -658,6 +658,30 @@ def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Pa
     assert any(line["remote_addr"] == "198.51.100.7" for line in lines)
 
 
+def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -> None:
+    strict = start_proxy(
+        tmp_path,
+        [address(s) for s in pair],
+        PROXY_RATE_LIMIT_PER="token",
+        PROXY_RATE_LIMIT="5r/s",
+        PROXY_RATE_BURST="10",
+    )
+    try:
+        url = f"{strict.url}{DATASET}/color_u8/1/.zarray"
+        started = time.monotonic()
+        statuses = _hammer(url, [HEADERS] * 40)
+        assert 10 <= statuses.count(200) <= 11 + 5 * (time.monotonic() - started), statuses
+        refused = requests.get(url, params={"token": TOKEN}, timeout=10)
+        assert refused.status_code == 429, "the same token in the query counts alike"
+        assert refused.headers["Retry-After"] == "1"
+        other = requests.get(
+            f"{strict.url}{THEIRS}/color_u8/1/.zarray", headers={"X-Auth-Token": OTHER_TOKEN}, timeout=10
+        )
+        assert other.status_code == 200, "another token from the same address is not held back"
+    finally:
+        strict.stop()
+
+
 def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp_path: Path) -> None:
     strict = start_proxy(
         tmp_path,
