@@ -15,25 +15,35 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class _HeadWithBody:
-    """A transport whose response-head writes wait for the next write (or close) and go out with it."""
+    """A transport whose response-head writes wait for the next write and go out with it.
+
+    A head waits no longer than the current step of the event loop: the app sends its body in the same
+    step as its ``http.response.start`` (nothing to await in between), and an answer without body bytes
+    (HEAD, 304) has its head sent as soon as the step ends.
+    """
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        chunk = bytes(data)
+        chunk = data if isinstance(data, bytes) else bytes(data)
         if self._head is not None:
             chunk, self._head = self._head + chunk, None
         elif chunk.startswith(b"HTTP/1.1 ") and not chunk.startswith(b"HTTP/1.1 1") and chunk.endswith(b"\r\n\r\n"):
             self._head = chunk  # a final response's head, as uvicorn writes it at http.response.start
+            asyncio.get_running_loop().call_soon(self._release)
             return
         self._transport.write(chunk)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         if self._head is not None:
             head, self._head = self._head, None
-            self._transport.write(head)
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._release()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
