@@ -30,6 +30,7 @@ def serve(args: argparse.Namespace) -> None:
             access_log=False,
             log_config=None,
             timeout_graceful_shutdown=settings.graceful_timeout,
+            http="gateway.serving:OneWriteHttpToolsProtocol",  # a killed replica never leaves half an answer
         )
     finally:
         cleanup()
