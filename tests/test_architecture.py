@@ -20,7 +20,7 @@ LAYERS = [
     (3, ("gateway.zarr",)),
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
     (5, ("gateway.http",)),
-    (6, ("gateway.startup", "gateway.cli", "gateway.__main__", "gateway")),
+    (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
 ]
 
 
