@@ -37,7 +37,7 @@ COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DATASET = "wk_dataset"
 HEADERS = {"X-Auth-Token": TOKEN}
-# Measured on a shared 2-core machine: stand-ins 1.3-5 min, the image build 1-4.5 min, the stack under 1 min.
+# Measured on 2 cores: stand-ins 1-5 min, the image build 1-4.5 min, the stack under 1 min (the range: other load).
 pytestmark = pytest.mark.timeout(1500)
 
 
