@@ -126,6 +126,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
     port = free_port()
     values = compose_defaults()
     values.pop("NGINX_ENVSUBST_FILTER")
+    values.pop("NGINX_ENTRYPOINT_QUIET_LOGS")
     auth_cache = Path(tempfile.mkdtemp(prefix="zarr-gateway-auth-", dir=TMPFS))
     values.update(
         PROXY_LISTEN=f"127.0.0.1:{port}",
@@ -826,7 +827,7 @@ def test_compose_nginx_and_env_example_name_the_same_settings() -> None:
     # (but docker compose's own COMPOSE_* variables)
     assert interpolated == {name for name in assigned if not name.startswith("COMPOSE_")}
     # the proxy's environment supplies exactly the template's names
-    proxy_env = set(services["proxy"]["environment"]) - {"NGINX_ENVSUBST_FILTER"}
+    proxy_env = set(services["proxy"]["environment"]) - {"NGINX_ENVSUBST_FILTER", "NGINX_ENTRYPOINT_QUIET_LOGS"}
     assert template_names() == proxy_env
     assert services["proxy"]["environment"]["NGINX_ENVSUBST_FILTER"] == "^PROXY_"
     # every gateway setting is passed by the compose file and documented in .env.example
