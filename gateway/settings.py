@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     workers: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="uvicorn worker processes; default: one per core"
     )
+    server: Literal["uvicorn", "granian"] = Field(
+        default="uvicorn", description="the HTTP server that runs the workers: uvicorn or granian"
+    )
     codec: Codec = Field(default=Codec.BLOSC_LZ4, description="codec of chunks that are not passed through")
     chunk_edge: int = Field(default=32, description="edge of served chunks in voxels")
     v3_layout: Literal["plain", "sharded"] = Field(default="plain", description="v3 arrays: plain chunks or shards")

@@ -122,10 +122,14 @@ class Server:
         return self.log_path.read_text()
 
 
+TEST_SERVER_ENV = "GATEWAY_TEST_SERVER"  # uvicorn (default) or granian: the HTTP server of every test gateway
+
+
 def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     port = free_port()
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
     settings.setdefault("workers", 1)  # one process per test server keeps the suite light on 2 cores
+    settings.setdefault("server", os.environ.get(TEST_SERVER_ENV) or "uvicorn")
     for key, value in settings.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"
