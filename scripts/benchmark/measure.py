@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,25 +20,35 @@ PROFILED = ("floor", "gateway pass-through")  # the uvicorn rows py-spy samples 
 
 
 class Target:
-    """What a case sends its load to, which processes serve it, and the list of requests it walks."""
+    """What a case sends its load to, which processes serve it, and the list of requests it walks.
 
-    def __init__(self, server: Server, paths: Path, serving: list[Server], started: bool) -> None:
+    ``check`` waits until the server answers on all its workers and checks what it serves; the
+    servers of a group are launched first and checked after, so that they start up side by side.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        paths: Path,
+        serving: list[Server],
+        started: bool,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
         self.server = server
         self.paths = paths
         self.serving = serving  # whose CPU time counts: the proxy's case counts the gateway behind it too
         self.started = started  # started for this group (stopped after it), not a long-lived gateway
+        self.check = check
 
 
-def _start_target(
-    run: Run, case: Case, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]
-) -> Target:
+def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> Target:
     keyset = case.keyset
     paths = run.paths(keyset)
     if case.kind == "gateway":
         gateway = gateways[(case.config, case.http)]
         return Target(gateway, paths, [gateway], started=False)
     if case.kind == "xpublish":
-        return _start_xpublish(run, case, sequences[keyset])
+        return _launch_xpublish(run, case, sequences[keyset])
     first, span = sequences[keyset][0]
     ready = {"Range": "bytes=0-0"} if span else {}
     ready.update(token_headers(case.token) or {})
@@ -54,16 +65,15 @@ def _start_target(
         serving.append(gateway)
     else:
         raise ValueError(case.kind)
-    try:
+
+    def check() -> None:
         server.wait_ready(first, run.workers if case.kind in ("floor", "bare") else 1, ready or None)
         check_static(server, run.static(keyset), sample, case.token)
-    except Exception:
-        server.stop()
-        raise
-    return Target(server, paths, [server, *serving], started=True)
+
+    return Target(server, paths, [server, *serving], started=True, check=check)
 
 
-def _start_xpublish(run: Run, case: Case, sequence: list[Request]) -> Target:
+def _launch_xpublish(run: Run, case: Case, sequence: list[Request]) -> Target:
     try:
         import xpublish  # noqa: F401
         import xpublish_zarr  # noqa: F401
@@ -81,13 +91,34 @@ def _start_xpublish(run: Run, case: Case, sequence: list[Request]) -> Target:
         "BENCH_XP_SHAPE": json.dumps(run.mode.key_box),
     }
     server = start_python_app("xpublish", case.http, run.workers, run.logs, env)
-    try:
+
+    def check() -> None:
         server.wait_ready("/zarr/zarr.json", run.workers)
         check_xpublish(run, server, sequence, requests)
-    except Exception:
-        server.stop()
-        raise
-    return Target(server, paths, [server], started=True)
+
+    return Target(server, paths, [server], started=True, check=check)
+
+
+def _start_group(
+    run: Run, keyset: str, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]
+) -> dict[Case, Target]:
+    """The servers of one key set, launched together, then each checked; a case that fails is recorded."""
+    launched: dict[Case, Target] = {}
+    for case in (c for c in CASES if c.keyset == keyset):
+        try:
+            launched[case] = _launch(run, case, sequences, gateways)
+        except Exception as exc:
+            run.fail(case, f"{type(exc).__name__}: {exc}")
+    targets: dict[Case, Target] = {}
+    for case, target in launched.items():
+        try:
+            target.check()
+            targets[case] = target
+        except Exception as exc:
+            if target.started:
+                target.server.stop()
+            run.fail(case, f"{type(exc).__name__}: {exc}")
+    return targets
 
 
 def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> None:
@@ -97,12 +128,7 @@ def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[Gat
     a group hold better than those of back-to-back runs would; each figure is a median over rounds.
     """
     for keyset in KEYSETS:
-        targets: dict[Case, Target] = {}
-        for case in (c for c in CASES if c.keyset == keyset):
-            try:
-                targets[case] = _start_target(run, case, sequences, gateways)
-            except Exception as exc:
-                run.fail(case, f"{type(exc).__name__}: {exc}")
+        targets = _start_group(run, keyset, sequences, gateways)
         rounds: dict[Case, list[dict[str, Any]]] = {case: [] for case in targets}
         broken: dict[Case, str] = {}
         try:
