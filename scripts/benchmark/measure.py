@@ -16,7 +16,7 @@ from .processes import Server, start_python_app
 from .profiling import profile_server
 from .run import Run
 
-PROFILED = ("floor", "gateway pass-through")  # the uvicorn rows py-spy samples in the u8-32 group
+PROFILED = ("floor", "gateway pass-through", "gateway pass-through on granian")  # sampled in the u8-32 group
 
 
 class Target:
@@ -164,5 +164,5 @@ def _profile(run: Run, targets: dict[Case, Target], broken: dict[Case, str]) -> 
     for case, target in targets.items():
         if case.name in PROFILED and case not in broken:
             log(f"profiling {case.name} with py-spy for {run.profile} s")
-            raw = run.out / f"profile-{case.name.split()[-1]}.txt"
+            raw = run.out / f"profile-{case.name.replace(' ', '-')}.txt"
             profiles[case.name] = profile_server(target.server, target.paths, run.profile, raw)

@@ -59,12 +59,13 @@ PROFILE_CATEGORIES = [
     ("gateway HTTP layer (dispatch, auth, validators, ranges)", ("gateway/",)),
     ("thread-pool hand-off (anyio, threading)", ("anyio/", "threading.py", "concurrent/", "queue.py")),
     ("HTTP parsing (httptools)", ("HttpToolsProtocol.data_received", "HttpToolsProtocol.on_")),
+    ("Granian's Python side (ASGI glue, task scheduling)", ("granian/",)),
 ]
-FRAMEWORK = "uvicorn, starlette, asyncio, other"
+FRAMEWORK = "server, starlette, asyncio, other"
 # Frames every sample of a worker has in common: left out of the inclusive table.
 _ENTRY_FRAMES = (
     *("multiprocessing/", "asyncio/runners.py", "uvicorn/_compat.py", "uvicorn/server.py"),
-    *("uvicorn/_subprocess.py", "uvicorn/supervisors/", "<module>", "threading.py"),
+    *("uvicorn/_subprocess.py", "uvicorn/supervisors/", "<module>", "threading.py", "granian/server/"),
 )
 
 

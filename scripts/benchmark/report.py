@@ -228,9 +228,10 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
 
 
 def _profile_markdown(profiles: dict[str, Any]) -> list[str]:
-    """The floor's and the gateway's profiles side by side, then the gateway's hottest functions."""
+    """The floor's and the gateway's profiles side by side (and on Granian), then the gateway's hottest functions."""
     gateway = profiles.get("gateway pass-through", {})
     floor = profiles.get("floor", {})
+    granian = profiles.get("gateway pass-through on granian", {})
     lines: list[str] = []
     for name, profile in profiles.items():
         if "error" in profile:
@@ -238,19 +239,29 @@ def _profile_markdown(profiles: dict[str, Any]) -> list[str]:
     if "categories" not in gateway:
         return lines
     floor_us = {e["category"]: e["us_per_request"] for e in floor.get("categories", [])}
+    granian_us = {e["category"]: e["us_per_request"] for e in granian.get("categories", [])}
     lines += [
         "",
         f"Profile (py-spy, {gateway['seconds']} s of one worker under the same load as above): time the worker's "
         "Python threads were active (on a CPU or runnable), per request it answered. Floor: "
         f"{floor.get('cpu_us_per_request', '—')} µs at {floor.get('req_s_while_sampled', 0):,} req/s; gateway "
-        f"pass-through: {gateway['cpu_us_per_request']} µs at {gateway['req_s_while_sampled']:,} req/s. Raw stacks: "
+        f"pass-through: {gateway['cpu_us_per_request']} µs at {gateway['req_s_while_sampled']:,} req/s; on Granian: "
+        f"{granian.get('cpu_us_per_request', '—')} µs at {granian.get('req_s_while_sampled', 0):,} req/s (its Rust "
+        "threads, which parse and write, are not sampled). Raw stacks: "
         f"{', '.join(p['raw'] for p in profiles.values() if 'raw' in p)}.",
         "",
-        "| where (first match from the leaf up) | floor µs/req | gateway µs/req | gateway % |",
-        "|---|---:|---:|---:|",
+        "| where (first match from the leaf up) | floor µs/req | gateway µs/req | gateway % | on Granian µs/req |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for e in gateway["categories"]:
-        lines.append(f"| {e['category']} | {floor_us.get(e['category'], 0)} | {e['us_per_request']} | {e['percent']} |")
+    categories = [e["category"] for e in gateway["categories"]]
+    categories += [c for c in granian_us if c not in categories]
+    gateway_by = {e["category"]: e for e in gateway["categories"]}
+    for category in categories:
+        entry = gateway_by.get(category, {"us_per_request": 0, "percent": 0.0})
+        lines.append(
+            f"| {category} | {floor_us.get(category, 0)} | {entry['us_per_request']} | {entry['percent']} | "
+            f"{granian_us.get(category, 0)} |"
+        )
     lines += ["", "| gateway function (inclusive) | % | µs/req |", "|---|---:|---:|"]
     lines += [f"| `{e['function']}` | {e['percent']} | {e['us_per_request']} |" for e in gateway["inclusive"]]
     lines += ["", "| gateway function (self) | % | µs/req |", "|---|---:|---:|"]
