@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench-out", help="results directory (default bench-out)")
     parser.add_argument("--work", type=Path, help="data and scratch directory (default OUT/work)")
     parser.add_argument("--workers", type=int, default=2, help="workers of every Python server (default 2)")
-    parser.add_argument("--duration", type=int, help="seconds measured per case and round (default: 1 short, 6 full)")
+    parser.add_argument("--duration", type=int, help="seconds measured per case and round (default: 2 short, 6 full)")
     parser.add_argument("--profile", type=int, help="seconds of py-spy sampling of the gateway (0: off)")
     parser.add_argument("--rss-requests", type=int, help="requests of the long RSS run (default: 10⁶ in full mode)")
     parser.add_argument("--readme", type=Path, help="also put the table between bench markers in this file")
