@@ -72,10 +72,13 @@ def _run_granian(settings: Settings) -> None:
         log_dictconfig={"loggers": {"_granian": {"propagate": True}, "granian.access": {"propagate": True}}},
         workers_kill_timeout=max(1, math.ceil(settings.drain_seconds + settings.graceful_timeout)),
     )
+    _granian_supervisor.append(server)  # a forked worker finds it here: see granian_worker_app
     server.serve()
 
 
 SERVERS: dict[str, Callable[[Settings], None]] = {"uvicorn": _run_uvicorn, "granian": _run_granian}
+_granian_supervisor: list[Any] = []  # the supervisor's Server, as a forked worker inherits it
+_early_sigterm: list[int] = []  # SIGTERMs a worker received before its event loop could act on them
 
 
 def granian_worker_app() -> Any:
@@ -87,9 +90,15 @@ def granian_worker_app() -> Any:
     when the lifespan starts. So before the lifespan runs, SIGTERM is taken off the loop and given a
     plain handler that raises SIGINT, which the loop still answers with Granian's graceful stop: the
     drain comes first, then Granian stops accepting and finishes the requests in flight.
+
+    A SIGTERM that comes while the worker starts would be lost: a forked worker inherits the
+    supervisor's handler, which only marks the supervisor's (copied) state, and the worker would
+    serve on after its siblings stopped. Such a SIGTERM, noted in that state or by this factory's
+    own handler, stops the worker as soon as its loop runs: it has served nothing yet to drain.
     """
     from .http.app import create_app_from_env
 
+    signal.signal(signal.SIGTERM, lambda signum, frame: _early_sigterm.append(signum))
     app = create_app_from_env()
     loop = asyncio.get_event_loop()
     loop.call_soon(_route_sigterm_through_sigint, loop)  # runs before the lifespan's first step
@@ -105,6 +114,9 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop_granian)
+    if _early_sigterm or any(getattr(server, "interrupt_signal", False) for server in _granian_supervisor):
+        log.info("granian worker: SIGTERM while starting; stopping")
+        stop_granian(signal.SIGTERM, None)
 
 
 def make_sample(args: argparse.Namespace) -> None:

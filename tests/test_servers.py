@@ -31,9 +31,18 @@ def metrics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("granian-metrics")
 
 
+def _all_workers_started(server: Server, workers: int) -> Server:
+    """The server answers once one worker does; wait (bounded) until Granian says every one has started."""
+    deadline = time.monotonic() + 30
+    while server.log().count("Started worker-") < workers:
+        assert time.monotonic() < deadline, f"not every worker started:\n{server.log()}"
+        time.sleep(0.1)
+    return server
+
+
 @pytest.fixture(scope="module")
 def granian(server_factory: Callable[..., Server], test_data: conftest.TestData, metrics_dir: Path) -> Server:
-    return server_factory(test_data.root, server="granian", workers=2, metrics_dir=metrics_dir)
+    return _all_workers_started(server_factory(test_data.root, server="granian", workers=2, metrics_dir=metrics_dir), 2)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +103,7 @@ def test_granian_sums_metrics_over_its_workers_and_logs_access_lines(granian: Se
 
 
 def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: conftest.TestData) -> None:
-    server = server_factory(test_data.root, server="granian", workers=2, drain_seconds=1.5)
+    server = _all_workers_started(server_factory(test_data.root, server="granian", workers=2, drain_seconds=1.5), 2)
     assert requests.get(server.url + "/readyz", timeout=5).status_code == 200
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -114,3 +123,23 @@ def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_d
     assert refused, "the listener closes after the drain"
     assert server.process.wait(15) == 0
     assert server.log().count("SIGTERM: /readyz fails from now") == 2
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
+    server_factory: Callable[..., Server], test_data: conftest.TestData
+) -> None:
+    """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on."""
+    for _ in range(3):  # the race is not hit every time
+        server = server_factory(test_data.root, server="granian", workers=2, drain_seconds=0.5)
+        workers = _children(server.process.pid)
+        assert len(workers) == 2
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(20) == 0
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in workers):
+            assert time.monotonic() < deadline, f"a worker serves on after the supervisor stopped:\n{server.log()}"
+            time.sleep(0.1)
