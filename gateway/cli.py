@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,24 @@ def granian_worker_app() -> Any:
     from .http.app import create_app_from_env
 
     signal.signal(signal.SIGTERM, lambda signum, frame: _early_sigterm.append(signum))
+    _sigterm_when_the_supervisor_dies()
     app = create_app_from_env()
     loop = asyncio.get_event_loop()
     loop.call_soon(_route_sigterm_through_sigint, loop)  # runs before the lifespan's first step
     return app
+
+
+def _sigterm_when_the_supervisor_dies() -> None:
+    """Linux: a worker whose supervisor dies, even by SIGKILL, gets SIGTERM instead of serving on as an orphan.
+
+    (A forked worker of a supervisor that is already gone is stopped by the same check as an early SIGTERM.)
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
@@ -114,7 +129,9 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, stop_granian)
-    if _early_sigterm or any(getattr(server, "interrupt_signal", False) for server in _granian_supervisor):
+    orphaned = any(os.getppid() != getattr(server, "pid", None) for server in _granian_supervisor)
+    interrupted = any(getattr(server, "interrupt_signal", False) for server in _granian_supervisor)
+    if _early_sigterm or interrupted or orphaned:
         log.info("granian worker: SIGTERM while starting; stopping")
         stop_granian(signal.SIGTERM, None)
 
