@@ -132,7 +132,7 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
     orphaned = any(os.getppid() != getattr(server, "pid", None) for server in _granian_supervisor)
     interrupted = any(getattr(server, "interrupt_signal", False) for server in _granian_supervisor)
     if _early_sigterm or interrupted or orphaned:
-        log.info("granian worker: SIGTERM while starting; stopping")
+        log.info("granian worker: SIGTERM while starting, or its supervisor is gone; stopping")
         stop_granian(signal.SIGTERM, None)
 
 
