@@ -1,9 +1,20 @@
 """``zarr-gateway serve`` and ``zarr-gateway make-sample``."""
 
 import argparse
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .settings import Settings
+
+APP_FACTORY = "gateway.http.app:create_app_from_env"
+log = logging.getLogger("gateway")
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -14,26 +25,116 @@ def _settings_from(args: argparse.Namespace) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from .startup import prepare
 
     settings = _settings_from(args)
     cleanup = prepare(settings)
     try:
-        uvicorn.run(
-            "gateway.http.app:create_app_from_env",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            access_log=False,
-            log_config=None,
-            timeout_graceful_shutdown=settings.graceful_timeout,
-            http="gateway.serving:OneWriteHttpToolsProtocol",  # a killed replica never leaves half an answer
-        )
+        SERVERS[settings.server](settings)
     finally:
         cleanup()
+
+
+def _run_uvicorn(settings: Settings) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        APP_FACTORY,
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        access_log=False,  # the gateway writes its own access lines
+        log_config=None,
+        timeout_graceful_shutdown=math.ceil(settings.graceful_timeout),  # whole seconds, as Granian takes it
+        http="gateway.serving:OneWriteHttpToolsProtocol",  # a killed replica never leaves half an answer
+    )
+
+
+def _run_granian(settings: Settings) -> None:
+    """Granian: a supervisor process and ``workers`` worker processes, each running the app factory.
+
+    On SIGTERM the supervisor closes its copy of the listening socket and sends SIGTERM to every
+    worker; it kills a worker that has not finished ``drain_seconds + graceful_timeout`` later.
+    """
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server import Server
+
+    server = Server(
+        "gateway.cli:granian_worker_app",
+        address=settings.host,
+        port=settings.port,
+        interface=Interfaces.ASGI,
+        workers=settings.workers,
+        http=HTTPModes.http1,
+        websockets=False,
+        factory=True,
+        log_access=False,  # the gateway writes its own access lines
+        # Granian's own lines go through the gateway's handler (JSON or text), as uvicorn's do.
+        log_dictconfig={"loggers": {"_granian": {"propagate": True}, "granian.access": {"propagate": True}}},
+        workers_kill_timeout=max(1, math.ceil(settings.drain_seconds + settings.graceful_timeout)),
+    )
+    _granian_supervisor.append(server)  # a forked worker finds it here: see granian_worker_app
+    server.serve()
+
+
+SERVERS: dict[str, Callable[[Settings], None]] = {"uvicorn": _run_uvicorn, "granian": _run_granian}
+_granian_supervisor: list[Any] = []  # the supervisor's Server, as a forked worker inherits it
+_early_sigterm: list[int] = []  # SIGTERMs a worker received before its event loop could act on them
+
+
+def granian_worker_app() -> Any:
+    """The app factory as a Granian worker calls it, with SIGTERM routed through the gateway's drain.
+
+    A Granian worker stops serving as soon as its event loop sees SIGTERM or SIGINT (handlers added
+    with ``loop.add_signal_handler`` just after this factory returns). The gateway's lifespan puts its
+    drain (``/readyz`` fails, ``drain_seconds`` pass) in front of whatever Python handler SIGTERM has
+    when the lifespan starts. So before the lifespan runs, SIGTERM is taken off the loop and given a
+    plain handler that raises SIGINT, which the loop still answers with Granian's graceful stop: the
+    drain comes first, then Granian stops accepting and finishes the requests in flight.
+
+    A SIGTERM that comes while the worker starts would be lost: a forked worker inherits the
+    supervisor's handler, which only marks the supervisor's (copied) state, and the worker would
+    serve on after its siblings stopped. Such a SIGTERM, noted in that state or by this factory's
+    own handler, stops the worker as soon as its loop runs: it has served nothing yet to drain.
+    """
+    from .http.app import create_app_from_env
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: _early_sigterm.append(signum))
+    _sigterm_when_the_supervisor_dies()
+    app = create_app_from_env()
+    loop = asyncio.get_event_loop()
+    loop.call_soon(_route_sigterm_through_sigint, loop)  # runs before the lifespan's first step
+    return app
+
+
+def _sigterm_when_the_supervisor_dies() -> None:
+    """Linux: a worker whose supervisor dies, even by SIGKILL, gets SIGTERM instead of serving on as an orphan.
+
+    (A forked worker of a supervisor that is already gone is stopped by the same check as an early SIGTERM.)
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
+    if not loop.remove_signal_handler(signal.SIGTERM):
+        log.warning("granian worker: no SIGTERM handler on the event loop; SIGTERM stops the worker without a drain")
+        return
+
+    def stop_granian(signum: int, frame: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, stop_granian)
+    orphaned = any(os.getppid() != getattr(server, "pid", None) for server in _granian_supervisor)
+    interrupted = any(getattr(server, "interrupt_signal", False) for server in _granian_supervisor)
+    if _early_sigterm or interrupted or orphaned:
+        log.info("granian worker: SIGTERM while starting, or its supervisor is gone; stopping")
+        stop_granian(signal.SIGTERM, None)
 
 
 def make_sample(args: argparse.Namespace) -> None:
@@ -52,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--port", type=int)
     run.add_argument("--tokens-file", dest="tokens_file")
     run.add_argument("--workers", type=int)
+    run.add_argument("--server", choices=list(SERVERS), help="HTTP server: uvicorn (default) or granian")
     run.add_argument("--codec")
     run.add_argument("--chunk-edge", dest="chunk_edge", type=int)
     run.add_argument("--v3-layout", dest="v3_layout")

@@ -40,7 +40,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     tokens_file: Path | None = Field(default=None, description="JSON tokens file; without it the gateway is open")
     workers: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, description="uvicorn worker processes; default: one per core"
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="worker processes; default: one per core"
+    )
+    server: Literal["uvicorn", "granian"] = Field(
+        default="uvicorn", description="the HTTP server that runs the workers: uvicorn or granian"
     )
     codec: Codec = Field(default=Codec.BLOSC_LZ4, description="codec of chunks that are not passed through")
     chunk_edge: int = Field(default=32, description="edge of served chunks in voxels")

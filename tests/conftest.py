@@ -121,11 +121,20 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def serving_pid(self) -> int:
+        """The process that answers requests: uvicorn with one worker serves in its own, Granian in its worker."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0]) if children else self.process.pid
+
+
+TEST_SERVER_ENV = "GATEWAY_TEST_SERVER"  # uvicorn (default) or granian: the HTTP server of every test gateway
+
 
 def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     port = free_port()
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
     settings.setdefault("workers", 1)  # one process per test server keeps the suite light on 2 cores
+    settings.setdefault("server", os.environ.get(TEST_SERVER_ENV) or "uvicorn")
     for key, value in settings.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"

@@ -1,10 +1,13 @@
 """The benchmark's short mode runs to the end, prints its table and writes its results.
 
-Not a timed test: it checks that ``scripts/bench --short`` completes (wrk, nginx and xpublish must
-be installed; a missing one fails the run rather than skipping a case) and reports every case.
+Not a timed test: it checks that the benchmark (``scripts/bench --short``, which installs the project
+and then runs ``python -m benchmark`` from scripts/) completes (wrk, nginx, Granian and xpublish must
+be installed; a missing one fails the run rather than skipping a case), reports every case and puts
+its table into a README between the bench markers. The interpreter running the tests runs it.
 """
 
-import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +15,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from benchmark.config import CASES, HTTP_SERVERS, KEYSETS  # noqa: E402
+from benchmark.report import README_END, README_START  # noqa: E402
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench", REPO / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench", module)
-    spec.loader.exec_module(module)
-    return module
+HEADER = "| case | chunks | req/s | MB/s | p50 ms | p99 ms | x nginx | x floor | x bare | server CPU µs/req |"
 
 
 def _table_rows(markdown: str) -> list[list[str]]:
@@ -40,34 +43,45 @@ def _table_rows(markdown: str) -> list[list[str]]:
     return rows
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
-    bench = _bench_module()
     out = tmp_path / "out"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# before\n\n{README_START}\nold table\n{README_END}\n\nafter\n")
+    pythonpath = os.pathsep.join([str(SCRIPTS), str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run(
-        [str(REPO / "scripts" / "bench"), "--short", "--out", str(out)],
+        [sys.executable, "-m", "benchmark", "--short", "--out", str(out), "--readme", str(readme)],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=880,
+        env={**os.environ, "PYTHONPATH": pythonpath},
     )
     assert done.returncode == 0, f"bench failed ({done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
 
     markdown = (out / "results.md").read_text()
     rows = _table_rows(markdown)
-    expected = [(case.name, bench.KEYSETS[case.keyset].label) for case in bench.CASES]
+    expected = [(case.name, KEYSETS[case.keyset].label) for case in CASES]
     assert [(row[0], row[1]) for row in rows] == expected
     for row in rows:
         assert not row[2].startswith("failed"), row
         assert float(row[2].replace(",", "")) > 0, row  # requests/s
+        assert row[7] != "—" and row[8] != "—", f"every row has its ratio to both floors: {row}"
     assert "| target | measured | met |" in markdown
+    for http in HTTP_SERVERS:
+        assert f"pass-through u8 LZ4HC ≥ 1.0 x floor ({http}) |" in markdown
+    assert "through the proxy ≥ 0.8 x direct" in markdown
     assert "tensorstore, whole mag" in markdown
     assert "Peak RSS per gateway worker" in markdown
     assert markdown.startswith("Machine: ")
 
-    # The table goes to standard output as well.
-    assert "| case | chunks | req/s | MB/s | p50 ms | p99 ms | x nginx | x floor |" in done.stdout
+    # The table goes to standard output and into the README between the markers, the rest untouched.
+    assert HEADER in done.stdout
     for name, label in expected:
         assert f"| {name} | {label} |" in done.stdout
+    assert readme.read_text() == f"# before\n\n{README_START}\n{markdown}{README_END}\n\nafter\n"
 
     assert (out / "results.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert (out / "results.json").exists()
+    document = json.loads((out / "results.json").read_text())
+    servers = {result["server"] for result in document["results"]}
+    assert {f"gateway:main@{http}" for http in HTTP_SERVERS} <= servers
+    assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian"} <= servers

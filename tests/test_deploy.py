@@ -26,11 +26,9 @@ import requests
 import yaml
 from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
 
+from deploy.render import COMPOSE, DEPLOY, TEMPLATE, WRAPPER, compose, compose_defaults, render, unset_names
 from gateway.settings import Settings
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-TEMPLATE = DEPLOY / "nginx.conf"
-COMPOSE = DEPLOY / "docker-compose.yml"
 ENV_EXAMPLE = DEPLOY / ".env.example"
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 THEIRS = "/data/zarr/other_org/theirs"
@@ -46,55 +44,11 @@ def _tool(name: str) -> str:
     return path
 
 
-# --- rendering the template as the nginx image does ---------------------------------------------------
-
-
-def render(template: str, values: dict[str, str]) -> str:
-    """envsubst restricted to ``values`` (the image passes the defined ^PROXY_ variables): ${NAME} and $NAME."""
-    names = "|".join(map(re.escape, sorted(values, key=len, reverse=True)))
-    pattern = re.compile(r"\$\{(" + names + r")\}|\$(" + names + r")(?![A-Za-z0-9_])")
-    return pattern.sub(lambda m: values[m.group(1) or m.group(2)], template)
-
-
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
-
-
-def compose_defaults() -> dict[str, str]:
-    """The proxy's environment as docker-compose.yml sets it without a .env: ${NAME:-default} -> default."""
-    values = {}
-    for name, value in compose()["services"]["proxy"]["environment"].items():
-        match = re.fullmatch(r"\$\{(\w+):-(.*)\}", str(value))
-        values[name] = match.group(2) if match else str(value)
-    return values
-
-
 def template_names() -> set[str]:
     return set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", TEMPLATE.read_text()))
 
 
 # --- nginx in front of gateways --------------------------------------------------------------------------
-
-
-WRAPPER = """# What the nginx image's /etc/nginx/nginx.conf does, with paths in a temporary directory.
-daemon off;
-worker_processes 2;
-pid {dir}/nginx.pid;
-error_log {dir}/main-error.log notice;
-events {{ worker_connections 1024; }}
-http {{
-    include /etc/nginx/mime.types;
-    default_type application/octet-stream;
-    sendfile on;
-    keepalive_timeout 65;
-    client_body_temp_path {dir}/temp/body;
-    proxy_temp_path {dir}/temp/proxy;
-    fastcgi_temp_path {dir}/temp/fastcgi;
-    uwsgi_temp_path {dir}/temp/uwsgi;
-    scgi_temp_path {dir}/temp/scgi;
-    include {dir}/conf.d/*.conf;
-}}
-"""
 
 
 @dataclass
@@ -137,7 +91,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
     (directory / "conf.d").mkdir(parents=True)
     (directory / "temp").mkdir()
     rendered = render(TEMPLATE.read_text(), values)
-    unset = re.findall(r"\$\{?PROXY_[A-Z0-9_]+", rendered)
+    unset = unset_names(rendered)
     assert not unset, f"{unset}: names of the template that docker-compose.yml does not set"
     (directory / "conf.d" / "default.conf").write_text(rendered)
     (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))

@@ -280,7 +280,8 @@ def test_sigterm_fails_readiness_first_and_lets_in_flight_requests_finish(
         assert status == 200
         assert body == expected[path]
     assert server.process.wait(15) in (0, -signal.SIGTERM)
-    assert "Waiting for connections to close" in server.log()
+    stopping = {"uvicorn": "Waiting for connections to close", "granian": "Stopping worker-1"}
+    assert stopping[os.environ.get(conftest.TEST_SERVER_ENV) or "uvicorn"] in server.log()
 
 
 # --- settings: file, environment, flags; refusing what is unknown ---------------------------------------------------

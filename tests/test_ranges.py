@@ -331,7 +331,7 @@ def test_range_read_of_a_shard_reads_little_from_disk(
 ) -> None:
     url = f"{sharded_gateway.url}/data/zarr3/{ORG}/{DATASET}/{layer}/1/c/0/0/0/0"
     file_size = (test_data.mag_dir(layer, (1, 1, 1)) / "z0" / "y0" / "x0.wkw").stat().st_size
-    pid = sharded_gateway.process.pid  # uvicorn with one worker serves in this process
+    pid = sharded_gateway.serving_pid()
     size = int(session.head(url).headers["Content-Length"])  # plans the shard: header and jump table
     index = session.get(url, headers={"Range": f"bytes=-{16 * 64 + 4}"}).content
     offset, length = (int(v) for v in np.frombuffer(index[:-4], dtype="<u8").reshape(4, 4, 4, 2)[2, 1, 1])

@@ -8,7 +8,7 @@
   named by the ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL), 401
   without a valid token, 403 when the token lacks the grant. It decides exactly as the data routes
   do, so the proxy lets through only what the gateway would serve anyway.
-- On SIGTERM ``/readyz`` fails at once; ``drain_seconds`` later uvicorn stops accepting connections
+- On SIGTERM ``/readyz`` fails at once; ``drain_seconds`` later the server stops accepting connections
   and lets in-flight requests finish (``graceful_timeout``).
 """
 

@@ -1,0 +1,62 @@
+"""deploy/nginx.conf rendered as the nginx image renders it with docker-compose.yml's values.
+
+The tests run the rendered proxy in front of gateways, and the benchmark measures it; both render it
+here, the one way the image does.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+DEPLOY = Path(__file__).resolve().parent
+TEMPLATE = DEPLOY / "nginx.conf"
+COMPOSE = DEPLOY / "docker-compose.yml"
+
+# What the nginx image's /etc/nginx/nginx.conf does, with paths in a directory of one's own ({dir}).
+WRAPPER = """# What the nginx image's /etc/nginx/nginx.conf does, with paths in a temporary directory.
+daemon off;
+worker_processes 2;
+pid {dir}/nginx.pid;
+error_log {dir}/main-error.log notice;
+events {{ worker_connections 1024; }}
+http {{
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_timeout 65;
+    client_body_temp_path {dir}/temp/body;
+    proxy_temp_path {dir}/temp/proxy;
+    fastcgi_temp_path {dir}/temp/fastcgi;
+    uwsgi_temp_path {dir}/temp/uwsgi;
+    scgi_temp_path {dir}/temp/scgi;
+    include {dir}/conf.d/*.conf;
+}}
+"""
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """envsubst restricted to ``values`` (the image passes the defined ^PROXY_ variables): ${NAME} and $NAME."""
+    names = "|".join(map(re.escape, sorted(values, key=len, reverse=True)))
+    pattern = re.compile(r"\$\{(" + names + r")\}|\$(" + names + r")(?![A-Za-z0-9_])")
+    return pattern.sub(lambda m: values[m.group(1) or m.group(2)], template)
+
+
+def compose() -> dict[str, Any]:
+    import yaml
+
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
+
+
+def compose_defaults() -> dict[str, str]:
+    """The proxy's environment as docker-compose.yml sets it without a .env: ${NAME:-default} -> default."""
+    values = {}
+    for name, value in compose()["services"]["proxy"]["environment"].items():
+        match = re.fullmatch(r"\$\{(\w+):-(.*)\}", str(value))
+        values[name] = match.group(2) if match else str(value)
+    return values
+
+
+def unset_names(rendered: str) -> list[str]:
+    """Template names left in a rendered file: names docker-compose.yml does not set."""
+    return re.findall(r"\$\{?PROXY_[A-Z0-9_]+", rendered)

@@ -1,0 +1,117 @@
+"""``python -m benchmark``: the whole run, from the dataset to the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from . import __doc__ as package_doc
+from .config import CASES, FULL, REPO, SHORT, Mode, log
+from .dataset import build_dataset
+from .keys import chunk_sequences, write_paths
+from .load import wrk_binary
+from .long_runs import run_rss, tensorstore_read
+from .measure import run_groups
+from .nginx import nginx_binary
+from .prepare import prepare_key_sets, start_gateways
+from .processes import Server
+from .report import chart, compute_ratios, machine, markdown, update_readme
+from .run import Run
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_serve"]:
+        from .apps import serve_main
+
+        serve_main(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=(package_doc or "").split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="CI mode: a few seconds per case, small workloads")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-out", help="results directory (default bench-out)")
+    parser.add_argument("--work", type=Path, help="data and scratch directory (default OUT/work)")
+    parser.add_argument("--workers", type=int, default=2, help="workers of every Python server (default 2)")
+    parser.add_argument("--duration", type=int, help="seconds measured per case and round (default: 2 short, 6 full)")
+    parser.add_argument("--profile", type=int, help="seconds of py-spy sampling of the gateway (0: off)")
+    parser.add_argument("--rss-requests", type=int, help="requests of the long RSS run (default: 10⁶ in full mode)")
+    parser.add_argument("--readme", type=Path, help="also put the table between bench markers in this file")
+    parser.add_argument("--keep", action="store_true", help="keep static files and logs in the work directory")
+    args = parser.parse_args(argv)
+
+    mode = SHORT if args.short else FULL
+    overrides = {}
+    if args.duration:
+        overrides["duration"] = args.duration
+    if args.rss_requests:
+        overrides["rss_requests"] = args.rss_requests
+    if overrides:
+        mode = Mode(**{**asdict(mode), **overrides})
+    out = args.out.resolve()
+    work = (args.work or out / "work").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    run = Run(mode, out, work, args.workers, mode.profile if args.profile is None else args.profile)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    missing = [tool for tool, found in (("wrk", wrk_binary()), ("nginx", nginx_binary())) if not found]
+    if missing:
+        print(f"bench: {' and '.join(missing)} not installed; run scripts/install-system-packages", file=sys.stderr)
+        return 2
+    info = machine()
+    log(f"{mode.name} mode; {info['cores']} cores ({info['cpu']}); results in {out}")
+    facts = build_dataset(run.root, mode)
+    sequences = chunk_sequences(mode)
+    for name, requests in sequences.items():
+        write_paths(run.paths(name), requests)
+
+    gateways: dict[tuple[str, str], Server] = {}
+    try:
+        gateways = start_gateways(run)
+        prepare_key_sets(run, gateways, sequences)
+    except Exception as exc:
+        for server in gateways.values():
+            server.stop()
+        gateways = {}
+        for case in CASES:
+            run.fail(case, f"preparing the key sets failed: {type(exc).__name__}: {exc}")
+    if gateways:
+        try:
+            run_groups(run, sequences, gateways)
+        finally:
+            for server in gateways.values():
+                server.stop()
+        run.extras["tensorstore"] = tensorstore_read(run)
+    run_rss(run, sequences["many"], facts["many_files"])
+
+    compute_ratios(run)
+    table = markdown(run, info, facts)
+    (out / "results.md").write_text(table)
+    document = {
+        "machine": info,
+        "mode": asdict(mode),
+        "workers": run.workers,
+        "data": facts,
+        "results": [asdict(r) for r in run.results.values()],
+        "extras": run.extras,
+        "failures": run.failures,
+    }
+    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
+    chart(run, out / "results.png", info)
+    if args.readme:
+        update_readme(args.readme, table)
+    if not args.keep:
+        shutil.rmtree(work / "static", ignore_errors=True)
+        shutil.rmtree(run.logs, ignore_errors=True)
+    print(table)
+    log(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'results.png'}")
+    if run.failures:
+        print("bench: some cases failed:\n" + "\n".join(f"  {f}" for f in run.failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The request sequences: per key set, the same shuffled chunk keys for every server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .config import BLOCK, DATA_ORIGIN, SEED, V2, Mode, Vec3
+
+Request = tuple[str, str]  # (path, byte range "first-last" or "")
+
+
+def _grid(box: Vec3, edge: int) -> list[Vec3]:
+    """Chunk indices (relative) of the chunks of edge ``edge`` covering ``box``, in a fixed shuffled order."""
+    counts = [b // edge for b in box]
+    cells = [(x, y, z) for x in range(counts[0]) for y in range(counts[1]) for z in range(counts[2])]
+    order = np.random.default_rng(SEED + edge).permutation(len(cells))
+    return [cells[i] for i in order]
+
+
+def _absolute(rel: Vec3, edge: int, origin: Vec3 = DATA_ORIGIN) -> Vec3:
+    return (origin[0] // edge + rel[0], origin[1] // edge + rel[1], origin[2] // edge + rel[2])
+
+
+def v2_key(layer: str, index: Vec3) -> str:
+    return f"{V2}/{layer}/1/0.{index[0]}.{index[1]}.{index[2]}"
+
+
+def chunk_sequences(mode: Mode) -> dict[str, list[Request]]:
+    """The plain-chunk request sequences (path, range) of each key set; ranges of shards come later."""
+    u16_edge = BLOCK * mode.u16_file_len
+    return {
+        "u8-32": [(v2_key("color", _absolute(c, 32)), "") for c in _grid(mode.key_box, 32)],
+        "u16-32": [(v2_key("color16", _absolute(c, 32)), "") for c in _grid((u16_edge,) * 3, 32)],
+        "u8-64": [(v2_key("color", _absolute(c, 64)), "") for c in _grid(mode.key_box, 64)],
+        "u8-128": [(v2_key("color", _absolute(c, 128)), "") for c in _grid(mode.key_box, 128)],
+        "many": [(v2_key("many", _absolute(c, 32)), "") for c in _grid((mode.data_edge,) * 3, 32)],
+    }
+
+
+def write_paths(path: Path, requests: list[Request]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{p}\t{r}\n" if r else f"{p}\n" for p, r in requests))
+    return path
+
+
+def chunk_index(path: str) -> Vec3:
+    """The (x, y, z) index of a v2 chunk key ``.../0.x.y.z``."""
+    x, y, z = (int(v) for v in path.rsplit("/", 1)[1].split(".")[1:])
+    return x, y, z

@@ -1,0 +1,168 @@
+"""The measured cases: per key set, every server up at once and the cases run in interleaved rounds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, KEYSETS, ORG, Case, log
+from .keys import Request, chunk_index, write_paths
+from .load import run_wrk, summarize, wrk_round
+from .nginx import start_nginx, start_proxy
+from .prepare import GatewayKey, check_static, check_xpublish, token_headers
+from .processes import Server, start_python_app
+from .profiling import profile_server
+from .run import Run
+
+PROFILED = ("floor", "gateway pass-through", "gateway pass-through on granian")  # sampled in the u8-32 group
+
+
+class Target:
+    """What a case sends its load to, which processes serve it, and the list of requests it walks.
+
+    ``check`` waits until the server answers on all its workers and checks what it serves; the
+    servers of a group are launched first and checked after, so that they start up side by side.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        paths: Path,
+        serving: list[Server],
+        started: bool,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.server = server
+        self.paths = paths
+        self.serving = serving  # whose CPU time counts: the proxy's case counts the gateway behind it too
+        self.started = started  # started for this group (stopped after it), not a long-lived gateway
+        self.check = check
+
+
+def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> Target:
+    keyset = case.keyset
+    paths = run.paths(keyset)
+    if case.kind == "gateway":
+        gateway = gateways[(case.config, case.http)]
+        return Target(gateway, paths, [gateway], started=False)
+    if case.kind == "xpublish":
+        return _launch_xpublish(run, case, sequences[keyset])
+    first, span = sequences[keyset][0]
+    ready = {"Range": "bytes=0-0"} if span else {}
+    ready.update(token_headers(case.token) or {})
+    sample = sequences[keyset][:: max(1, len(sequences[keyset]) // 5)]
+    serving: list[Server] = []
+    if case.kind == "nginx":
+        server = start_nginx(run.static(keyset), run.work, run.logs)
+    elif case.kind in ("floor", "bare"):
+        env = {"BENCH_FLOOR_ROOT": str(run.static(keyset))}
+        server = start_python_app(case.kind, case.http, run.workers, run.logs, env)
+    elif case.kind == "proxy":
+        gateway = gateways[(case.config, case.http)]
+        server = start_proxy(gateway.port, run.work, run.logs)
+        serving.append(gateway)
+    else:
+        raise ValueError(case.kind)
+
+    def check() -> None:
+        server.wait_ready(first, run.workers if case.kind in ("floor", "bare") else 1, ready or None)
+        check_static(server, run.static(keyset), sample, case.token)
+
+    return Target(server, paths, [server, *serving], started=True, check=check)
+
+
+def _launch_xpublish(run: Run, case: Case, sequence: list[Request]) -> Target:
+    try:
+        import xpublish  # noqa: F401
+        import xpublish_zarr  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"xpublish is not installed ({exc}); install the project's bench extra") from None
+    base = [o // BLOCK for o in DATA_ORIGIN]
+    requests = []
+    for path, _ in sequence:
+        x, y, z = (v - b for v, b in zip(chunk_index(path), base))
+        requests.append((f"/zarr/color/c/0/{x}/{y}/{z}", ""))
+    paths = write_paths(run.paths("xpublish"), requests)
+    env = {
+        "BENCH_XP_MAG": str(run.root / ORG / DATASET / "color" / "1"),
+        "BENCH_XP_ORIGIN": json.dumps(DATA_ORIGIN),
+        "BENCH_XP_SHAPE": json.dumps(run.mode.key_box),
+    }
+    server = start_python_app("xpublish", case.http, run.workers, run.logs, env)
+
+    def check() -> None:
+        server.wait_ready("/zarr/zarr.json", run.workers)
+        check_xpublish(run, server, sequence, requests)
+
+    return Target(server, paths, [server], started=True, check=check)
+
+
+def _start_group(
+    run: Run, keyset: str, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]
+) -> dict[Case, Target]:
+    """The servers of one key set, launched together, then each checked; a case that fails is recorded."""
+    launched: dict[Case, Target] = {}
+    for case in (c for c in CASES if c.keyset == keyset):
+        try:
+            launched[case] = _launch(run, case, sequences, gateways)
+        except Exception as exc:
+            run.fail(case, f"{type(exc).__name__}: {exc}")
+    targets: dict[Case, Target] = {}
+    for case, target in launched.items():
+        try:
+            target.check()
+            targets[case] = target
+        except Exception as exc:
+            if target.started:
+                target.server.stop()
+            run.fail(case, f"{type(exc).__name__}: {exc}")
+    return targets
+
+
+def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> None:
+    """Per key set: its servers all up at once, the cases measured in interleaved rounds.
+
+    Interleaving spreads the noise of a shared machine over every case alike, so the ratios within
+    a group hold better than those of back-to-back runs would; each figure is a median over rounds.
+    """
+    for keyset in KEYSETS:
+        targets = _start_group(run, keyset, sequences, gateways)
+        rounds: dict[Case, list[dict[str, Any]]] = {case: [] for case in targets}
+        broken: dict[Case, str] = {}
+        try:
+            for number in range(run.mode.rounds):
+                for case, target in targets.items():
+                    if case in broken:
+                        continue
+                    try:
+                        if number == 0:
+                            run_wrk(target.server.url, target.paths, run.mode.warmup, case.token)
+                        stats = wrk_round(target.server, target.paths, run.mode.duration, case.token, target.serving)
+                        rounds[case].append(stats)
+                    except Exception as exc:
+                        broken[case] = f"{type(exc).__name__}: {exc}"
+                log(f"[{keyset}] round {number + 1} of {run.mode.rounds} done")
+            if run.profile and keyset == "u8-32":
+                _profile(run, targets, broken)
+        finally:
+            for case, target in targets.items():
+                if case in broken:
+                    run.fail(case, broken[case])
+                elif rounds[case]:
+                    rss_of = None if case.kind in ("nginx", "proxy") else target.server
+                    run.record(case, summarize(case, rounds[case], rss_of))
+            for target in targets.values():
+                if target.started:
+                    target.server.stop()
+                    target.server.log_path.unlink(missing_ok=True)
+
+
+def _profile(run: Run, targets: dict[Case, Target], broken: dict[Case, str]) -> None:
+    profiles = run.extras.setdefault("profile", {})
+    for case, target in targets.items():
+        if case.name in PROFILED and case not in broken:
+            log(f"profiling {case.name} with py-spy for {run.profile} s")
+            raw = run.out / f"profile-{case.name.replace(' ', '-')}.txt"
+            profiles[case.name] = profile_server(target.server, target.paths, run.profile, raw)

@@ -1,0 +1,95 @@
+"""nginx twice: serving the gateway's bytes as static files (the ceiling), and as the deployment's proxy.
+
+The proxy is deploy/nginx.conf rendered as docker-compose.yml's defaults render it (deploy/render.py,
+the same rendering the deployment tests run), in front of a gateway on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from deploy.render import TEMPLATE, WRAPPER, compose_defaults, render, unset_names
+
+from .processes import Server, clean_env, free_port
+
+# One load generator is one client address: the per-client rate and connection limits of the
+# deployment would answer most of its requests with 429. Everything else stays as deployed.
+PROXY_UNLIMITED = {"PROXY_RATE_LIMIT": "1000000r/s", "PROXY_RATE_BURST": "1000000", "PROXY_CONN_LIMIT": "4096"}
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+def start_nginx(static: Path, work: Path, logs: Path) -> Server:
+    """nginx serving ``static`` as files, tuned as a static server would be (the ceiling)."""
+    binary = nginx_binary()
+    if binary is None:
+        raise RuntimeError("nginx is not installed (scripts/install-system-packages installs it)")
+    port = free_port()
+    prefix = work / f"nginx-{port}"
+    for sub in ("tmp", "logs"):
+        (prefix / sub).mkdir(parents=True, exist_ok=True)
+    user = ""
+    if os.geteuid() == 0:  # workers would run as nobody and could not enter a private (0700) tree
+        import grp
+        import pwd
+
+        user = f"user {pwd.getpwuid(os.getuid()).pw_name} {grp.getgrgid(os.getgid()).gr_name};"
+    conf = f"""
+{user}
+worker_processes 2;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000000;
+    keepalive_timeout 120s;
+    default_type application/octet-stream;
+    client_body_temp_path {prefix}/tmp/body;
+    proxy_temp_path {prefix}/tmp/proxy;
+    fastcgi_temp_path {prefix}/tmp/fastcgi;
+    uwsgi_temp_path {prefix}/tmp/uwsgi;
+    scgi_temp_path {prefix}/tmp/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {static};
+        location / {{ }}
+    }}
+}}
+"""
+    (prefix / "nginx.conf").write_text(conf)
+    args = [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", "stderr"]
+    return Server("nginx", args, port, logs / f"nginx-{port}.log", clean_env())
+
+
+def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
+    """deploy/nginx.conf as the compose file's defaults render it, in front of the gateway on ``upstream_port``."""
+    binary = nginx_binary()
+    if binary is None:
+        raise RuntimeError("nginx is not installed (scripts/install-system-packages installs it)")
+    port = free_port()
+    directory = work / f"proxy-{port}"
+    for sub in ("conf.d", "temp"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    values = compose_defaults()
+    values.pop("NGINX_ENVSUBST_FILTER")
+    values.update(
+        PROXY_LISTEN=f"127.0.0.1:{port}",
+        PROXY_UPSTREAM_SERVERS=f"server 127.0.0.1:{upstream_port};",
+        **PROXY_UNLIMITED,
+    )
+    rendered = render(TEMPLATE.read_text(), values)
+    unset = unset_names(rendered)
+    if unset:
+        raise RuntimeError(f"{unset}: names of deploy/nginx.conf that docker-compose.yml does not set")
+    (directory / "conf.d" / "default.conf").write_text(rendered)
+    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    args = [binary, "-c", str(directory / "nginx.conf"), "-p", str(directory)]
+    return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env())

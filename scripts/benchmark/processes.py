@@ -1,0 +1,193 @@
+"""The servers the benchmark starts (each in its own process group) and a keep-alive client for checks."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .config import GATEWAYS, SCRIPTS, WITH_TOKENS
+
+
+class Client:
+    """Keep-alive HTTP/1.1 GETs to one loopback server, one connection per thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.local = threading.local()
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+        for attempt in range(2):
+            connection = getattr(self.local, "connection", None)
+            if connection is None:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+                self.local.connection = connection
+            try:
+                connection.request("GET", path, headers=headers or {})
+                response = connection.getresponse()
+                body = response.read()
+                return response.status, body, {k.lower(): v for k, v in response.getheaders()}
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                self.local.connection = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def get_ok(self, path: str, headers: dict[str, str] | None = None) -> bytes:
+        status, body, _ = self.get(path, headers)
+        if status not in (200, 206):
+            raise RuntimeError(f"GET {path} {headers or ''}: HTTP {status}: {body[:300]!r}")
+        return body
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def status_kib(pid: int, name: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Server:
+    """A server process group we started; stopped by its own process-group id."""
+
+    def __init__(self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.port = port
+        self.log_path = log_path
+        self.log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            args, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.client = Client(port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, size: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-size:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, path: str, workers: int, headers: dict[str, str] | None = None, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not answer {path} within {timeout:.0f} s:\n{self.log_tail()}")
+            try:
+                status, _, _ = self.client.get(path, headers)
+                if status in (200, 206) and (workers <= 1 or len(self.workers()) >= workers):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        for _ in range(8 * workers):  # every worker answers (connections land on workers in turn)
+            Client(self.port).get(path, headers)
+
+    def workers(self) -> list[int]:
+        return _children(self.process.pid) or [self.process.pid]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time so far of the server and its worker processes."""
+        total = 0
+        for pid in {self.process.pid, *_children(self.process.pid)}:
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float | None:
+        """The largest VmHWM (peak resident set) among the worker processes."""
+        values = [v for v in (status_kib(pid, "VmHWM") for pid in self.workers()) if v is not None]
+        return max(values) / 1024 if values else None
+
+    def rss_mb(self) -> list[float]:
+        values = [status_kib(pid, "VmRSS") for pid in self.workers()]
+        return [v / 1024 for v in values if v is not None]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.log_file.close()
+
+
+@contextlib.contextmanager
+def running(server: Server, ready_path: str, workers: int, headers: dict[str, str] | None = None) -> Iterator[Server]:
+    try:
+        server.wait_ready(ready_path, workers, headers)
+        yield server
+    except BaseException:
+        server.stop()
+        raise
+    server.stop()
+    server.log_path.unlink(missing_ok=True)
+
+
+def clean_env() -> dict[str, str]:
+    """The environment of a server: none of the gateway's settings or the benchmark's own variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ZARR_GATEWAY_", "BENCH_"))}
+
+
+def start_gateway(config: str, http: str, root: Path, workers: int, logs: Path, tokens_file: Path | None) -> Server:
+    """The gateway in configuration ``config`` (GATEWAYS) on the HTTP server ``http``."""
+    port = free_port()
+    args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
+    args += ["--workers", str(workers), "--server", http, *GATEWAYS[config]]
+    if config in WITH_TOKENS:
+        if tokens_file is None:
+            raise ValueError(f"the gateway configuration {config!r} needs a tokens file")
+        args += ["--tokens-file", str(tokens_file)]
+    return Server(f"gateway {config} on {http}", args, port, logs / f"gateway-{config}-{http}-{port}.log", clean_env())
+
+
+def start_python_app(kind: str, http: str, workers: int, logs: Path, env: dict[str, str]) -> Server:
+    """One of the benchmark's own apps (see :mod:`benchmark.apps`) on the HTTP server ``http``."""
+    port = free_port()
+    args = [sys.executable, "-m", "benchmark", "_serve", kind, "--server", http, "--port", str(port)]
+    args += ["--workers", str(workers)]
+    pythonpath = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    env = {**clean_env(), **env, "PYTHONPATH": pythonpath}
+    return Server(f"{kind} on {http}", args, port, logs / f"{kind}-{http}-{port}.log", env)

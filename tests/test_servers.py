@@ -1,0 +1,145 @@
+"""The gateway on Granian (``--server granian``) behaves as on uvicorn, in the default test run too.
+
+The whole suite can run on Granian (GATEWAY_TEST_SERVER=granian); these tests keep the Granian path
+covered when it does not: the same bytes and headers as uvicorn, metrics summed over two workers,
+the same access lines, and the drain on SIGTERM in a worker process.
+"""
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import conftest
+import pytest
+import requests
+from conftest import ORG, Server
+from prometheus_client.parser import text_string_to_metric_families
+
+DATASET = f"/data/zarr/{ORG}/wk_dataset"
+PATHS = [
+    f"{DATASET}/color_u8/1/0.1.1.1",
+    f"{DATASET}/color_u16/2-2-1/0.0.1.0",
+    f"/data/zarr3/{ORG}/wk_dataset/segmentation/1/c/0/1/0/1",
+    f"{DATASET}/rgb/1/.zarray",
+]
+
+
+@pytest.fixture(scope="module")
+def metrics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("granian-metrics")
+
+
+def _all_workers_started(server: Server, workers: int) -> Server:
+    """The server answers once one worker does; wait (bounded) until Granian says every one has started."""
+    deadline = time.monotonic() + 30
+    while server.log().count("Started worker-") < workers:
+        assert time.monotonic() < deadline, f"not every worker started:\n{server.log()}"
+        time.sleep(0.1)
+    return server
+
+
+@pytest.fixture(scope="module")
+def granian(server_factory: Callable[..., Server], test_data: conftest.TestData, metrics_dir: Path) -> Server:
+    return _all_workers_started(server_factory(test_data.root, server="granian", workers=2, metrics_dir=metrics_dir), 2)
+
+
+@pytest.fixture(scope="module")
+def uvicorn(server_factory: Callable[..., Server], test_data: conftest.TestData) -> Server:
+    return server_factory(test_data.root, server="uvicorn")
+
+
+def _access_lines(server: Server) -> list[dict[str, object]]:
+    lines = []
+    for line in server.log().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("logger") == "gateway.access":
+            lines.append(record)
+    return lines
+
+
+def test_granian_answers_as_uvicorn_does(granian: Server, uvicorn: Server) -> None:
+    compared = ("content-type", "content-length", "etag", "last-modified", "cache-control", "accept-ranges")
+    for path in PATHS:
+        for headers in ({}, {"Range": "bytes=10-99"}):
+            ours = requests.get(granian.url + path, headers=headers, timeout=10)
+            theirs = requests.get(uvicorn.url + path, headers=headers, timeout=10)
+            assert (ours.status_code, ours.content) == (theirs.status_code, theirs.content), path
+            assert {k: ours.headers.get(k) for k in compared} == {k: theirs.headers.get(k) for k in compared}
+    missing = requests.get(granian.url + f"{DATASET}/color_u8/1/0.0.0.0", timeout=10)
+    assert missing.status_code == 404 and missing.json()["status"] == 404
+
+
+def _chunk_200s(server: Server) -> float:
+    text = requests.get(server.url + "/metrics", headers={"Connection": "close"}, timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "zarr_gateway_requests_total"
+        and (sample.labels.get("route"), sample.labels.get("status")) == ("chunk", "200")
+    )
+
+
+def test_granian_sums_metrics_over_its_workers_and_logs_access_lines(granian: Server, metrics_dir: Path) -> None:
+    time.sleep(1.5)  # a worker adds its tally to the shared metrics within a second
+    before = _chunk_200s(granian)
+    path = f"{DATASET}/color_u8/1/0.2.1.0"
+    for _ in range(20):  # a fresh connection each: they land on both workers
+        assert requests.get(granian.url + path, headers={"Connection": "close"}, timeout=10).status_code == 200
+    time.sleep(1.5)
+    assert [_chunk_200s(granian) - before for _ in range(6)] == [20.0] * 6, "every worker's scrape sums both"
+    pids = {p.stem.rsplit("_", 1)[1] for p in metrics_dir.glob("counter_*.db")}
+    assert len(pids) == 2, f"both workers answered: {pids}"
+
+    lines = [line for line in _access_lines(granian) if line["path"] == path]
+    assert len(lines) == 20
+    assert set(lines[0]) == {"request_id", "method", "path", "status", "bytes", "ms", "time", "level", "logger"}
+    assert (lines[0]["status"], lines[0]["method"]) == (200, "GET")
+
+
+def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: conftest.TestData) -> None:
+    server = _all_workers_started(server_factory(test_data.root, server="granian", workers=2, drain_seconds=1.5), 2)
+    assert requests.get(server.url + "/readyz", timeout=5).status_code == 200
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    for _ in range(4):  # both workers drain: each answers, with a fresh connection
+        ready = requests.get(server.url + "/readyz", headers={"Connection": "close"}, timeout=5)
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+    chunk = requests.get(server.url + f"{DATASET}/color_u8/1/0.1.1.1", timeout=5)
+    assert chunk.status_code == 200
+    deadline = time.monotonic() + 20  # drain_seconds, then the workers stop; bounded, not timed
+    refused = False
+    while not refused and time.monotonic() < deadline:
+        try:
+            requests.get(server.url + "/healthz", headers={"Connection": "close"}, timeout=5)
+            time.sleep(0.1)
+        except requests.ConnectionError:
+            refused = True
+    assert refused, "the listener closes after the drain"
+    assert server.process.wait(15) == 0
+    assert server.log().count("SIGTERM: /readyz fails from now") == 2
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
+    server_factory: Callable[..., Server], test_data: conftest.TestData
+) -> None:
+    """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on."""
+    for _ in range(3):  # the race is not hit every time
+        server = server_factory(test_data.root, server="granian", workers=2, drain_seconds=0.5)
+        workers = _children(server.process.pid)
+        assert len(workers) == 2
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(20) == 0
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in workers):
+            assert time.monotonic() < deadline, f"a worker serves on after the supervisor stopped:\n{server.log()}"
+            time.sleep(0.1)
