@@ -27,11 +27,9 @@ from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_ind
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.storage import LocalStorage
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
-from gateway.zarr.chunks import EncodedChunks
 from gateway.zarr.codecs import Codec
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
-from gateway.zarr.nodes import ChunkCaches
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
 from wkw_adapter import ByteLRU, FileChangedError, StoreUnavailableError, WkwError, WkwFileCache
@@ -433,7 +431,7 @@ def test_catalog_missing_mag_directory_is_a_layer_problem(wkw_root: Path, tmp_pa
     assert raw_layer.mags == {}
     assert raw_layer.problems == ["mag 2: directory not found or outside the data root"]
     # The tree lists the layer without mags as unusable, with that reason, and serves the other.
-    view = TREES["zarr"].build(dataset, ServeOptions(), ChunkCaches(ShardPlans(1 << 20), EncodedChunks(1 << 20)))
+    view = TREES["zarr"].build(dataset, ServeOptions(), ShardPlans(1 << 20))
     assert list(view.groups) == ["lz4"]
     assert "mag 2: directory not found" in view.unusable["raw"]
     assert "mag 2" in view.problems["lz4"]
@@ -466,7 +464,7 @@ def test_xarray_layer_named_like_a_coordinate_does_not_replace_it(wkw_root: Path
     (directory / "datasource-properties.json").write_text(json.dumps(properties))
     dataset = _catalog(tmp_path).dataset("org", DATASET)
     assert isinstance(dataset, Dataset)
-    view = TREES["xarray"].build(dataset, ServeOptions(), ChunkCaches(ShardPlans(1 << 20), EncodedChunks(1 << 20)))
+    view = TREES["xarray"].build(dataset, ServeOptions(), ShardPlans(1 << 20))
     group = view.group("1")
     for axis in ("x", "y", "z"):
         assert group.arrays[axis].dimension_names == (axis,), f"the coordinate {axis} was replaced"

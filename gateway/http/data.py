@@ -18,8 +18,7 @@ from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..storage import open_storage
-from ..zarr.chunks import EncodedChunks
-from ..zarr.nodes import ArrayNode, ChunkCaches
+from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
@@ -46,9 +45,7 @@ class Gateway:
         self.files = WkwFileCache(self.storage, max_bytes=settings.cache_bytes // 4)
         self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
-        self.shards = ShardPlans(settings.cache_bytes // 4)
-        self.encoded = EncodedChunks(settings.cache_bytes // 4)
-        self.caches = ChunkCaches(self.shards, self.encoded)
+        self.shards = ShardPlans(settings.cache_bytes // 2)
         self.previews = Previews(settings.cache_bytes // 16)
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
@@ -70,12 +67,11 @@ class Gateway:
         return grant
 
     def caches_by_name(self) -> dict[str, ByteLRU]:
-        """The bounded caches, for the metrics: WKW headers and jump tables, shard plans, encoded chunks,
-        Zarr shard indexes, previews."""
+        """The bounded caches, for the metrics: WKW headers and jump tables, shard plans, Zarr shard indexes,
+        previews."""
         return {
             "files": self.files.lru,
             "shards": self.shards.lru,
-            "chunks": self.encoded.lru,
             "indexes": self.catalog.index_cache,
             "previews": self.previews.cache,
         }
@@ -84,7 +80,7 @@ class Gateway:
         key = (dataset.organization, dataset.name, tree.name)
         view = self._views.get(key)
         if view is None or view.dataset is not dataset:
-            view = self._views[key] = tree.build(dataset, self.options, self.caches)
+            view = self._views[key] = tree.build(dataset, self.options, self.shards)
         return view
 
     async def _storage_call(self, function: Callable[..., T], *args: Any) -> T:

@@ -45,6 +45,7 @@ class StoredBlocks:
     """The blocks of one stored file cube in file order: what a virtual shard is laid out from.
 
     ``block_coords[i]`` are the cube-local ``(x, y, z)`` block coordinates of file block ``i``;
+    ``block_table()`` computes where the blocks lie, so it costs nothing when a cached plan is used;
     ``read_span(offset, length)`` reads file bytes of this very version of the file.
     """
 
@@ -54,8 +55,7 @@ class StoredBlocks:
     blocks_per_edge: int
     block_bytes: int
     encoding: StoredEncoding
-    offsets: np.ndarray
-    lengths: np.ndarray
+    block_table: Callable[[], tuple[np.ndarray, np.ndarray]]  # each block's (offset, length) in the file
     block_coords: np.ndarray  # (blocks, 3) int64
     read_span: Callable[[int, int], bytes]
 
@@ -160,11 +160,6 @@ class MagSource:
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         """Voxels of a box that lies inside the bounding box, as ``[c, x, y, z]``."""
         raise NotImplementedError
-
-    def sources_of(self, lo: Vec3, hi: Vec3) -> list[FileSource] | None:
-        """The files :meth:`read_box` of ``[lo, hi)`` would read, with their current identities, found
-        without reading them (in the order ``read_box`` reports them); None if the source cannot say."""
-        return None
 
     # --- stored bytes, where a source can hand them out unchanged ------------------------------
 

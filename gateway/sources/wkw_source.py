@@ -31,20 +31,6 @@ class WkwMagSource(MagSource):
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)
 
-    def sources_of(self, lo: Vec3, hi: Vec3) -> list[FileSource] | None:
-        inner = self.clip(lo, hi)
-        if inner is None:
-            return []
-        shift = self.wkw.header.block_len_log2 + self.wkw.header.file_len_log2
-        (ax, ay, az), (bx, by, bz) = inner
-        found: list[FileSource] = []
-        for x in range(ax >> shift, ((bx - 1) >> shift) + 1):  # the order WkwMag reads cubes in
-            for y in range(ay >> shift, ((by - 1) >> shift) + 1):
-                for z in range(az >> shift, ((bz - 1) >> shift) + 1):
-                    wkw_file = self.wkw.open_file((x, y, z))
-                    found.append((self.wkw.file_path((x, y, z)), None if wkw_file is None else wkw_file.identity))
-        return found
-
     @property
     def stored_chunk_shape(self) -> tuple[int, int, int, int]:
         edge = self.wkw.header.block_len
@@ -71,16 +57,17 @@ class WkwMagSource(MagSource):
             return None
         header = wkw_file.header
         count = header.blocks_per_file
-        if wkw_file.jump_table is None:
-            if wkw_file.identity.size < header.data_offset + count * header.block_bytes:
-                raise TruncatedFileError(f"{wkw_file.path}: raw file is shorter than its {count} blocks")
-            offsets = header.data_offset + np.arange(count, dtype=np.int64) * header.block_bytes
-            lengths = np.full(count, header.block_bytes, dtype=np.int64)
-        else:
+        if wkw_file.jump_table is None and wkw_file.identity.size < header.data_offset + count * header.block_bytes:
+            raise TruncatedFileError(f"{wkw_file.path}: raw file is shorter than its {count} blocks")
+        store, path, identity = self.wkw.files.store, wkw_file.path, wkw_file.identity
+
+        def block_table() -> tuple[np.ndarray, np.ndarray]:
+            if wkw_file.jump_table is None:
+                offsets = header.data_offset + np.arange(count, dtype=np.int64) * header.block_bytes
+                return offsets, np.full(count, header.block_bytes, dtype=np.int64)
             ends = wkw_file.jump_table.astype(np.int64)
             offsets = np.concatenate([[header.data_offset], ends[:-1]])
-            lengths = ends - offsets
-        store, path, identity = self.wkw.files.store, wkw_file.path, wkw_file.identity
+            return offsets, ends - offsets
 
         def read_span(offset: int, length: int) -> bytes:
             return store.read(path, offset, length, identity)
@@ -92,8 +79,7 @@ class WkwMagSource(MagSource):
             header.file_len,
             header.block_bytes,
             self._encoding,
-            offsets,
-            lengths,
+            block_table,
             _block_coords(header.file_len),
             read_span,
         )

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wkw_adapter import BlockDecodeError, ByteLRU
-from wkw_adapter.mag import FileSource
+from wkw_adapter import BlockDecodeError
 
 from ..sources.mag import ChunkNotFound, MagSource, StoredChunk, StoredEncoding
 from .blosc import lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
@@ -23,15 +22,7 @@ from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag, stored_
 
 Vec3 = tuple[int, int, int]
 
-__all__ = [
-    "ChunkNotFound",
-    "EncodedChunks",
-    "ServedMag",
-    "encoded_chunk",
-    "passthrough_chunk",
-    "plain_chunk",
-    "served_mag",
-]
+__all__ = ["ChunkNotFound", "ServedMag", "encoded_chunk", "passthrough_chunk", "plain_chunk", "served_mag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,33 +134,5 @@ def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     if region.sources is None:
         return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-    return bytes_resource(body, OCTET_STREAM, _sources_etag(served, index, region.sources), max(mtimes, default=None))
-
-
-def _sources_etag(served: ServedMag, index: tuple[int, ...], sources: list[FileSource]) -> str:
-    return make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in sources])
-
-
-class EncodedChunks:
-    """Chunks that had to be read and encoded, kept by the identities of the files they were read from.
-
-    Viewers ask for the same chunks again and again (panning back, several people on one dataset);
-    a hit costs a stat per file instead of decoding blocks and encoding the chunk. A file that changes
-    changes its identity, so a stale chunk is never found.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.lru: ByteLRU[Resource] = ByteLRU(max_bytes)
-
-    def chunk(self, served: ServedMag, index: tuple[int, ...]) -> Resource:
-        lo, hi, _ = _chunk_box(served, index)
-        sources = served.source.sources_of(lo, hi)
-        if sources is None:  # the source cannot name its files: nothing to key a cache on
-            return encoded_chunk(served, index)
-        key = (served.fingerprint, index, tuple(sources))
-        found = self.lru.get(key)
-        if found is None:
-            found = encoded_chunk(served, index)
-            if found.etag == _sources_etag(served, index, sources):  # read from the versions looked up
-                self.lru.put(key, found, found.size + 512)
-        return found
+    etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
+    return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .chunks import ChunkNotFound, EncodedChunks, ServedMag, passthrough_chunk
+from .chunks import ChunkNotFound, ServedMag, encoded_chunk, passthrough_chunk, plain_chunk
 from .layout import array_zarr_json, zarray
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
 from .shards import ShardPlans
@@ -44,14 +44,6 @@ class ArrayNode(ABC):
         """The chunk, produced with any I/O and computation it needs: run it off the event loop."""
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkCaches:
-    """The caches arrays share: shard layouts and encoded chunks (each bounded in bytes)."""
-
-    shards: ShardPlans
-    encoded: EncodedChunks
-
-
 class SourceArray(ArrayNode):
     """A mag of a layer as one array; ``plans`` is set when it is served as virtual shards."""
 
@@ -59,12 +51,10 @@ class SourceArray(ArrayNode):
         self,
         served: ServedMag,
         dimension_names: tuple[str, ...],
-        encoded: EncodedChunks,
         attributes: dict | None = None,
         plans: ShardPlans | None = None,
     ) -> None:
         self.served = served
-        self.encoded = encoded
         self.layout = served.layout
         self.dimension_names = dimension_names
         self.attributes = attributes or {}
@@ -91,11 +81,8 @@ class SourceArray(ArrayNode):
         full = self._source_index(index)
         if self.plans is not None:
             return self.plans.shard(self.served, full)
-        if not self._cheap:  # not offered the pass-through yet
-            stored = passthrough_chunk(self.served, full)
-            if stored is not None:
-                return stored
-        return self.encoded.chunk(self.served, full)
+        # A cheap source was offered the pass-through already; what is left is read and encoded.
+        return encoded_chunk(self.served, full) if self._cheap else plain_chunk(self.served, full)
 
 
 class MemoryArray(ArrayNode):

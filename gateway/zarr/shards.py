@@ -57,7 +57,7 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
     hi = lo + side
     inside = np.all(lo >= source.bbox_lo, axis=1) & np.all(hi <= source.bbox_hi, axis=1)
     present = ~(np.any(hi <= source.bbox_lo, axis=1) | np.any(lo >= source.bbox_hi, axis=1))
-    offsets, lengths = blocks.offsets, blocks.lengths
+    offsets, lengths = blocks.block_table()
     if np.any(present & (lengths == 0)):
         raise BlockDecodeError(f"{blocks.origin}: a block has no bytes in the jump table")
     if compressed and np.any(present & inside & (lengths > lz4_bound(block_bytes))):

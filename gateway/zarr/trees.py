@@ -29,9 +29,9 @@ from .chunks import served_mag
 from .codecs import Codec
 from .keys import MalformedKey, parse_v2_key, parse_v3_key
 from .layout import AXES, ArrayLayout, LayerDescription, MagArray, group_zarr_json, ome_v04, ome_v05
-from .nodes import ArrayNode, ChunkCaches, GroupNode, MemoryArray, SourceArray
+from .nodes import ArrayNode, GroupNode, MemoryArray, SourceArray
 from .resource import JSON, Resource, bytes_resource
-from .shards import shard_inner_codec
+from .shards import ShardPlans, shard_inner_codec
 
 PROPERTIES = "datasource-properties.json"
 V2_METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata")
@@ -105,7 +105,7 @@ class Tree(ABC):
     array_files: tuple[str, ...]
 
     @abstractmethod
-    def build(self, dataset: Dataset, options: ServeOptions, caches: ChunkCaches) -> DatasetView:
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
         """The dataset as this tree serves it."""
 
     @abstractmethod
@@ -175,7 +175,7 @@ class LayerTree(Tree):
     group_kind = "layer"
     array_kind = "mag"
 
-    def build(self, dataset: Dataset, options: ServeOptions, caches: ChunkCaches) -> DatasetView:
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
         scale = dataset.properties.scale
         groups: dict[str, GroupNode] = {}
         unusable: dict[str, str] = {}
@@ -188,8 +188,8 @@ class LayerTree(Tree):
             described = []
             for mag, source in layer.mags.items():
                 layout = _layout(source, self.zarr_format, options)
-                sharded = caches.shards if layout.shard_shape is not None else None
-                arrays[mag_name(mag)] = SourceArray(served_mag(source, layout), AXES, caches.encoded, plans=sharded)
+                sharded = plans if layout.shard_shape is not None else None
+                arrays[mag_name(mag)] = SourceArray(served_mag(source, layout), AXES, plans=sharded)
                 described.append(MagArray(mag, mag_name(mag), layout))
             description = LayerDescription(name, scale.factor, scale.unit, tuple(described))
             groups[name] = GroupNode(name, self.layer_attributes(description), arrays)
@@ -326,7 +326,7 @@ class XarrayTree(Tree):
     group_files = ("zarr.json",)
     array_files = ("zarr.json",)
 
-    def build(self, dataset: Dataset, options: ServeOptions, caches: ChunkCaches) -> DatasetView:
+    def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
         scale = dataset.properties.scale
         plain = ServeOptions(options.codec, options.chunk_edge, sharded=False)
         by_mag: dict[tuple[int, int, int], dict[str, MagSource]] = {}
@@ -363,7 +363,7 @@ class XarrayTree(Tree):
                     arrays[channel] = MemoryArray(channel, np.arange(source.channels), {})
                 category = dataset.layers[layer_name].properties.category
                 attributes = {"long_name": layer_name, "category": category}
-                arrays[layer_name] = SourceArray(served_mag(source, layout), names, caches.encoded, attributes)
+                arrays[layer_name] = SourceArray(served_mag(source, layout), names, attributes)
             groups[mag_name(mag)] = GroupNode(mag_name(mag), {}, arrays)
         return DatasetView(self, dataset, groups, {}, problems)
 
