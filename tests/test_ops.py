@@ -192,7 +192,7 @@ def test_metrics_count_storage_errors(
     data_file = tmp_path / ORG / "wk_dataset" / "color_u16" / "1" / "z0" / "y0" / "x0.wkw"
     with open(data_file, "r+b") as f:
         f.write(b"XYZ")  # no longer WKW: a storage fault, not a missing chunk
-    server = server_factory(tmp_path)
+    server = server_factory(tmp_path, settle_seconds=0)  # the fault itself, not its freshness
     before = scrape(server)
     for _ in range(2):
         response = requests.get(f"{server.url}{DATASET}/color_u16/1/0.2.2.1", timeout=10)

@@ -88,7 +88,7 @@ def test_a_truncated_shard_file_is_the_same_5xx_as_a_plain_chunk(
 ) -> None:
     path = data_file(root)
     os.truncate(path, path.stat().st_size // 2)
-    server = server_factory(root, v3_layout="sharded")
+    server = server_factory(root, v3_layout="sharded", settle_seconds=0)  # the fault itself, not its freshness
     shard = requests.get(server.url + SHARD, timeout=30)
     plain = requests.get(server.url + PLAIN_CHUNK, timeout=30)
     assert shard.status_code == plain.status_code == 500
