@@ -135,6 +135,10 @@ def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
     settings.setdefault("workers", 1)  # one process per test server keeps the suite light on 2 cores
     settings.setdefault("server", os.environ.get(TEST_SERVER_ENV) or "uvicorn")
+    if "settings_file" not in settings:  # a flag would override the file's settle_seconds
+        # Tests write data and read it at once; the settle rule itself is tested in test_data_safety.py,
+        # whose gateways take their settings from a file and keep the default unless they say otherwise.
+        settings.setdefault("settle_seconds", 0)
     for key, value in settings.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"

@@ -356,7 +356,7 @@ def test_data_that_appears_late_is_served_without_a_restart(
     write_properties(dataset_dir, {"mounted": None, "uploaded": None})
     (dataset_dir / "mounted").symlink_to(volume / "mounted", target_is_directory=True)  # dangling for now
     properties = (dataset_dir / "datasource-properties.json").stat()
-    server = serve(server_factory, root, extra_roots=[str(volume)])
+    server = serve(server_factory, root, extra_roots=[str(volume)], settle_seconds=0)
     for layer in ("mounted", "uploaded"):
         response = requests.get(f"{layer_url(server, layer)}/.zattrs", timeout=30)
         assert response.status_code == 404 and "no servable layer" in response.json()["error"], response.text
@@ -405,7 +405,7 @@ def test_extra_roots_are_trusted_and_nothing_else(
     volumes: tuple[Path, Path, Path, np.ndarray], server_factory: Callable[..., Server]
 ) -> None:
     root, second, _, data = volumes
-    server = serve(server_factory, root, extra_roots=[str(second)])
+    server = serve(server_factory, root, extra_roots=[str(second)], settle_seconds=0)
     for layer in ("on_second", "absolute_second"):
         array = zarr.open_array(f"{layer_url(server, layer)}/1", mode="r")
         np.testing.assert_array_equal(array[:], data, err_msg=layer)
@@ -414,7 +414,7 @@ def test_extra_roots_are_trusted_and_nothing_else(
         assert response.status_code == 404, response.text
         assert "outside the data root" in response.json()["error"], response.text
 
-    plain = serve(server_factory, root)  # without the setting, the second volume is outside too
+    plain = serve(server_factory, root, settle_seconds=0)  # without the setting, the second volume is outside too
     for layer in ("on_second", "absolute_second", "on_third", "absolute_third"):
         response = requests.get(f"{layer_url(plain, layer)}/1/0.0.0.0", timeout=30)
         assert response.status_code == 404 and "outside the data root" in response.json()["error"], layer
@@ -442,7 +442,7 @@ def test_replicas_mounting_a_volume_elsewhere_give_the_same_etags(
         root = tmp_path / f"root{number}"
         write_properties(root / ORG / DATASET, {"color": None})
         (root / ORG / DATASET / "color").symlink_to(mount / "color", target_is_directory=True)
-        replicas.append(serve(server_factory, root, extra_roots=[str(mount)], v3_layout="sharded"))
+        replicas.append(serve(server_factory, root, extra_roots=[str(mount)], v3_layout="sharded", settle_seconds=0))
     paths = ["zarr/{ds}/color/1/0.1.2.3", "zarr/{ds}/color/1/0.0.0.0", "zarr3/{ds}/color/1/c/0/0/0/0"]
     for path in paths:
         url = path.format(ds=f"{ORG}/{DATASET}")
