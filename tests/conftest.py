@@ -121,6 +121,18 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    def access_lines(self) -> list[dict]:
+        """The gateway's access log records (one JSON object a line), in order."""
+        lines = []
+        for line in self.log().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("logger") == "gateway.access":
+                lines.append(record)
+        return lines
+
     def serving_pid(self) -> int:
         """The process that answers requests: uvicorn with one worker serves in its own, Granian in its worker."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()

@@ -115,15 +115,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
 
 
 def access_lines(server: Server) -> list[dict]:
-    lines = []
-    for line in server.log().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("logger") == "gateway.access":
-            lines.append(record)
-    return lines
+    return server.access_lines()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5) -> bool:

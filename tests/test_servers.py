@@ -5,7 +5,6 @@ covered when it does not: the same bytes and headers as uvicorn, metrics summed 
 the same access lines, and the drain on SIGTERM in a worker process.
 """
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -50,18 +49,6 @@ def uvicorn(server_factory: Callable[..., Server], test_data: conftest.TestData)
     return server_factory(test_data.root, server="uvicorn")
 
 
-def _access_lines(server: Server) -> list[dict[str, object]]:
-    lines = []
-    for line in server.log().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("logger") == "gateway.access":
-            lines.append(record)
-    return lines
-
-
 def test_granian_answers_as_uvicorn_does(granian: Server, uvicorn: Server) -> None:
     compared = ("content-type", "content-length", "etag", "last-modified", "cache-control", "accept-ranges")
     for path in PATHS:
@@ -96,7 +83,7 @@ def test_granian_sums_metrics_over_its_workers_and_logs_access_lines(granian: Se
     pids = {p.stem.rsplit("_", 1)[1] for p in metrics_dir.glob("counter_*.db")}
     assert len(pids) == 2, f"both workers answered: {pids}"
 
-    lines = [line for line in _access_lines(granian) if line["path"] == path]
+    lines = [line for line in granian.access_lines() if line["path"] == path]
     assert len(lines) == 20
     assert set(lines[0]) == {"request_id", "method", "path", "status", "bytes", "ms", "time", "level", "logger"}
     assert (lines[0]["status"], lines[0]["method"]) == (200, "GET")
