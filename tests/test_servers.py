@@ -6,6 +6,7 @@ the same access lines, and the drain on SIGTERM in a worker process.
 """
 
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,13 +120,21 @@ def _children(pid: int) -> list[int]:
 def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
     server_factory: Callable[..., Server], test_data: conftest.TestData
 ) -> None:
-    """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on."""
+    """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on.
+
+    A short graceful timeout bounds the supervisor's wait for a worker that does not stop by itself
+    (it then kills it), so the supervisor must be gone well within the 20 s this test waits.
+    """
     for _ in range(3):  # the race is not hit every time
-        server = server_factory(test_data.root, server="granian", workers=2, drain_seconds=0.5)
+        server = server_factory(test_data.root, server="granian", workers=2, drain_seconds=0.5, graceful_timeout=2)
         workers = _children(server.process.pid)
         assert len(workers) == 2
         server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(20) == 0
+        try:
+            status = server.process.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the supervisor did not stop within 20 s of SIGTERM:\n{server.log()}")
+        assert status == 0, server.log()
         deadline = time.monotonic() + 10
         while any(Path(f"/proc/{pid}").exists() for pid in workers):
             assert time.monotonic() < deadline, f"a worker serves on after the supervisor stopped:\n{server.log()}"
