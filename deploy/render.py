@@ -1,7 +1,7 @@
-"""deploy/nginx.conf rendered as the nginx image renders it with docker-compose.yml's values.
+"""The proxy's templates (nginx.conf, auth-scope.conf) rendered as the nginx image renders them.
 
-The tests run the rendered proxy in front of gateways, and the benchmark measures it; both render it
-here, the one way the image does.
+The values are docker-compose.yml's. The tests run the rendered proxy in front of gateways, and the
+benchmark measures it; both render it here, the one way the image does.
 """
 
 import re
@@ -10,6 +10,9 @@ from typing import Any
 
 DEPLOY = Path(__file__).resolve().parent
 TEMPLATE = DEPLOY / "nginx.conf"
+AUTH_SCOPE = DEPLOY / "auth-scope.conf"
+# The templates docker-compose.yml mounts into the nginx image, by the name each is rendered to in conf.d.
+TEMPLATES = {"default.conf": TEMPLATE, "auth-scope.conf": AUTH_SCOPE}
 COMPOSE = DEPLOY / "docker-compose.yml"
 
 # What the nginx image's /etc/nginx/nginx.conf does, with paths in a directory of one's own ({dir}).
@@ -60,3 +63,20 @@ def compose_defaults() -> dict[str, str]:
 def unset_names(rendered: str) -> list[str]:
     """Template names left in a rendered file: names docker-compose.yml does not set."""
     return re.findall(r"\$\{?PROXY_[A-Z0-9_]+", rendered)
+
+
+def write_proxy_config(directory: Path, values: dict[str, str]) -> list[str]:
+    """Every template rendered into ``directory/conf.d`` and the image's wrapper as ``directory/nginx.conf``.
+
+    Returns the template names left unset (names docker-compose.yml does not set); ``conf.d`` and
+    ``temp`` are made if missing.
+    """
+    (directory / "conf.d").mkdir(parents=True, exist_ok=True)
+    (directory / "temp").mkdir(exist_ok=True)
+    unset: list[str] = []
+    for name, template in TEMPLATES.items():
+        rendered = render(template.read_text(), values)
+        unset += unset_names(rendered)
+        (directory / "conf.d" / name).write_text(rendered)
+    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    return unset

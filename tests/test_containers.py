@@ -31,6 +31,8 @@ import pytest
 import requests
 from conftest import ORG, OTHER_TOKEN, TOKEN, free_port
 
+from deploy.render import AUTH_SCOPE, TEMPLATES
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
@@ -390,7 +392,9 @@ def test_the_proxy_renders_its_template_and_has_njs(stack: Stack) -> None:
     assert "server gateway:8000;" in rendered and "listen 8080;" in rendered
     assert not re.search(r"\$\{?PROXY_[A-Z0-9]", rendered), "every PROXY_ name is substituted"
     assert "$request_uri" in rendered, "nginx's own variables are left alone"
-    assert stack.engine.docker("exec", proxy, "ls", "/etc/nginx/conf.d").split() == ["default.conf"]
+    assert stack.engine.docker("exec", proxy, "ls", "/etc/nginx/conf.d").split() == sorted(TEMPLATES)
+    scope = stack.engine.docker("exec", proxy, "cat", "/etc/nginx/conf.d/auth-scope.conf")
+    assert scope == AUTH_SCOPE.read_text(), "the file the Ingress controller shares is used as it is"
     # njs, as in the official image: a main-context configuration can load it by the same relative path
     njs_config = "load_module modules/ngx_http_js_module.so; events {} http { js_var $zg_njs_probe 1; }"
     check = f"printf '%s' '{njs_config}' > /tmp/njs.conf && nginx -t -c /tmp/njs.conf 2>&1"

@@ -26,7 +26,16 @@ import requests
 import yaml
 from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
 
-from deploy.render import COMPOSE, DEPLOY, TEMPLATE, WRAPPER, compose, compose_defaults, render, unset_names
+from deploy.render import (
+    COMPOSE,
+    DEPLOY,
+    TEMPLATE,
+    TEMPLATES,
+    compose,
+    compose_defaults,
+    render,
+    write_proxy_config,
+)
 from gateway.settings import Settings
 
 ENV_EXAMPLE = DEPLOY / ".env.example"
@@ -88,13 +97,8 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
         PROXY_AUTH_CACHE_DIR=str(auth_cache),
         **overrides,
     )
-    (directory / "conf.d").mkdir(parents=True)
-    (directory / "temp").mkdir()
-    rendered = render(TEMPLATE.read_text(), values)
-    unset = unset_names(rendered)
-    assert not unset, f"{unset}: names of the template that docker-compose.yml does not set"
-    (directory / "conf.d" / "default.conf").write_text(rendered)
-    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    unset = write_proxy_config(directory, values)
+    assert not unset, f"{unset}: names of the templates that docker-compose.yml does not set"
     command = [_tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
     check = subprocess.run([*command, "-t"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
@@ -680,8 +684,9 @@ def test_docker_compose_validates_the_compose_file(tmp_path: Path) -> None:
     assert any(v.endswith(":/etc/zarr-gateway:ro") for v in gateway["volumes"])
     assert "ports" not in gateway, "only the proxy is published"
     proxy = config["services"]["proxy"]
-    assert any(str(v).endswith(":/etc/nginx/templates/default.conf.template:ro") for v in proxy["volumes"])
-    assert str(TEMPLATE) in " ".join(map(str, proxy["volumes"]))
+    mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in proxy["volumes"]}
+    for name, template in TEMPLATES.items():  # each template the tests and the bench render is mounted
+        assert mounted.get(f"/etc/nginx/templates/{name}.template") == str(template), proxy["volumes"]
     assert proxy["depends_on"]["gateway"]["condition"] == "service_healthy"
 
 
@@ -706,10 +711,7 @@ def _nginx_command(values: dict[str, str], directory: Path) -> list[str]:
         "PROXY_UPSTREAM_SERVERS": "server 127.0.0.1:9;",  # the image resolves the service name; here a literal
         "PROXY_AUTH_CACHE_DIR": str(directory / "auth-cache"),
     }
-    (directory / "conf.d").mkdir()
-    (directory / "temp").mkdir()
-    (directory / "conf.d" / "default.conf").write_text(render(TEMPLATE.read_text(), values))
-    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    write_proxy_config(directory, values)
     return [_tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
 
 

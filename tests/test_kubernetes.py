@@ -7,6 +7,7 @@ real gateway is started with the environment, files and mounts a pod would get f
 """
 
 import base64
+import http.client
 import json
 import os
 import random
@@ -36,6 +37,7 @@ from gateway.settings import ENV_PREFIX, Settings
 REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
+AUTH_SCOPE = REPO / "deploy" / "auth-scope.conf"  # the controller's http-snippet (README, Kubernetes)
 OVERLAYS = ("object-storage", "shared-filesystem")
 # Schemas: the oldest version the README names (its preStop sleep action is on by default from 1.30) and
 # the newest one kubernetes-validate bundles.
@@ -356,7 +358,7 @@ def test_the_ingress_routes_data_but_no_internal_route(rendered: dict[str, list[
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_uri(
+def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_dataset(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
@@ -370,10 +372,13 @@ def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_uri(
     assert int(port) in {p["port"] for p in service["spec"]["ports"]}
     assert path == "/auth"
     # The gateway decides per dataset; the cached answer must be keyed by both ways a token comes (the
-    # header and the ?token= inside the request URI) and by the URI that names the dataset.
+    # header, and ?token= in the query as sent) and by the dataset, which the http-snippet's maps cut out.
     key = annotations[prefix + "auth-cache-key"]
-    assert "$http_x_auth_token" in key and "$request_uri" in key
+    assert {"$http_x_auth_token", "$zg_request_query", "$zg_auth_scope"} <= set(re.findall(r"\$\w+", key))
     assert re.fullmatch(r"[A-Za-z0-9\-_${}]*", key), "the controller accepts only variables and letters"
+    defined = set(re.findall(r"^map \S+ \$(\w+)", AUTH_SCOPE.read_text(), re.MULTILINE))
+    assert {"zg_auth_scope", "zg_request_query"} <= defined, "the http-snippet defines the key's variables"
+    assert "${" not in AUTH_SCOPE.read_text(), "the snippet is used as it is: it names no template value"
     assert re.fullmatch(r"204 \d+[sm]", annotations[prefix + "auth-cache-duration"]), "only grants are cached"
     assert annotations[prefix + "enable-cors"] == "true"
     for header in ("Range", "X-Auth-Token", "If-None-Match"):
@@ -633,6 +638,8 @@ http {{
     uwsgi_temp_path {dir}/temp/uwsgi;
     scgi_temp_path {dir}/temp/scgi;
     proxy_cache_path {dir}/auth-cache levels=1:2 keys_zone=auth_cache:1m;
+    # The controller's http-snippet.
+    include {auth_scope};
     server {{
         listen 127.0.0.1:{port};
 {locations}
@@ -709,7 +716,9 @@ def controller(
     config = directory / "nginx.conf"
     # Run as root (as the tests run in CI), workers would drop to a user that cannot write the cache here.
     user = "user root;\n" if os.geteuid() == 0 else ""
-    config.write_text(CONTROLLER.format(user=user, dir=directory, port=port, locations="".join(locations)))
+    config.write_text(
+        CONTROLLER.format(user=user, dir=directory, port=port, locations="".join(locations), auth_scope=AUTH_SCOPE)
+    )
     command = [nginx(), "-c", str(config), "-p", str(directory)]
     check = subprocess.run([*command, "-t"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
@@ -757,24 +766,47 @@ def test_through_the_ingress_every_read_is_authenticated(controller: Controller)
     assert requests.get(controller.url + theirs, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 403
 
 
-def test_through_the_ingress_grants_are_cached_per_token_and_uri(controller: Controller, filesystem_pod: Pod) -> None:
-    uri = f"/data/zarr/{ORG}/wk_dataset/color_u16/2-2-1/.zarray"  # asked for by no other test
+def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
+    controller: Controller, filesystem_pod: Pod
+) -> None:
+    """One check per token and dataset: every other request of that dataset is one gateway request.
+
+    A query no other test sends keeps the keys of this test apart from the cache entries of others.
+    """
+    probe = f"?cache-probe={random.randrange(1 << 30)}"
+    prefix = f"/data/zarr/{ORG}/wk_dataset/color_u8/1/"
+    paths = [prefix + name for name in (".zarray", "0.1.1.0", "0.2.1.0", "0.1.2.0", "0.2.2.1", ".zattrs")]
     before = gateway_requests(filesystem_pod, "/auth")
+    data_before = sum(gateway_requests(filesystem_pod, path) for path in paths)
 
     def auth_calls() -> int:
         time.sleep(0.2)  # access lines are written just after the answer
         return gateway_requests(filesystem_pod, "/auth") - before
 
-    assert requests.get(controller.url + uri, headers={"X-Auth-Token": "not-a-token"}, timeout=10).status_code == 401
-    assert requests.get(controller.url + uri, headers={"X-Auth-Token": "not-a-token"}, timeout=10).status_code == 401
+    def get(path: str, token: str) -> int:
+        """The path sent exactly as written (requests would turn an escaped "." back into a ".")."""
+        connection = http.client.HTTPConnection(urlsplit(controller.url).netloc, timeout=10)
+        try:
+            connection.request("GET", path, headers={"X-Auth-Token": token})
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    assert get(paths[0] + probe, "not-a-token") == 401
+    assert get(paths[0] + probe, "not-a-token") == 401
     assert auth_calls() == 2, "refusals are not cached: a new token works at once"
-    for _ in range(3):
-        assert requests.get(controller.url + uri, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 200
-    assert auth_calls() == 3, "a grant is asked for once, then cached"
-    # The same URI with another token, or with the token in the query, is another key: asked again.
-    assert requests.get(controller.url + uri, headers={"X-Auth-Token": OTHER_TOKEN}, timeout=10).status_code == 403
-    assert requests.get(f"{controller.url}{uri}?token={TOKEN}", timeout=10).status_code == 200
-    assert auth_calls() == 5
+    for path in paths:
+        assert get(path + probe, TOKEN) == 200
+    assert auth_calls() == 3, "a grant is asked for once per dataset, then cached for its other paths"
+    data_after = sum(gateway_requests(filesystem_pod, path) for path in paths)
+    assert data_after - data_before == len(paths), "each data request costs one gateway request, no more"
+    # Another token, another query, another dataset, or a path with an escape: asked again.
+    assert get(paths[0] + probe, OTHER_TOKEN) == 403
+    assert get(paths[1] + probe + "-2", TOKEN) == 200
+    assert get("/data/zarr/other_org/theirs/color_u8/1/.zarray" + probe, OTHER_TOKEN) == 200
+    assert get(prefix + "%2Ezarray" + probe, TOKEN) == 200
+    assert get(prefix + "%2Ezattrs" + probe, TOKEN) == 200
+    assert auth_calls() == 8
 
 
 @pytest.mark.parametrize("route", INTERNAL_ROUTES)

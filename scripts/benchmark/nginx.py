@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from deploy.render import TEMPLATE, WRAPPER, compose_defaults, render, unset_names
+from deploy.render import compose_defaults, write_proxy_config
 
 from .processes import Server, clean_env, free_port
 
@@ -70,14 +70,12 @@ http {{
 
 
 def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
-    """deploy/nginx.conf as the compose file's defaults render it, in front of the gateway on ``upstream_port``."""
+    """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``."""
     binary = nginx_binary()
     if binary is None:
         raise RuntimeError("nginx is not installed (scripts/install-system-packages installs it)")
     port = free_port()
     directory = work / f"proxy-{port}"
-    for sub in ("conf.d", "temp"):
-        (directory / sub).mkdir(parents=True, exist_ok=True)
     values = compose_defaults()
     values.pop("NGINX_ENVSUBST_FILTER")
     values.update(
@@ -85,11 +83,8 @@ def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
         PROXY_UPSTREAM_SERVERS=f"server 127.0.0.1:{upstream_port};",
         **PROXY_UNLIMITED,
     )
-    rendered = render(TEMPLATE.read_text(), values)
-    unset = unset_names(rendered)
+    unset = write_proxy_config(directory, values)
     if unset:
-        raise RuntimeError(f"{unset}: names of deploy/nginx.conf that docker-compose.yml does not set")
-    (directory / "conf.d" / "default.conf").write_text(rendered)
-    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+        raise RuntimeError(f"{unset}: names of deploy/'s templates that docker-compose.yml does not set")
     args = [binary, "-c", str(directory / "nginx.conf"), "-p", str(directory)]
     return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env())
