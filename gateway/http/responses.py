@@ -62,10 +62,13 @@ def _range_applies(headers: Headers, resource: Resource) -> bool:
 
 
 STREAM_PIECE = 4 << 20  # larger reads of a virtual object are sent piece by piece
+# A range of a resource with local reads up to this size is read on the event loop: a thread hand-off
+# costs more than such a read (a few positioned reads, see docs/architecture.md).
+INLINE_READ_BYTES = 1 << 20
 
 
 class Reader:
-    """Reads ranges of a resource: slices of a body in place, or the resource's reader in a thread."""
+    """Reads ranges of a resource: slices of a body in place, small local reads in place, the rest in a thread."""
 
     def __init__(self, resource: Resource, limiter: anyio.CapacityLimiter, context: str) -> None:
         self.resource = resource
@@ -78,6 +81,8 @@ class Reader:
             return resource.body if (start, end) == (0, resource.size) else resource.body[start:end]
         reader: Callable[[int, int], bytes] | None = resource.reader
         assert reader is not None
+        if resource.local_reads and end - start <= INLINE_READ_BYTES:
+            return reader(start, end)
         return await anyio.to_thread.run_sync(reader, start, end, limiter=self.limiter)
 
     async def body(self, start: int, end: int, head: bool) -> tuple[bytes, AsyncIterator[bytes] | None]:

@@ -4,6 +4,8 @@ An array's chunks come from a mag source (passed through, encoded, or as virtual
 shards) or, for the xarray tree's coordinates, from a small array held in memory.
 The HTTP layer asks every array the same two questions, whatever it is: a chunk
 that is cheap to produce (may run on the event loop), else one that is not.
+Cheap means cheaper than handing the work to a thread: memory, and small work on
+local files; anything on object storage goes to a thread.
 """
 
 from abc import ABC, abstractmethod
@@ -37,11 +39,19 @@ class ArrayNode(ABC):
 
     @abstractmethod
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
-        """The chunk if producing it needs no thread (in memory, or one local positioned read); else None."""
+        """The chunk if producing it costs less than a hand-off to a thread; else None.
+
+        That is: in memory, or a little work on local files (a few positioned reads, a small encode).
+        """
 
     @abstractmethod
     def costly_chunk(self, index: tuple[int, ...]) -> Resource:
         """The chunk, produced with any I/O and computation it needs: run it off the event loop."""
+
+
+# A chunk of at most this many raw bytes from local files is read and encoded on the event loop: a
+# thread hand-off costs about as much as encoding a 32^3 chunk, and the worker's CPU is busy either way.
+INLINE_ENCODE_BYTES = 512 << 10
 
 
 class SourceArray(ArrayNode):
@@ -61,7 +71,9 @@ class SourceArray(ArrayNode):
         self.plans = plans
         # Without a channel dimension, keys have one index fewer than the source's (c, x, y, z) grid.
         self._channel_dropped = len(dimension_names) == len(served.layout.shape) - 1
-        self._cheap = plans is None and served.source.reads_are_cheap
+        self._local = served.source.reads_are_cheap
+        chunk_bytes = int(np.prod(served.layout.chunk_shape)) * served.layout.dtype.itemsize
+        self._encodes_inline = self._local and plans is None and chunk_bytes <= INLINE_ENCODE_BYTES
 
     def zarr_json(self) -> dict:
         return array_zarr_json(self.layout, self.dimension_names, self.attributes)
@@ -73,16 +85,21 @@ class SourceArray(ArrayNode):
         return (0, *index) if self._channel_dropped else index
 
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
-        if not self._cheap:
+        if not self._local:
             return None
-        return passthrough_chunk(self.served, self._source_index(index))
+        full = self._source_index(index)
+        if self.plans is not None:
+            return self.plans.shard(self.served, full)  # a stat and a cached plan; its bytes are read later
+        if self._encodes_inline:
+            return plain_chunk(self.served, full)
+        return passthrough_chunk(self.served, full)
 
     def costly_chunk(self, index: tuple[int, ...]) -> Resource:
         full = self._source_index(index)
         if self.plans is not None:
             return self.plans.shard(self.served, full)
-        # A cheap source was offered the pass-through already; what is left is read and encoded.
-        return encoded_chunk(self.served, full) if self._cheap else plain_chunk(self.served, full)
+        # A local source was offered the pass-through already; what is left is read and encoded.
+        return encoded_chunk(self.served, full) if self._local else plain_chunk(self.served, full)
 
 
 class MemoryArray(ArrayNode):

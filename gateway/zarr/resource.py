@@ -27,8 +27,10 @@ def stored_etag(fingerprint: str, index: tuple[int, ...], origin: str, size: int
 class Resource:
     """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
 
-    A reader produces only the bytes asked for (it may do I/O, so callers run
-    it off the event loop); a body is sliced in place.
+    A reader produces only the bytes asked for. It may do I/O, so callers run it off the event loop,
+    unless ``local_reads`` says its reads are positioned reads of local files: then a small range
+    costs less than the hand-off to a thread and the caller may read it in place. A body is sliced
+    in place.
     """
 
     size: int
@@ -37,6 +39,7 @@ class Resource:
     body: bytes | None = None
     reader: Callable[[int, int], bytes] | None = None
     last_modified: float | None = None
+    local_reads: bool = False
 
 
 def bytes_resource(

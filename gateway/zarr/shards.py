@@ -160,7 +160,14 @@ class ShardPlans:
         def read(start: int, end: int) -> bytes:
             return read_shard(source, found, start, end)
 
-        return Resource(plan.size, etag, OCTET_STREAM, reader=read, last_modified=blocks.identity.mtime)
+        return Resource(
+            plan.size,
+            etag,
+            OCTET_STREAM,
+            reader=read,
+            last_modified=blocks.identity.mtime,
+            local_reads=source.reads_are_cheap,
+        )
 
 
 def shard_inner_codec(codec: Codec) -> Codec:
