@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import websocket
+from conftest import stop_process
 
 CHROMIUM_FLAGS = (
     "--headless=new",
@@ -173,11 +174,5 @@ class Browser:
     def close(self) -> None:
         if hasattr(self, "_browser"):
             self._browser.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 15)
         self._log.close()

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -104,6 +105,18 @@ def test_data(tmp_path_factory: pytest.TempPathFactory) -> TestData:
     broken.mkdir()
     (broken / "datasource-properties.json").write_text(json.dumps({"id": {"name": "x"}, "dataLayers": "nope"}))
     return TestData(root, "wk_dataset")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10, stop_signal: int = signal.SIGTERM) -> None:
+    """Ask a process to stop with ``stop_signal``; kill it if it has not stopped ``timeout`` seconds later."""
+    if process.poll() is not None:
+        return
+    process.send_signal(stop_signal)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def free_port() -> int:

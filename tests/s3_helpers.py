@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from conftest import stop_process
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -68,12 +69,7 @@ class Moto:
         )
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process)
 
 
 def start_moto(log_path: Path) -> Moto:

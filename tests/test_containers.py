@@ -29,7 +29,7 @@ import conftest
 import numpy as np
 import pytest
 import requests
-from conftest import ORG, OTHER_TOKEN, TOKEN, free_port
+from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
 
 from deploy.render import AUTH_SCOPE, TEMPLATES
 
@@ -126,13 +126,7 @@ class Engine:
         """Stop dockerd (it stops its containerd), then anything left; unmount and remove the directory."""
         started = time.monotonic()
         self.helpers = sorted(set(self.helpers) | set(_descendants(self.process.pid)))
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process, 60)
         for pid in self.helpers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
-from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
+from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port, stop_process
 
 from deploy.render import (
     COMPOSE,
@@ -74,13 +74,7 @@ class Proxy:
         return "".join(p.read_text() for p in self.directory.glob("*.log"))
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGQUIT)  # graceful
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, stop_signal=signal.SIGQUIT)  # nginx's graceful stop
         shutil.rmtree(self.auth_cache, ignore_errors=True)
 
 

@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import requests
 import yaml
-from conftest import ORG, OTHER_TOKEN, TOKEN, free_port
+from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
 
 from gateway.settings import ENV_PREFIX, Settings
 
@@ -533,13 +533,7 @@ def start_pod(docs: list[dict[str, Any]], volumes: dict[str, Path], log_path: Pa
 
 
 def stop(pod: Pod) -> None:
-    if pod.process.poll() is None:
-        pod.process.send_signal(signal.SIGTERM)
-        try:
-            pod.process.wait(60)
-        except subprocess.TimeoutExpired:
-            pod.process.kill()
-            pod.process.wait(10)
+    stop_process(pod.process, 60)
 
 
 def exit_message(docs: list[dict[str, Any]], tmp_path: Path, **overrides: str) -> str:
@@ -729,12 +723,7 @@ def controller(
         process.kill()
         pytest.fail(f"nginx did not start: {(directory / 'error.log').read_text()}")
     yield started
-    process.send_signal(signal.SIGQUIT)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+    stop_process(process, stop_signal=signal.SIGQUIT)  # nginx's graceful stop
 
 
 def _answers(url: str) -> bool:

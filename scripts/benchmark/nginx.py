@@ -23,11 +23,16 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 
 
-def start_nginx(static: Path, work: Path, logs: Path) -> Server:
-    """nginx serving ``static`` as files, tuned as a static server would be (the ceiling)."""
+def _required_nginx() -> str:
     binary = nginx_binary()
     if binary is None:
         raise RuntimeError("nginx is not installed (scripts/install-system-packages installs it)")
+    return binary
+
+
+def start_nginx(static: Path, work: Path, logs: Path) -> Server:
+    """nginx serving ``static`` as files, tuned as a static server would be (the ceiling)."""
+    binary = _required_nginx()
     port = free_port()
     prefix = work / f"nginx-{port}"
     for sub in ("tmp", "logs"):
@@ -71,9 +76,7 @@ http {{
 
 def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
     """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``."""
-    binary = nginx_binary()
-    if binary is None:
-        raise RuntimeError("nginx is not installed (scripts/install-system-packages installs it)")
+    binary = _required_nginx()
     port = free_port()
     directory = work / f"proxy-{port}"
     values = compose_defaults()
