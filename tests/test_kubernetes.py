@@ -32,12 +32,12 @@ import requests
 import yaml
 from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
 
+from deploy.render import AUTH_SCOPE  # the controller's http-snippet (README, Kubernetes)
 from gateway.settings import ENV_PREFIX, Settings
 
 REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
-AUTH_SCOPE = REPO / "deploy" / "auth-scope.conf"  # the controller's http-snippet (README, Kubernetes)
 OVERLAYS = ("object-storage", "shared-filesystem")
 # Schemas: the oldest version the README names (its preStop sleep action is on by default from 1.30) and
 # the newest one kubernetes-validate bundles.
