@@ -153,11 +153,13 @@ def check_v3(node: Node, document: dict) -> None:
     assert document["zarr_format"] == 3
     if node.level in ("dataset", "group"):
         assert document["node_type"] == "group"
-        members = document.get("consolidated_metadata", {}).get("metadata")
+        # every v3 group consolidates what lies below it, so that clients that cannot list find it all
+        consolidated = document["consolidated_metadata"]
+        assert consolidated["kind"] == "inline" and consolidated["must_understand"] is False
+        members = consolidated["metadata"]
         if node.tree != "xarray" and node.level == "group":
             assert document["attributes"]["ome"]["version"] == "0.5"
-            assert members is None
-        elif node.level == "dataset":
+        if node.level == "dataset":
             assert set(members) == set(node.children) | {
                 f"{child}/{sub}" for child in node.children for sub in _subs(node, child)
             }
@@ -272,6 +274,48 @@ def test_zarr_python_walks_the_same_tree(gateway: Server, tree: str, consolidate
     for path, member in members.items():
         kind = zarr.Group if expected[path] == "group" else zarr.Array
         assert isinstance(member, kind), path
+
+
+def _members_below(tree: str, node: Node) -> dict[str, str]:
+    """Every group and array below ``node``, by path relative to it, with its level."""
+    depth = len(node.parts)
+    return {
+        "/".join(below.parts[depth:]): below.level
+        for below in walk(tree)
+        if below.level in ("group", "array") and below.parts[:depth] == node.parts and len(below.parts) > depth
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Object at datasource-properties.json is not recognized")
+@pytest.mark.parametrize("tree", ["zarr", "zarr3", "xarray"])
+def test_clients_that_cannot_list_find_every_member(gateway: Server, tree: str) -> None:
+    """zarr-python over obstore's HTTPStore cannot list (it would send WebDAV PROPFIND, answered 405): every
+    group of every tree names its members in consolidated metadata, so members() finds them all."""
+    from obstore.store import HTTPStore
+    from zarr.storage import ObjectStore
+
+    zarr_format = 2 if tree == "zarr" else 3
+    groups = [node for node in walk(tree) if node.level in ("dataset", "group")]
+    assert len(groups) == 1 + (len(MAGS) if tree == "xarray" else len(LAYER_NAMES))
+    for node in groups:
+        store = HTTPStore.from_url(
+            f"{gateway.url}/{node.path}", client_options={"allow_http": True, "default_headers": HEADERS}
+        )
+        group = zarr.open_group(ObjectStore(store, read_only=True), mode="r", zarr_format=zarr_format)
+        members = dict(group.members(max_depth=None))
+        expected = _members_below(tree, node)
+        assert set(members) == set(expected), node
+        for path, member in members.items():
+            assert isinstance(member, zarr.Group if expected[path] == "group" else zarr.Array), f"{node}{path}"
+        # plain zarr-python (fsspec HTTP) takes the same members from the group's own document, unlisted
+        plain = zarr.open_group(
+            f"{gateway.url}/{node.path}",
+            mode="r",
+            zarr_format=zarr_format,
+            use_consolidated=True,
+            storage_options={"headers": HEADERS},
+        )
+        assert set(dict(plain.members(max_depth=None))) == set(expected), node
 
 
 def test_organization_listing_names_the_broken_dataset_with_its_reason(gateway: Server) -> None:

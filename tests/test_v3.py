@@ -237,6 +237,9 @@ def test_consolidated_metadata_covers_every_node(layouts: dict[str, Server], lay
     assert set(consolidated["metadata"]) == expected_keys
     for key, node in consolidated["metadata"].items():
         own = requests.get(v3_url(server, key, "zarr.json"), headers=HEADERS).json()
+        if own["node_type"] == "group":  # as zarr-python writes it: the group's members are entries of their own
+            assert node.pop("consolidated_metadata")["metadata"] == {}, key
+            assert set(own.pop("consolidated_metadata")["metadata"]) == {mag_name(m) for m in MAGS}, key
         assert node == own, key
 
     group = zarr.open_group(

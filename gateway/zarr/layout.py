@@ -143,8 +143,16 @@ def _transpose(order: list[int]) -> dict:
     return {"name": "transpose", "configuration": {"order": order}}
 
 
-def group_zarr_json(attributes: dict | None = None) -> dict:
-    return {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
+def group_zarr_json(attributes: dict | None = None, members: dict[str, dict] | None = None) -> dict:
+    """A v3 group's ``zarr.json``; ``members`` (paths below the group and their documents) are consolidated inline.
+
+    Inline consolidated metadata is how a client that cannot list a directory (an object store's HTTP client,
+    zarr-python's ``members()`` over plain HTTP) finds the group's members: zarr-python 3's format.
+    """
+    document: dict = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
+    if members is not None:
+        document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": members}
+    return document
 
 
 def _axes(unit: str) -> list[dict]:

@@ -15,9 +15,8 @@ Dispatch, listings and metric labels all derive from :data:`TREES`.
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -293,25 +292,32 @@ class ZarrV3Tree(LayerTree):
     def dataset_document(self, view: DatasetView, name: str) -> dict:
         if name == PROPERTIES:
             return self.rewritten_properties(view)
-        return _consolidated_v3(view.groups.values())
+        return _consolidated_dataset(view.groups.values())
 
     def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
-        return group_zarr_json(group.attributes)
+        return _consolidated_group(group)
 
     def array_document(self, node: ArrayNode, name: str) -> dict:
         return node.zarr_json()
 
 
-def _consolidated_v3(groups: Any, prefix: str = "") -> dict:
-    """A group's ``zarr.json`` with every group and array below it consolidated inline."""
+def _consolidated_dataset(groups: Iterable[GroupNode]) -> dict:
+    """The dataset group's ``zarr.json`` with every group and array below it consolidated inline.
+
+    The entries are flat paths, as zarr-python writes them: a group's entry carries an empty consolidated block
+    (its members follow as entries of their own), an array's entry is its ``zarr.json``.
+    """
     metadata: dict[str, dict] = {}
     for group in groups:
-        metadata[f"{prefix}{group.name}"] = group_zarr_json(group.attributes)
+        metadata[group.name] = group_zarr_json(group.attributes, members={})
         for array_name, node in group.arrays.items():
-            metadata[f"{prefix}{group.name}/{array_name}"] = node.zarr_json()
-    document = group_zarr_json()
-    document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": metadata}
-    return document
+            metadata[f"{group.name}/{array_name}"] = node.zarr_json()
+    return group_zarr_json(members=metadata)
+
+
+def _consolidated_group(group: GroupNode) -> dict:
+    """A group's ``zarr.json`` with its arrays consolidated inline."""
+    return group_zarr_json(group.attributes, members={name: node.zarr_json() for name, node in group.arrays.items()})
 
 
 # --- the xarray tree: a group per mag, an array per layer on the dataset's grid ---------------------
@@ -374,13 +380,10 @@ class XarrayTree(Tree):
         return short_mag_name(name)
 
     def dataset_document(self, view: DatasetView, name: str) -> dict:
-        return _consolidated_v3(view.groups.values())
+        return _consolidated_dataset(view.groups.values())
 
     def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
-        document = group_zarr_json(group.attributes)
-        members = {name: node.zarr_json() for name, node in group.arrays.items()}
-        document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": members}
-        return document
+        return _consolidated_group(group)
 
     def array_document(self, node: ArrayNode, name: str) -> dict:
         return node.zarr_json()
