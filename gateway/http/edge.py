@@ -13,13 +13,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
-from starlette.types import Message, Receive, Scope, Send
-
 from ..logs import access_log
 from ..metrics import STATS
 from .data import HTML, PREVIEW_PREFIX, Gateway, index_page
 from .errors import error_answer, json_error
-from .messages import Answer, Request
+from .messages import Answer, Message, Receive, Request, Scope, Send
 from .ops import Ops
 from .urls import DATA_PREFIX, parse_data_path
 

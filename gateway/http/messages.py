@@ -3,12 +3,16 @@
 Cheaper than a framework's request and response classes on the chunk path.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
-from starlette.types import Send
-
+# The ASGI interface (asgiref's specification) as the edge types it: no framework is needed for four aliases.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 RawHeaders = list[tuple[bytes, bytes]]
 
 
