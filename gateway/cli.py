@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .extras import GRANIAN, MissingExtraError
 from .settings import Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
@@ -31,6 +32,8 @@ def serve(args: argparse.Namespace) -> None:
     cleanup = prepare(settings)
     try:
         SERVERS[settings.server](settings)
+    except MissingExtraError as exc:  # raised before a port is bound
+        sys.exit(f"zarr-gateway: {exc}")
     finally:
         cleanup()
 
@@ -57,6 +60,7 @@ def _run_granian(settings: Settings) -> None:
     On SIGTERM the supervisor closes its copy of the listening socket and sends SIGTERM to every
     worker; it kills a worker that has not finished ``drain_seconds + graceful_timeout`` later.
     """
+    GRANIAN.require("server=granian")
     from granian.constants import HTTPModes, Interfaces
     from granian.server import Server
 
@@ -143,7 +147,10 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
 def make_sample(args: argparse.Namespace) -> None:
     from .sample import make_sample as write_sample
 
-    path = write_sample(Path(args.directory))
+    try:
+        path = write_sample(Path(args.directory))
+    except MissingExtraError as exc:
+        sys.exit(f"zarr-gateway: {exc}")
     print(f"sample dataset written to {path}")
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from wkw_adapter import BlockType, WkwHeader, write_mag
+
+from .extras import SAMPLE
 
 ORGANIZATION = "sample_org"
 DATASET = "sample_dataset"
@@ -38,8 +39,11 @@ _WARP_NM = (150.0, 45.0)  # amplitudes of the coarse and fine coordinate warps t
 def make_sample(root: Path, progress: bool = True) -> Path:
     """Write the sample dataset under ``root/sample_org/sample_dataset/`` and return that directory.
 
-    Existing files of an earlier run are overwritten with identical content.
+    Existing files of an earlier run are overwritten with identical content. Needs the ``sample`` extra.
     """
+    SAMPLE.require("zarr-gateway make-sample")
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
     dataset_dir = Path(root) / ORGANIZATION / DATASET
     dataset_dir.mkdir(parents=True, exist_ok=True)
     lo, hi = _aligned_region(TOP_LEFT, SIZE)

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from .extras import MissingExtraError
 from .logs import configure_logging
 from .settings import ENV_PREFIX, Settings
 
@@ -60,7 +61,7 @@ def check_root(settings: Settings) -> None:
             if settings.root.startswith("s3://")
             else open_storage(settings.root)
         )
-    except ValueError as exc:
+    except (ValueError, MissingExtraError) as exc:
         sys.exit(f"zarr-gateway: data root: {exc}")
     endpoint = f" (endpoint {getattr(storage, 'endpoint_url', None) or 'AWS default'})" if not storage.is_local else ""
     try:

@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 from wkw_adapter import FileChangedError, FileIdentity, LocalStore, StoreUnavailableError, TruncatedFileError
 from wkw_adapter.storage import resolve_inside
 
+from .extras import S3
+
 
 class Storage(Protocol):
     is_local: bool
@@ -113,6 +115,7 @@ class S3Storage:
     is_local = False
 
     def __init__(self, url: str, endpoint_url: str | None = None, timeout: float = 10.0, max_attempts: int = 4) -> None:
+        S3.require("an s3:// data root")
         import boto3
         from botocore.config import Config
 

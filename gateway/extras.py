@@ -1,0 +1,35 @@
+"""The optional parts of the gateway, each a pip extra of the package, and the refusal when one is missing.
+
+The core serves local data roots on uvicorn. A feature that needs more (an ``s3://`` root, Granian, the
+sample maker) imports its library only when it is used, through :meth:`Extra.require`, so that a missing
+library stops start-up with a message that names the extra to install rather than an ImportError.
+"""
+
+import importlib
+from dataclasses import dataclass
+
+
+class MissingExtraError(ImportError):
+    """A feature was asked for whose extra is not installed; the message says what to install."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    name: str  # as in ``pip install 'zarr-gateway[name]'``
+    modules: tuple[str, ...]  # what the feature imports
+
+    def require(self, feature: str) -> None:
+        """Import the extra's modules, or raise :class:`MissingExtraError` naming ``feature`` and the extra."""
+        for module in self.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise MissingExtraError(
+                    f"{feature} needs the {self.name!r} extra, which is not installed ({exc}): "
+                    f"pip install 'zarr-gateway[{self.name}]'"
+                ) from None
+
+
+S3 = Extra("s3", ("boto3", "botocore"))
+GRANIAN = Extra("granian", ("granian",))
+SAMPLE = Extra("sample", ("rich",))
