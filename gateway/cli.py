@@ -8,11 +8,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic.fields import FieldInfo
 
 from .extras import GRANIAN, MissingExtraError
-from .settings import Settings
+from .settings import ENV_PREFIX, Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
 log = logging.getLogger("gateway")
@@ -154,35 +158,53 @@ def make_sample(args: argparse.Namespace) -> None:
     print(f"sample dataset written to {path}")
 
 
+def flag_name(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for every setting, made from the settings model: a new setting gets its flag with no second edit.
+
+    A flag left out is ``None`` and leaves the setting to the environment, the settings file or its default.
+    """
+    for name, field in Settings.model_fields.items():
+        given = not field.is_required() and field.default_factory is None and field.default not in (None, ())
+        shown = f"; default {field.default}" if given else ""
+        description = (field.description or name).replace("%", "%%")
+        parser.add_argument(
+            flag_name(name), dest=name, help=f"{description} ({ENV_PREFIX}{name.upper()}{shown})", **_flag_kind(field)
+        )
+
+
+def _flag_kind(field: FieldInfo) -> dict[str, Any]:
+    """argparse's type, choices or action for a setting; anything else is passed as text, for the model to parse."""
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, UnionType):  # an optional setting, X | None
+        (annotation,) = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) is Literal:
+        choices = list(get_args(annotation))
+        return {"choices": choices, "type": type(choices[0])}
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return {"choices": [member.value for member in annotation]}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if annotation in (int, float):
+        return {"type": annotation}
+    return {}
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarr-gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("serve", help="serve a data root as Zarr v2 and v3 over HTTP")
-    run.add_argument("--root", help="data root (ZARR_GATEWAY_ROOT)")
-    run.add_argument("--host")
-    run.add_argument("--port", type=int)
-    run.add_argument("--tokens-file", dest="tokens_file")
-    run.add_argument("--workers", type=int)
-    run.add_argument("--server", choices=list(SERVERS), help="HTTP server: uvicorn (default) or granian")
-    run.add_argument("--codec")
-    run.add_argument("--chunk-edge", dest="chunk_edge", type=int)
-    run.add_argument("--v3-layout", dest="v3_layout")
-    run.add_argument("--cache-bytes", dest="cache_bytes", type=int)
-    run.add_argument("--cache-control", dest="cache_control")
-    run.add_argument("--threads", type=int)
-    run.add_argument(
-        "--settings-file", dest="settings_file", help="JSON or KEY=VALUE file (ZARR_GATEWAY_SETTINGS_FILE)"
-    )
-    run.add_argument("--log-format", dest="log_format", help="json or text")
-    run.add_argument("--drain-seconds", dest="drain_seconds", type=float)
-    run.add_argument("--graceful-timeout", dest="graceful_timeout", type=float)
-    run.add_argument("--metrics-dir", dest="metrics_dir")
-    run.add_argument("--tokens-reload-seconds", dest="tokens_reload_seconds", type=float)
-    run.add_argument("--settle-seconds", dest="settle_seconds", type=float)
-    run.add_argument("--extra-roots", dest="extra_roots", help="trusted directories besides the root, dir:dir")
+    add_setting_flags(run)
     run.set_defaults(func=serve)
     sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
     sample.add_argument("directory")
     sample.set_defaults(func=make_sample)
-    args = parser.parse_args(argv)
-    args.func(args)
+    return parser

@@ -36,8 +36,8 @@ class Settings(BaseSettings):
         description="data root: a directory, file:// or s3://bucket/prefix URL holding "
         "<organization>/<dataset>/datasource-properties.json"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
     tokens_file: Path | None = Field(default=None, description="JSON tokens file; without it the gateway is open")
     workers: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="worker processes; default: one per core"
@@ -50,7 +50,11 @@ class Settings(BaseSettings):
     v3_layout: Literal["plain", "sharded"] = Field(default="plain", description="v3 arrays: plain chunks or shards")
     cache_bytes: int = Field(default=256 << 20, ge=0, description="bound of the header/jump-table/shard cache")
     cache_control: str = Field(default="no-cache", description="Cache-Control of every data response")
-    threads: int = Field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)), ge=1)
+    threads: int = Field(
+        default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)),
+        ge=1,
+        description="threads per worker that read and encode chunks; default: two per core, at least 4",
+    )
     settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
     log_format: Literal["json", "text"] = Field(default="json", description="log lines as JSON objects or text")
     drain_seconds: float = Field(

@@ -785,6 +785,46 @@ def test_compose_nginx_and_env_example_name_the_same_settings() -> None:
         assert match is None or match.group(1) == name
 
 
+def test_every_setting_has_a_flag_and_a_readme_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serve flags are made from the settings model: every setting has its flag, with the setting's own
+    description as help and its Literal values as choices, and a row in the README's settings table."""
+    import typing
+
+    from gateway.cli import SERVERS, _settings_from, build_parser
+
+    values = Settings(root=str(tmp_path)).model_dump(mode="json")  # a valid value of every setting
+    for name, field in Settings.model_fields.items():
+        assert field.description, f"setting {name} has no description (its flag's help)"
+        value = values[name]
+        given = [] if isinstance(value, bool) else [str(value) if value not in (None, "") else str(tmp_path)]
+        args = build_parser().parse_args(["serve", f"--{name.replace('_', '-')}", *given])
+        assert getattr(args, name) is not None, name
+        if typing.get_origin(field.annotation) is typing.Literal:
+            with pytest.raises(SystemExit):
+                build_parser().parse_args(["serve", f"--{name.replace('_', '-')}", "not-a-choice"])
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps help at the terminal's width, hyphens included
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name, field in Settings.model_fields.items():
+        assert " ".join((field.description or "").split()) in help_text, name
+    assert "--server {" + ",".join(SERVERS) + "}" in help_text
+    # a flag reaches the settings (neuroglancer_url had none when the flags were a hand-kept copy)
+    args = build_parser().parse_args(
+        ["serve", "--root", str(tmp_path), "--neuroglancer-url", "https://ng.example/", "--drain-seconds", "2.5"]
+    )
+    settings = _settings_from(args)
+    assert settings.neuroglancer_url == "https://ng.example/" and settings.drain_seconds == 2.5
+
+    readme = (DEPLOY.parent / "README.md").read_text()
+    table = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    documented = [name for cell in rows for name in re.findall(r"`(\w+)`", cell)]
+    assert sorted(documented) == sorted(Settings.model_fields), "the README's settings table and Settings differ"
+
+
 def test_env_example_values_are_valid_settings(tmp_path: Path) -> None:
     text = _env_example()[1]
     lines = [line for line in text.splitlines() if line.startswith("ZARR_GATEWAY_")]
