@@ -179,8 +179,9 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
 def _flag_kind(field: FieldInfo) -> dict[str, Any]:
     """argparse's type, choices or action for a setting; anything else is passed as text, for the model to parse."""
     annotation = field.annotation
-    if get_origin(annotation) in (Union, UnionType):  # an optional setting, X | None
-        (annotation,) = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) in (Union, UnionType):  # an optional setting, X | None; wider unions as text
+        kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
+        annotation = kinds[0] if len(kinds) == 1 else str
     if get_origin(annotation) is Literal:
         choices = list(get_args(annotation))
         return {"choices": choices, "type": type(choices[0])}
