@@ -224,3 +224,33 @@ def test_the_core_serves_a_local_root_without_any_extra(
     assert answer.json()["node_type"] == "array"
     chunk = requests.get(f"{server.url}/data/zarr/{ORG}/wk_dataset/color_u8/1/0.1.1.0", timeout=10)
     assert chunk.status_code == 200 and chunk.content, chunk.text
+
+
+def test_bootstrap_installs_every_extra_and_again_when_pyproject_changes(tmp_path: Path) -> None:
+    """scripts/bootstrap, run in a copy of the checkout whose venv's pip only records what it is asked."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bootstrap").write_bytes((REPO / "scripts" / "bootstrap").read_bytes())
+    (tmp_path / "scripts" / "bootstrap").chmod(0o755)
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    asked = tmp_path / "pip-calls"
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$*" >> {asked}\n')
+    (bin_dir / "python").write_text("#!/bin/sh\n")
+    for tool in ("pip", "python"):
+        (bin_dir / tool).chmod(0o755)
+
+    def bootstrap() -> list[str]:
+        subprocess.run([str(tmp_path / "scripts" / "bootstrap")], check=True, capture_output=True, timeout=60)
+        return asked.read_text().splitlines() if asked.exists() else []
+
+    (install,) = bootstrap()
+    assert bootstrap() == [install], "installed again although nothing changed"
+    match = re.fullmatch(r"install -q -e \.\[([\w,-]+)\]", install)
+    assert match, install
+    installed = set(match.group(1).split(","))
+    every = set(PROJECT["optional-dependencies"])
+    assert declared(*installed) == declared(*every), "bootstrap leaves out an extra the suite needs"
+    with open(tmp_path / "pyproject.toml", "a") as pyproject:
+        pyproject.write("\n# a change\n")
+    assert bootstrap() == [install, install], "not installed again after pyproject.toml changed"
