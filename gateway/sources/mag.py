@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wkw_adapter import FileIdentity
+from gateway_storage import FileIdentity
 from wkw_adapter.mag import FileSource
 
 from .properties import BoundingBox

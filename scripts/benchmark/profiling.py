@@ -55,7 +55,7 @@ PROFILE_CATEGORIES = [
     ("metrics", ("prometheus_client/", "gateway/metrics.py")),
     ("WKW reads (stat, open, pread, LZ4)", ("wkw_adapter/", "lz4")),
     ("chunk and shard production", ("gateway/zarr/",)),
-    ("dataset and source lookup", ("gateway/sources/", "gateway/storage.py")),
+    ("dataset and source lookup", ("gateway/sources/", "gateway_storage/")),
     ("gateway HTTP layer (dispatch, auth, validators, ranges)", ("gateway/",)),
     ("thread-pool hand-off (anyio, threading)", ("anyio/", "threading.py", "concurrent/", "queue.py")),
     ("HTTP parsing (httptools)", ("HttpToolsProtocol.data_received", "HttpToolsProtocol.on_")),

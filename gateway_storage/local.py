@@ -1,61 +1,25 @@
-"""Where WKW bytes come from: a small interface with a local-disk implementation.
-
-The format code only needs "how big and which version is this file" and
-"give me these bytes of it", so the same reader works for a local disk and
-for object storage.
-"""
+"""A local (or network-mounted) directory as a store: root containment, the settle rule, positioned reads."""
 
 import os
-import stat
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
 
-from .errors import FileChangedError, FileUnsettledError, TruncatedFileError
+from .errors import FileChangedError, FileUnsettledError, OutsideRootError, TruncatedFileError
+from .identity import FileIdentity
+from .store import Store, is_listed
 
-
-class FileIdentity(NamedTuple):
-    """What identifies one version of a file: any change to its bytes changes this."""
-
-    size: int
-    version: str
-    mtime: float
-
-
-class StoreUnavailableError(OSError):
-    """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
-
-
-class ByteStore(Protocol):
-    is_local: bool  # reads are positioned reads of local files: fast enough to run on an event loop
-
-    def identity(self, path: str) -> FileIdentity | None:
-        """The file's current identity, or None if it does not exist."""
-        ...
-
-    def root_of(self, path: str) -> str:
-        """The root ``path`` lies under: paths made relative to it are the same on every replica."""
-        ...
-
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
-        """Exactly ``size`` bytes at ``offset`` of the version ``expected``.
-
-        Raises FileChangedError if the file is no longer that version, FileUnsettledError if it was
-        written too recently to tell (unless ``settled`` is False: for a few bytes written once, such
-        as a mag header) and TruncatedFileError if it ends before ``offset + size``.
-        """
-        ...
+# Where Linux names the file an open descriptor refers to: the real path of exactly the inode opened,
+# so a check of it cannot be raced by a rename or a symlink swapped in between (unlike realpath).
+_FD_PATHS = "/proc/self/fd"
+_HAS_FD_PATHS = os.path.isdir(_FD_PATHS) and hasattr(os, "O_PATH")
+_DELETED = " (deleted)"
 
 
 def _local_identity(st: os.stat_result) -> FileIdentity:
     # ctime as well as mtime: a writer can set mtime back (rsync -t, cp -p, utime) but never ctime.
     return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_ino:x}", st.st_mtime)
-
-
-class OutsideRootError(PermissionError):
-    """A file whose real path (after symlinks) lies outside the store's root: never read."""
 
 
 def _under(root: str, real: str) -> bool:
@@ -71,13 +35,25 @@ def resolve_inside(roots: str | Sequence[str], path: str) -> str | None:
     return None
 
 
-class LocalStore:
-    """Positioned reads from local files; never loads a whole file.
+def _descriptor_path(fd: int, path: str) -> str:
+    """The real path of the file open as ``fd`` (where ``/proc`` cannot say: of ``path``, resolved now)."""
+    if _HAS_FD_PATHS:
+        return os.readlink(f"{_FD_PATHS}/{fd}").removesuffix(_DELETED)
+    return os.path.realpath(path)
 
-    With a ``root``, files whose real path (symlinks resolved) lies outside
-    it and outside every one of ``extra_roots`` are refused. Directories are
-    resolved once and remembered; the file itself is checked on every lookup,
-    cheaply unless it is a symlink.
+
+class LocalStore(Store):
+    """Positioned reads from local files below a root; never loads a whole file.
+
+    With a ``root``, a file whose real location (symlinks resolved) lies
+    outside it and outside every one of ``extra_roots`` is refused
+    (OutsideRootError). The check is made on the descriptor itself, each time
+    a file is looked up and each time a new version of it is opened, so no
+    symlink planted or swapped in, at any component of the path and at any
+    time, lets a byte from outside through. ``extra_roots`` are further
+    directories that layers may be symlinked to (a second volume, as
+    webKnossos data roots often have). Without a root (a tool reading a path
+    its user gave) nothing is refused.
 
     With ``settle_seconds`` > 0, bytes are only returned from a file whose
     last data write is at least that old when the read starts
@@ -92,22 +68,29 @@ class LocalStore:
     """
 
     is_local = True
-    _MAX_CHECKED_DIRECTORIES = 1 << 16
 
     def __init__(
         self,
         root: str | None = None,
-        max_open_files: int = 256,
         extra_roots: Sequence[str] = (),
         settle_seconds: float = 0.0,
+        max_open_files: int = 256,
     ) -> None:
-        self.root = None if root is None else os.path.realpath(root)
-        self.roots: tuple[str, ...] = () if self.root is None else (self.root, *map(os.path.realpath, extra_roots))
+        self.contained = root is not None
+        self.root = "" if root is None else os.path.realpath(root)
+        self.roots: tuple[str, ...] = (self.root, *map(os.path.realpath, extra_roots)) if root is not None else ()
         self.max_open_files = max_open_files
         self.settle_ns = round(settle_seconds * 1e9)
-        self._checked_directories: set[str] = set()
         self._handles: OrderedDict[tuple[str, str], _OpenFile] = OrderedDict()
         self._lock = threading.Lock()
+
+    # --- names ---------------------------------------------------------------------------------
+
+    def join(self, base: str, *parts: str) -> str:
+        return os.path.join(base, *parts)
+
+    def resolve(self, path: str) -> str | None:
+        return resolve_inside(self.roots, path) if self.contained else os.path.realpath(path)
 
     def root_of(self, path: str) -> str:
         """The trusted root a real path lies under (the longest that matches); the main root if none does.
@@ -115,33 +98,31 @@ class LocalStore:
         Paths made relative to it are the same on every replica, wherever each mounts its roots.
         """
         found = [root for root in self.roots if _under(root, path)]
-        return max(found, key=len) if found else (self.root or "")
+        return max(found, key=len) if found else self.root
 
-    def _check_inside(self, path: str) -> None:
-        directory = os.path.dirname(path)
-        if directory not in self._checked_directories:
-            if resolve_inside(self.roots, directory) is None:
-                raise OutsideRootError(f"{path} resolves outside the data root")
-            if len(self._checked_directories) >= self._MAX_CHECKED_DIRECTORIES:
-                self._checked_directories.clear()
-            self._checked_directories.add(directory)
+    def _check_inside(self, fd: int, path: str) -> None:
+        if self.contained and not any(_under(root, _descriptor_path(fd, path)) for root in self.roots):
+            raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+
+    # --- reads ---------------------------------------------------------------------------------
 
     def identity(self, path: str) -> FileIdentity | None:
         try:
-            if self.root is None:
+            if not (self.contained and _HAS_FD_PATHS):
+                if self.contained and resolve_inside(self.roots, path) is None:
+                    raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
                 return _local_identity(os.stat(path))
-            self._check_inside(path)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                if resolve_inside(self.roots, path) is None:
-                    raise OutsideRootError(f"{path} resolves outside the data root")
-                st = os.stat(path)
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # no read access is asked for: cheap, and never blocks
+            try:
+                self._check_inside(fd, path)
+                return _local_identity(os.fstat(fd))
+            finally:
+                os.close(fd)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return _local_identity(st)
 
     def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
-        """See :class:`ByteStore`."""
+        """See :meth:`Store.read`."""
         handle = self._handle(path, expected)
         started = time.time_ns()  # the vDSO clock: no system call
         data = os.pread(handle.fd, size, offset)
@@ -149,16 +130,19 @@ class LocalStore:
         st = os.fstat(handle.fd)
         if _local_identity(st) != expected:
             self._forget(path, expected)
-            raise FileChangedError(f"{path} changed while it was being read")
+            raise FileChangedError(f"{self.relative(path)} changed while it was being read")
         if settled and self.settle_ns and st.st_ctime_ns == st.st_mtime_ns:
             quiet_ns = started - st.st_mtime_ns  # negative for a time stamp in the future (clock skew)
             if quiet_ns < self.settle_ns:
                 raise FileUnsettledError(
-                    f"{path} was written {max(quiet_ns, 0) / 1e9:.3f} s ago and may still be being rewritten",
+                    f"{self.relative(path)} was written {max(quiet_ns, 0) / 1e9:.3f} s ago "
+                    "and may still be being rewritten",
                     (self.settle_ns - quiet_ns) / 1e9,
                 )
         if len(data) != size:
-            raise TruncatedFileError(f"{path}: wanted {size} bytes at {offset}, file has {expected.size} bytes")
+            raise TruncatedFileError(
+                f"{self.relative(path)}: wanted {size} bytes at {offset}, file has {expected.size} bytes"
+            )
         return data
 
     def _handle(self, path: str, expected: FileIdentity) -> "_OpenFile":
@@ -166,7 +150,8 @@ class LocalStore:
 
         Opening and closing a file per read costs more than the read itself.
         A descriptor is closed when the last user drops it, so eviction never
-        pulls a descriptor from under a read in another thread.
+        pulls a descriptor from under a read in another thread. Every new
+        version is checked to lie inside the roots on the descriptor opened.
         """
         key = (path, expected.version)
         with self._lock:
@@ -175,8 +160,9 @@ class LocalStore:
                 self._handles.move_to_end(key)
                 return handle
         handle = _OpenFile(path)
+        self._check_inside(handle.fd, path)
         if _local_identity(os.fstat(handle.fd)) != expected:
-            raise FileChangedError(f"{path} changed while it was being opened")
+            raise FileChangedError(f"{self.relative(path)} changed while it was being opened")
         with self._lock:
             self._handles[key] = handle
             while len(self._handles) > self.max_open_files:
@@ -186,6 +172,18 @@ class LocalStore:
     def _forget(self, path: str, expected: FileIdentity) -> None:
         with self._lock:
             self._handles.pop((path, expected.version), None)
+
+    # --- directories ---------------------------------------------------------------------------
+
+    def list_directories(self, path: str) -> list[str]:
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(e.name for e in entries if is_listed(e.name) and e.is_dir())
+
+    def is_directory(self, path: str) -> bool:
+        return os.path.isdir(path)
 
 
 class _OpenFile:
