@@ -1,6 +1,7 @@
 """A local (or network-mounted) directory as a store: root containment, the settle rule, positioned reads."""
 
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -145,6 +146,21 @@ class LocalStore(Store):
             )
         return data
 
+    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+        """See :meth:`Store.read_whole`: one open, checked, read and checked again (no descriptor is kept)."""
+        for _ in range(3):
+            try:
+                handle = _OpenFile(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            self._check_inside(handle.fd, path)
+            before = handle.opened
+            data = os.pread(handle.fd, before.st_size, 0)
+            identity = _local_identity(before)
+            if len(data) == before.st_size and _local_identity(os.fstat(handle.fd)) == identity:
+                return data, identity
+        raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")
+
     def _handle(self, path: str, expected: FileIdentity) -> "_OpenFile":
         """An open descriptor of exactly the version ``expected``, kept for the next reads.
 
@@ -161,7 +177,7 @@ class LocalStore(Store):
                 return handle
         handle = _OpenFile(path)
         self._check_inside(handle.fd, path)
-        if _local_identity(os.fstat(handle.fd)) != expected:
+        if _local_identity(handle.opened) != expected:
             raise FileChangedError(f"{self.relative(path)} changed while it was being opened")
         with self._lock:
             self._handles[key] = handle
@@ -187,12 +203,21 @@ class LocalStore(Store):
 
 
 class _OpenFile:
-    """A read-only descriptor, closed when the last reference to it goes."""
+    """A read-only descriptor of a regular file, closed when the last reference to it goes.
 
-    __slots__ = ("fd",)
+    Opened without blocking and refused unless it is a regular file: a FIFO planted in the root would
+    otherwise hold a thread for ever in ``open`` or ``read``.
+    """
+
+    __slots__ = ("fd", "opened")
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        self.opened = os.fstat(self.fd)
+        if not stat.S_ISREG(self.opened.st_mode):
+            raise OSError(f"{os.path.basename(path)} is not a regular file")
 
     def __del__(self) -> None:
-        os.close(self.fd)
+        fd = getattr(self, "fd", None)  # None: the open itself failed
+        if fd is not None:
+            os.close(fd)

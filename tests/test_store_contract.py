@@ -219,6 +219,17 @@ class TestLocalStore(StoreContract):
         with pytest.raises(OutsideRootError):
             LocalStore(str(root)).read_whole(path)  # the same link without the extra root
 
+    def test_a_fifo_in_the_root_is_refused_without_waiting_for_a_writer(self, store: Store) -> None:
+        path = Path(store.root, "org", "ds", "zarr.json")
+        path.parent.mkdir(parents=True)
+        os.mkfifo(path)
+        identity = store.identity(str(path))
+        assert identity is not None
+        with pytest.raises(OSError, match="not a regular file"):
+            store.read_whole(str(path))
+        with pytest.raises(OSError, match="not a regular file"):
+            store.read(str(path), 0, 1, identity)
+
     def test_the_refusal_names_the_path_relative_to_the_root(self, store: Store) -> None:
         path = self.outside(store, "org/ds/escape.bin", b"secret")
         with pytest.raises(OutsideRootError) as raised:
