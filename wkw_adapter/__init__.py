@@ -3,12 +3,7 @@
 Bytes are read through a store of the storage kernel (:mod:`gateway_storage`).
 """
 
-from .errors import (
-    BlockDecodeError,
-    HeaderError,
-    JumpTableError,
-    WkwError,
-)
+from .errors import BlockDecodeError, HeaderError, JumpTableError, WkwError
 from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
 from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
 from .mag import WkwMag
