@@ -16,7 +16,7 @@ from .errors import (
     StoreUnavailableError,
     TruncatedFileError,
 )
-from .identity import FileIdentity
+from .identity import FileIdentity, FileSource
 from .local import LocalStore, resolve_inside
 from .store import Store, is_listed
 
@@ -37,6 +37,7 @@ __all__ = [
     "ByteLRU",
     "FileChangedError",
     "FileIdentity",
+    "FileSource",
     "FileUnsettledError",
     "LocalStore",
     "OutsideRootError",

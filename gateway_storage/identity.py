@@ -9,3 +9,8 @@ class FileIdentity(NamedTuple):
     size: int
     version: str
     mtime: float
+
+
+# A file a reader consulted and the identity of the version it read (None: the file was absent), so a
+# caller can derive a validator (ETag) that is exact for what was read.
+FileSource = tuple[str, FileIdentity | None]

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from gateway_storage import FileIdentity
+from gateway_storage import FileSource
 
 from .errors import HeaderError
 from .file import StoredBlock, WkwFile, WkwFileCache, decode_block
@@ -13,7 +13,6 @@ from .morton import morton_encode
 from .region import copy_overlap
 
 Vec3 = tuple[int, int, int]
-FileSource = tuple[str, FileIdentity | None]
 
 
 class WkwMag:

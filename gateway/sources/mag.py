@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway_storage import FileIdentity
-from wkw_adapter.mag import FileSource
+from gateway_storage import FileIdentity, FileSource
 
 from .properties import BoundingBox
 

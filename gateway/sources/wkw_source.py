@@ -4,9 +4,8 @@ import functools
 
 import numpy as np
 
-from gateway_storage import ByteLRU, OutsideRootError, Store, TruncatedFileError
+from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store, TruncatedFileError
 from wkw_adapter import WkwFileCache, WkwMag, morton_grid
-from wkw_adapter.mag import FileSource
 
 from .formats import SourceFormat
 from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding, Vec3

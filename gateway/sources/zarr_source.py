@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, Store
-from wkw_adapter.mag import FileSource
+from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding, Vec3
