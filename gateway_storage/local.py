@@ -48,10 +48,12 @@ class LocalStore(Store):
 
     With a ``root``, a file whose real location (symlinks resolved) lies
     outside it and outside every one of ``extra_roots`` is refused
-    (OutsideRootError). The check is made on the descriptor itself, each time
-    a file is looked up and each time a new version of it is opened, so no
-    symlink planted or swapped in, at any component of the path and at any
-    time, lets a byte from outside through. ``extra_roots`` are further
+    (OutsideRootError). The check is made on a descriptor of the file itself
+    (the real path ``/proc`` names for it), whenever a version of a file is
+    looked up or opened that is not already open, so no symlink planted or
+    swapped in, at any component of the path and at any time, lets a byte
+    from outside through; a version already open is the very inode that was
+    found inside. ``extra_roots`` are further
     directories that layers may be symlinked to (a second volume, as
     webKnossos data roots often have). Without a root (a tool reading a path
     its user gave) nothing is refused.
@@ -108,11 +110,17 @@ class LocalStore(Store):
     # --- reads ---------------------------------------------------------------------------------
 
     def identity(self, path: str) -> FileIdentity | None:
+        """See :meth:`Store.identity`: a version already open was checked when it was opened, any other now."""
         try:
-            if not (self.contained and _HAS_FD_PATHS):
-                if self.contained and resolve_inside(self.roots, path) is None:
-                    raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+            if not self.contained:
                 return _local_identity(os.stat(path))
+            known = _local_identity(os.stat(path))
+            if (path, known.version) in self._handles:
+                return known  # the very inode, unchanged, that was found inside the roots when it was opened
+            if not _HAS_FD_PATHS:
+                if resolve_inside(self.roots, path) is None:
+                    raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+                return known
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # no read access is asked for: cheap, and never blocks
             try:
                 self._check_inside(fd, path)
