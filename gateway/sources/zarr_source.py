@@ -1,5 +1,6 @@
 """A Zarr (v2 or v3) mag of a layer: its own chunks as stored, and any region through tensorstore."""
 
+import functools
 import itertools
 import json
 import threading
@@ -265,15 +266,24 @@ class ZarrMagSource(MagSource):
         inner["codecs"] = sharding["codecs"]
         return "zarr.json", json.dumps(inner).encode()
 
-    def _stored_bytes(self, coords: tuple[int, ...]) -> tuple[bytes, str, FileIdentity] | None:
-        """The stored bytes of (inner) chunk ``coords`` through the store, with their origin; None if absent."""
+    def _shard_of(self, coords: tuple[int, ...]) -> str:
+        assert self.sharding is not None
+        return self._key(tuple(c // n for c, n in zip(coords, self.sharding.chunks_per_shard)))
+
+    def _stored_bytes(
+        self, coords: tuple[int, ...], shards: dict[str, FileIdentity | None] | None = None
+    ) -> tuple[bytes, str, FileIdentity] | None:
+        """The stored bytes of (inner) chunk ``coords`` through the store, with their origin; None if absent.
+
+        ``shards`` holds the identities of shards already looked up for the same read.
+        """
         if self.sharding is None:
             path = self._key(coords)
             found = self.storage.read_whole(path)
             return None if found is None else (found[0], self.relative(path), found[1])
         cps = self.sharding.chunks_per_shard
-        path = self._key(tuple(c // n for c, n in zip(coords, cps)))
-        identity = self.storage.identity(path)
+        path = self._shard_of(coords)
+        identity = shards[path] if shards is not None and path in shards else self.storage.identity(path)
         if identity is None:
             return None
         index_table = self._shard_index(path, identity)
@@ -307,10 +317,13 @@ class ZarrMagSource(MagSource):
             return out, None
         grid = self._inner()
         covered = list(itertools.product(*(range(a // g, -(-b // g)) for a, b, g in zip(lo, hi, grid))))
+        shards = None
+        if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
+            shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
         if self.storage.is_local or len(covered) == 1:
-            stored = [self._stored_bytes(coords) for coords in covered]
+            stored = [self._stored_bytes(coords, shards) for coords in covered]
         else:  # object storage: one request per chunk, so several at a time
-            stored = list(_FETCHES.map(self._stored_bytes, covered))
+            stored = list(_FETCHES.map(functools.partial(self._stored_bytes, shards=shards), covered))
         try:
             data = self._decode(dict(zip(covered, stored)), lo, hi)
         except ValueError as exc:
