@@ -200,3 +200,25 @@ def test_a_wkw_directory_swapped_for_a_symlink_after_a_first_read_is_refused(ser
     os.symlink(planted.outside / "wkw" / "z0", z0)
     for attempt in (path, f"/data/zarr3/{ORG}/{DATASET}/wkw/1/c/0/0/0/0", f"/preview/{ORG}/{DATASET}/wkw.png"):
         _assert_refused(_get(served, attempt), planted, attempt)
+
+
+def test_the_decoding_path_serves_each_read_from_its_own_chunks(served: Server, planted: Planted) -> None:
+    """Chunks decoded in memory are dropped after each read: a chunk deleted reads as the fill value, and
+    a chunk rewritten reads as its new bytes, never as what an earlier read held."""
+    dataset = planted.root / ORG / "mutable"
+    _write_zarr(dataset / "v2" / "1", 2, None, None)
+    properties = {"id": {"name": "mutable", "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": [_layer("v2", "zarr")]}
+    (dataset / "datasource-properties.json").write_text(json.dumps(properties))
+    source = zarr.open_array(str(dataset / "v2" / "1"), mode="r+")
+    options = {"headers": {"X-Auth-Token": TOKEN}}
+    window = (slice(0, 1), slice(32, BOX), slice(0, 32), slice(0, 32))  # chunk (0, 1, 0, 0): masked, so decoded
+
+    def served_window() -> np.ndarray:
+        url = f"{served.url}/data/zarr/{ORG}/mutable/v2/1"
+        return zarr.open_array(url, mode="r", zarr_format=2, storage_options=options)[window]
+
+    np.testing.assert_array_equal(served_window(), source[window])
+    (dataset / "v2" / "1" / "0.1.0.0").unlink()
+    np.testing.assert_array_equal(served_window(), np.zeros((1, BOX - 32, 32, 32), dtype=np.uint8))
+    source[0:1, 32:64, 0:32, 0:32] = np.full((1, 32, 32, 32), 42, dtype=np.uint8)
+    np.testing.assert_array_equal(served_window(), np.full((1, BOX - 32, 32, 32), 42, dtype=np.uint8))
