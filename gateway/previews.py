@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 from PIL import Image
 
-from wkw_adapter import ByteLRU
+from gateway_storage import ByteLRU
 
 from .sources.mag import MagSource, Vec3
 from .zarr.resource import Resource, bytes_resource, make_etag

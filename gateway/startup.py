@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .extras import MissingExtraError
+from .extras import S3, MissingExtraError
 from .logs import configure_logging
 from .settings import ENV_PREFIX, Settings
 
@@ -53,13 +53,16 @@ def check_root(settings: Settings) -> None:
     Neither stops start-up: an empty root may be filled and a store may come back (as it may go
     away later); until a store answers, /readyz reports not ready and data requests answer 503.
     """
-    from .storage import S3Storage, Storage, open_storage
+    from gateway_storage import Store, open_store
+    from gateway_storage.s3 import S3Store
 
     try:
-        storage: Storage = (
-            S3Storage(settings.root, timeout=5.0, max_attempts=1)
+        if settings.root.startswith("s3://"):
+            S3.require("an s3:// data root")
+        storage: Store = (
+            S3Store(settings.root, timeout=5.0, max_attempts=1)
             if settings.root.startswith("s3://")
-            else open_storage(settings.root)
+            else open_store(settings.root)
         )
     except (ValueError, MissingExtraError) as exc:
         sys.exit(f"zarr-gateway: data root: {exc}")

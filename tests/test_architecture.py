@@ -1,6 +1,6 @@
 """The dependency rule of docs/architecture.md, checked on the source: HTTP edge -> Zarr protocol ->
-sources -> storage, nothing lower importing anything higher, and no import cycle between modules,
-type-only imports (under ``if TYPE_CHECKING``) included."""
+sources -> formats -> the storage kernel, nothing lower importing anything higher, the kernel a leaf,
+and no import cycle between modules, type-only imports (under ``if TYPE_CHECKING``) included."""
 
 import ast
 import functools
@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "wkw_adapter")
+PACKAGES = ("gateway", "gateway_storage", "wkw_adapter")
 
 # Lower number = lower layer. A module may import its own layer and any lower one.
 LAYERS = [
-    (0, ("wkw_adapter",)),
-    # leaves: import nothing of the project
-    (0, ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras")),
-    (1, ("gateway.storage",)),
+    (0, ("gateway_storage",)),  # the storage kernel: a leaf (see test_the_storage_kernel_is_a_leaf)
+    (
+        0,
+        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras"),
+    ),  # leaves: import nothing of the project
+    (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr",)),
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
@@ -87,6 +89,31 @@ def test_no_module_imports_a_higher_layer(module: str) -> None:
     mine = layer_of(module)
     upward = sorted(t for t in graph()[module] if layer_of(t) > mine)
     assert not upward, f"{module} (layer {mine}) imports higher layers: {upward}"
+
+
+def _outside(module: str, allowed: tuple[str, ...]) -> list[str]:
+    return sorted(t for t in graph()[module] if not any(t == a or t.startswith(a + ".") for a in allowed))
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.split(".")[0] == "gateway_storage"))
+def test_the_storage_kernel_is_a_leaf(module: str) -> None:
+    """Identity, stores, containment and storage errors import nothing of the project but the kernel."""
+    assert not _outside(module, ("gateway_storage",)), f"{module} imports {_outside(module, ('gateway_storage',))}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.split(".")[0] == "wkw_adapter"))
+def test_the_wkw_format_uses_only_the_storage_kernel(module: str) -> None:
+    allowed = ("wkw_adapter", "gateway_storage")
+    assert not _outside(module, allowed), f"{module} imports {_outside(module, allowed)}"
+
+
+def test_the_leaf_checks_see_a_planted_import(tmp_path: Path) -> None:
+    """The leaf rule can fail: a kernel module importing the WKW format is caught."""
+    planted = tmp_path / "gateway_storage" / "bad.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from wkw_adapter import WkwError\n")
+    found = imports(planted, tmp_path)
+    assert "wkw_adapter" in found and not all(t.startswith("gateway_storage") for t in found)
 
 
 def test_no_import_cycles() -> None:

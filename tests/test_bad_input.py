@@ -20,7 +20,8 @@ import pytest
 import requests
 from conftest import ORG, TOKEN, Server
 
-from wkw_adapter import BlockDecodeError, LocalStore, StoredBlock, WkwFileCache, WkwMag, decompress_block
+from gateway_storage import LocalStore
+from wkw_adapter import BlockDecodeError, StoredBlock, WkwFileCache, WkwMag, decompress_block
 
 HEADERS = {"X-Auth-Token": TOKEN}
 DATASET = f"/data/zarr/{ORG}/wk_dataset"

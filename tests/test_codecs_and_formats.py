@@ -16,7 +16,8 @@ import wkw
 import zarr
 from conftest import MAGS, ORG, Server, TestData, mag_name
 
-from wkw_adapter import BlockType, LocalStore, WkwFileCache, WkwHeader, WkwMag, write_mag
+from gateway_storage import LocalStore
+from wkw_adapter import BlockType, WkwFileCache, WkwHeader, WkwMag, write_mag
 
 DATASET = f"{ORG}/wk_dataset"
 LAYERS = ("color_u8", "color_u16", "rgb")  # LZ4HC, raw, 3 channels

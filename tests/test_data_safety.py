@@ -25,7 +25,7 @@ from conftest import Server
 from pydantic import ValidationError
 
 from gateway.settings import Settings
-from wkw_adapter import FileChangedError, FileUnsettledError, LocalStore
+from gateway_storage import FileChangedError, FileUnsettledError, LocalStore
 
 ORG, DATASET = "org", "ds"
 BLOCK = 32

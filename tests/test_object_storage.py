@@ -29,7 +29,8 @@ from test_zarr_sources import (
     check_webknossos,
 )
 
-from wkw_adapter import LocalStore, WkwFileCache, WkwMag
+from gateway_storage import LocalStore
+from wkw_adapter import WkwFileCache, WkwMag
 
 BUCKET = "gateway-data"
 PREFIX = "root"

@@ -25,7 +25,14 @@ from gateway import extras
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # The project's own modules: the packages, the benchmark (scripts/ on its path) and the test modules.
-OWN_MODULES = {"gateway", "wkw_adapter", "deploy", "benchmark", *(path.stem for path in (REPO / "tests").iterdir())}
+OWN_MODULES = {
+    "gateway",
+    "gateway_storage",
+    "wkw_adapter",
+    "deploy",
+    "benchmark",
+    *(path.stem for path in (REPO / "tests").iterdir()),
+}
 OPTIONAL = ("boto3", "botocore", "granian", "rich", "starlette")  # what the core must run without
 
 BLOCKER = """
@@ -114,14 +121,16 @@ def _undeclared(modules: dict[str, set[str]], allowed: set[str]) -> list[str]:
 
 def test_the_core_imports_only_the_core_dependencies_at_module_level() -> None:
     core = declared()
-    used = imports(python_files("gateway", "wkw_adapter"), module_level_only=True)
+    used = imports(python_files("gateway", "gateway_storage", "wkw_adapter"), module_level_only=True)
     assert not _undeclared(used, core), "module-level imports outside the core dependencies"
     assert not {_normal(name) for name in OPTIONAL} & core, "an optional package is a core dependency"
 
 
 def test_every_direct_import_is_declared() -> None:
     gateway_extras = [extra.name for extra in (extras.S3, extras.GRANIAN, extras.SAMPLE)]
-    assert not _undeclared(imports(python_files("gateway", "wkw_adapter")), declared(*gateway_extras))
+    assert not _undeclared(
+        imports(python_files("gateway", "gateway_storage", "wkw_adapter")), declared(*gateway_extras)
+    )
     assert not _undeclared(imports(python_files("scripts")), declared("bench"))
     assert not _undeclared(imports(python_files("deploy")), declared("deploy-check") & declared("bench"))
     own_venv = REPO / "tests" / "ome_zarr_read.py"  # runs in the venv of scripts/ome-zarr-venv

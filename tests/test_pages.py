@@ -39,8 +39,9 @@ from gateway.http.listing import (
 from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, render_image, segment_colors
 from gateway.settings import Settings
 from gateway.sources.catalog import Catalog, Dataset
-from gateway.storage import open_storage
-from wkw_adapter import ByteLRU, WkwError, WkwFileCache
+from gateway.sources.registry import SourceFormats
+from gateway_storage import StorageError, open_store
+from wkw_adapter import WkwError
 
 DATASET = "wk_dataset"
 PUBLIC = "http://gateway.example:8080"
@@ -117,8 +118,8 @@ def parse(page: bytes) -> Node:
 
 
 def open_catalog(root: Path) -> Catalog:
-    storage = open_storage(str(root))
-    return Catalog(storage, WkwFileCache(storage, max_bytes=1 << 24), ByteLRU(1 << 24))
+    storage = open_store(str(root))
+    return Catalog(storage, SourceFormats(storage, 2 << 24))
 
 
 def load(catalog: Catalog, organization: str, name: str) -> Dataset:
@@ -521,7 +522,7 @@ def test_a_corrupt_wkw_file_raises_the_storage_error(dataset_copy: Path) -> None
     truncated = dataset_copy / ORG / DATASET / "color_u16" / "1"
     for path in truncated.glob("z*/y*/x*.wkw"):
         path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises((WkwError, OSError)):
+    with pytest.raises((WkwError, StorageError, OSError)):
         previews.preview(dataset.layers["color_u16"].mags, "color")
     assert len(previews.cache) == 0
 

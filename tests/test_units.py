@@ -23,16 +23,17 @@ from gateway.http.urls import Level, parse_data_path
 from gateway.sources.catalog import BrokenDataset, Catalog, Dataset
 from gateway.sources.mag import ChunkNotFound
 from gateway.sources.properties import BoundingBox
+from gateway.sources.registry import SourceFormats
 from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_index, encode_shard_index, index_nbytes
 from gateway.sources.wkw_source import WkwMagSource
-from gateway.storage import LocalStorage
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
 from gateway.zarr.codecs import Codec
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
-from wkw_adapter import ByteLRU, FileChangedError, StoreUnavailableError, WkwError, WkwFileCache
+from gateway_storage import FileChangedError, LocalStore, StoreUnavailableError
+from wkw_adapter import WkwError, WkwFileCache
 
 BLOCK = 32
 FILE_LEN = 2  # blocks per file side: 64-voxel files, 8 blocks per shard
@@ -186,7 +187,7 @@ def _truth(root: Path, layer: str) -> np.ndarray:
 
 
 def _source(root: Path, layer: str) -> WkwMagSource:
-    storage = LocalStorage(str(root))
+    storage = LocalStore(str(root))
     bbox = BoundingBox.model_validate({"topLeft": TOP_LEFT, "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]})
     return WkwMagSource((1, 1, 1), str(root / "org" / DATASET / layer / "1"), bbox, WkwFileCache(storage))
 
@@ -386,8 +387,8 @@ def test_memcpy_framing_decodes(size: int) -> None:
 
 
 def _catalog(root: Path) -> Catalog:
-    storage = LocalStorage(str(root))
-    return Catalog(storage, WkwFileCache(storage), ByteLRU(1 << 20))
+    storage = LocalStore(str(root))
+    return Catalog(storage, SourceFormats(storage, 2 << 20))
 
 
 def test_catalog_broken_properties_say_why(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 import requests
 from conftest import LAYERS, MAGS, ORG, TOKEN, Server, mag_name
 
-from wkw_adapter import LocalStore, WkwFileCache, WkwMag
+from gateway_storage import LocalStore
+from wkw_adapter import WkwFileCache, WkwMag
 
 HEADERS = {"X-Auth-Token": TOKEN}
 OPTIONS = {"headers": HEADERS}

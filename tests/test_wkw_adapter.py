@@ -14,17 +14,13 @@ import numpy as np
 import pytest
 import wkw
 
+from gateway_storage import ByteLRU, FileChangedError, FileIdentity, LocalStore, StorageError, TruncatedFileError
 from wkw_adapter import (
     HEADER_SIZE,
     BlockDecodeError,
     BlockType,
-    ByteLRU,
-    FileChangedError,
-    FileIdentity,
     HeaderError,
     JumpTableError,
-    LocalStore,
-    TruncatedFileError,
     WkwError,
     WkwFileCache,
     WkwHeader,
@@ -749,9 +745,11 @@ def test_lz4_block_decoding_to_wrong_size(corrupt_copy, good_mags, payload: int)
         assert np.array_equal(mag.read_block(block_coords(index)), expected_block(good_mags[BlockType.LZ4], index))
 
 
-def test_errors_are_wkw_errors() -> None:
-    for cls in (HeaderError, TruncatedFileError, JumpTableError, BlockDecodeError, FileChangedError):
-        assert issubclass(cls, WkwError)
+def test_format_errors_are_wkw_errors_and_store_errors_are_storage_errors() -> None:
+    for cls in (HeaderError, JumpTableError, BlockDecodeError):
+        assert issubclass(cls, WkwError) and not issubclass(cls, StorageError)
+    for cls in (TruncatedFileError, FileChangedError):
+        assert issubclass(cls, StorageError) and not issubclass(cls, WkwError)
 
 
 # --------------------------------------------------------------------------- 7. caches

@@ -1,38 +1,22 @@
-"""The WKW format on its own: headers, data files, mags, and a writer. No HTTP, no Zarr."""
+"""The WKW format on its own: headers, data files, mags, and a writer. No HTTP, no Zarr.
 
-from .cache import ByteLRU
-from .errors import (
-    BlockDecodeError,
-    FileChangedError,
-    FileUnsettledError,
-    HeaderError,
-    JumpTableError,
-    TruncatedFileError,
-    WkwError,
-)
+Bytes are read through a store of the storage kernel (:mod:`gateway_storage`).
+"""
+
+from .errors import BlockDecodeError, HeaderError, JumpTableError, WkwError
 from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
 from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
 from .mag import WkwMag
 from .morton import morton_decode, morton_encode, morton_grid
-from .storage import ByteStore, FileIdentity, LocalStore, OutsideRootError, StoreUnavailableError
 from .writer import encode_file, write_mag
 
 __all__ = [
     "HEADER_SIZE",
     "BlockDecodeError",
     "BlockType",
-    "ByteLRU",
-    "ByteStore",
-    "FileChangedError",
-    "FileIdentity",
-    "FileUnsettledError",
     "HeaderError",
     "JumpTableError",
-    "LocalStore",
-    "OutsideRootError",
-    "StoreUnavailableError",
     "StoredBlock",
-    "TruncatedFileError",
     "WkwError",
     "WkwFile",
     "WkwFileCache",

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import lz4.block
 import numpy as np
 
-from .cache import ByteLRU
-from .errors import BlockDecodeError, JumpTableError, TruncatedFileError
+from gateway_storage import ByteLRU, FileIdentity, Store, TruncatedFileError
+
+from .errors import BlockDecodeError, JumpTableError
 from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
-from .storage import ByteStore, FileIdentity
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ def _check_jump_table(path: str, header: WkwHeader, jumps: np.ndarray, size: int
         raise JumpTableError(f"{path}: jump table points to {int(jumps[-1])}, past the end of the file ({size} bytes)")
 
 
-def load_wkw_file(store: ByteStore, path: str, identity: FileIdentity) -> WkwFile:
+def load_wkw_file(store: Store, path: str, identity: FileIdentity) -> WkwFile:
     """Read and validate the header and jump table of one version of a file."""
     # Read before the size is judged, so that a file still being written is reported as such by the
     # store (FileUnsettledError: retry later) rather than as a truncated file.
@@ -88,7 +88,7 @@ class WkwFileCache:
     jump table.
     """
 
-    def __init__(self, store: ByteStore, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, store: Store, max_bytes: int = 64 << 20) -> None:
         self.store = store
         self.lru: ByteLRU[WkwFile] = ByteLRU(max_bytes)
 

@@ -4,15 +4,15 @@ import os
 
 import numpy as np
 
+from gateway_storage import FileSource
+
 from .errors import HeaderError
 from .file import StoredBlock, WkwFile, WkwFileCache, decode_block
 from .header import HEADER_SIZE, WkwHeader, parse_header
 from .morton import morton_encode
 from .region import copy_overlap
-from .storage import FileIdentity
 
 Vec3 = tuple[int, int, int]
-FileSource = tuple[str, FileIdentity | None]
 
 
 class WkwMag:

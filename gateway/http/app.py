@@ -1,9 +1,21 @@
-"""The application factory: the gateway, its operations endpoints and the edge in front of them."""
+"""The composition root: the store, the source formats, the catalog, the caches, the gateway, its
+operations endpoints and the edge in front of them, wired in one place.
+
+The cache budget (``cache_bytes``) is split here: half for the source formats' caches (shared
+equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and
+a sixteenth on top for preview images.
+"""
 
 import logging
 
+from gateway_storage import open_store
+
 from ..logs import configure_logging
+from ..previews import Previews
 from ..settings import Settings
+from ..sources.catalog import Catalog
+from ..sources.registry import SourceFormats
+from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Edge
 from .ops import Ops
@@ -12,7 +24,10 @@ log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
-    gateway = Gateway(settings)
+    store = open_store(settings.root, settings.extra_roots, settings.settle_seconds)
+    catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
+    shards = ShardPlans(settings.cache_bytes // 2)
+    gateway = Gateway(settings, store, catalog, shards, Previews(settings.cache_bytes // 16))
     if gateway.tokens is None:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM

@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 
 import anyio
 
-from wkw_adapter import ByteLRU, FileChangedError, FileUnsettledError, WkwFileCache
+from gateway_storage import ByteLRU, FileChangedError, FileUnsettledError, Store
 
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
-from ..storage import open_storage
 from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
@@ -37,16 +36,20 @@ TOKEN_HEADER = b"x-auth-token"
 
 
 class Gateway:
-    """Everything a data request needs; holds caches only, so replicas answer alike."""
+    """Everything a data request needs; holds caches only, so replicas answer alike.
 
-    def __init__(self, settings: Settings) -> None:
+    Its parts are built by the composition root (:func:`gateway.http.app.create_app`).
+    """
+
+    def __init__(
+        self, settings: Settings, storage: Store, catalog: Catalog, shards: ShardPlans, previews: Previews
+    ) -> None:
         self.settings = settings
-        self.storage = open_storage(settings.root, settings.extra_roots, settings.settle_seconds)
-        self.files = WkwFileCache(self.storage, max_bytes=settings.cache_bytes // 4)
-        self.catalog = Catalog(self.storage, self.files, ByteLRU(settings.cache_bytes // 4))
+        self.storage = storage
+        self.catalog = catalog
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
-        self.shards = ShardPlans(settings.cache_bytes // 2)
-        self.previews = Previews(settings.cache_bytes // 16)
+        self.shards = shards
+        self.previews = previews
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
@@ -67,14 +70,9 @@ class Gateway:
         return grant
 
     def caches_by_name(self) -> dict[str, ByteLRU]:
-        """The bounded caches, for the metrics: WKW headers and jump tables, shard plans, Zarr shard indexes,
-        previews."""
-        return {
-            "files": self.files.lru,
-            "shards": self.shards.lru,
-            "indexes": self.catalog.index_cache,
-            "previews": self.previews.cache,
-        }
+        """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
+        indexes), shard plans, previews."""
+        return {**self.catalog.formats.caches, "shards": self.shards.lru, "previews": self.previews.cache}
 
     def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
         key = (dataset.organization, dataset.name, tree.name)

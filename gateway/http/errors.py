@@ -11,7 +11,8 @@ import json
 import logging
 from dataclasses import dataclass
 
-from wkw_adapter import FileChangedError, FileUnsettledError, StoreUnavailableError, WkwError
+from gateway_storage import FileChangedError, FileUnsettledError, StorageError, StoreUnavailableError
+from wkw_adapter import WkwError
 
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
@@ -61,6 +62,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     StoreUnavailableError: ErrorRule(
         503, prefix="the store did not answer: ", retry_after="2", storage_error="unavailable", logged=True
     ),
+    StorageError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),  # outside the root too
     WkwError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),
     OSError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),
     Exception: ErrorRule(500, "internal error; it has been logged", logged=True),

@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
-from wkw_adapter import ByteLRU, OutsideRootError, StoreUnavailableError, WkwError, WkwFileCache
+from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavailableError
+from wkw_adapter import WkwError
 
-from ..storage import Storage
+from .formats import SourceFormat
 from .mag import MagSource
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties, mag_name
-from .wkw_source import WkwMagSource
-from .zarr_source import SourceError, ZarrMagSource
+from .registry import SourceFormats
+from .zarr_source import SourceError
 
 log = logging.getLogger("gateway.catalog")
 
@@ -80,10 +81,9 @@ def _validation_message(exc: ValidationError) -> str:
 class Catalog:
     """The datasets under one root. Safe to share between threads; holds only caches."""
 
-    def __init__(self, storage: Storage, files: WkwFileCache, index_cache: ByteLRU) -> None:
+    def __init__(self, storage: Store, formats: SourceFormats) -> None:
         self.storage = storage
-        self.files = files
-        self.index_cache = index_cache
+        self.formats = formats
         self._loaded: dict[tuple[str, str], _Loaded] = {}
         self._lock = threading.Lock()
 
@@ -157,7 +157,7 @@ class Catalog:
             document = json.loads(found[0])
         except StoreUnavailableError:
             raise  # transient: answered 503 and never remembered as a broken dataset
-        except (OSError, WkwError, ValueError) as exc:
+        except (OSError, StorageError, WkwError, ValueError) as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is not readable JSON: {exc}")
         try:
             properties = DatasourceProperties.model_validate(document)
@@ -168,22 +168,20 @@ class Catalog:
 
     def _load_layer(self, directory: str, layer: DataLayer) -> Layer:
         loaded = Layer(layer, {})
+        source_format = self.formats.for_data_format(layer.data_format)
+        if source_format is None:
+            loaded.problems.append(f"dataFormat {layer.data_format!r} is not served here")
+            return loaded
         for entry in layer.mag_entries():
-            mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, layer.data_format)
+            mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, source_format)
             if mag_directory is None:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: directory not found or outside the data root")
                 continue
             try:
-                source: MagSource
-                if layer.data_format == "wkw":
-                    source = WkwMagSource(entry.mag, mag_directory, layer.bounding_box, self.files)
-                else:
-                    source = ZarrMagSource(
-                        entry.mag, self.storage, mag_directory, layer.bounding_box, entry.axis_order, self.index_cache
-                    )
+                source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order)
             except StoreUnavailableError:
                 raise  # transient: the layer must not be remembered as unusable
-            except (OSError, WkwError, SourceError, KeyError, TypeError) as exc:
+            except (OSError, StorageError, WkwError, SourceError, KeyError, TypeError) as exc:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: {exc}")
                 continue
             if np.dtype(source.dtype.name) != layer.dtype or source.channels != layer.channels:
@@ -195,7 +193,9 @@ class Catalog:
             loaded.mags[entry.mag] = source
         return loaded
 
-    def _mag_directory(self, directory: str, layer: str, mag: Vec3, path: str | None, data_format: str) -> str | None:
+    def _mag_directory(
+        self, directory: str, layer: str, mag: Vec3, path: str | None, source_format: SourceFormat
+    ) -> str | None:
         storage = self.storage
         if path is not None:
             if path.startswith("s3://") and not storage.is_local:
@@ -209,17 +209,8 @@ class Catalog:
         else:
             long_name = "-".join(map(str, mag))
             candidates = [storage.join(directory, layer, n) for n in dict.fromkeys([mag_name(mag), long_name])]
-        marker = "header.wkw" if data_format == "wkw" else None
         for candidate in candidates:
             resolved = storage.resolve(candidate)
-            if resolved is None:
-                continue
-            if marker is not None:
-                try:
-                    if storage.identity(storage.join(resolved, marker)) is not None:
-                        return resolved
-                except OutsideRootError:
-                    continue  # the marker is a symlink out of the root: the mag is not served
-            elif storage.is_directory(resolved) or storage.identity(storage.join(resolved, "zarr.json")) is not None:
+            if resolved is not None and source_format.holds_mag(resolved):
                 return resolved
         return None

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wkw_adapter import FileIdentity
-from wkw_adapter.mag import FileSource
+from gateway_storage import FileIdentity, FileSource
 
 from .properties import BoundingBox
 

@@ -4,11 +4,14 @@ import functools
 
 import numpy as np
 
-from wkw_adapter import TruncatedFileError, WkwFileCache, WkwMag, morton_grid
-from wkw_adapter.mag import FileSource
+from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store, TruncatedFileError
+from wkw_adapter import WkwFileCache, WkwMag, morton_grid
 
+from .formats import SourceFormat
 from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding, Vec3
-from .properties import BoundingBox
+from .properties import BoundingBox, DataLayer
+
+MARKER = "header.wkw"  # every WKW mag directory holds one
 
 
 class WkwMagSource(MagSource):
@@ -83,6 +86,29 @@ class WkwMagSource(MagSource):
             _block_coords(header.file_len),
             read_span,
         )
+
+
+class WkwFormat(SourceFormat):
+    """``dataFormat: wkw``: mags with a ``header.wkw``; their files' headers and jump tables share one cache."""
+
+    data_formats = ("wkw",)
+
+    def __init__(self, store: Store, cache_bytes: int) -> None:
+        super().__init__(store, cache_bytes)
+        self.files = WkwFileCache(store, max_bytes=cache_bytes)
+
+    def holds_mag(self, directory: str) -> bool:
+        try:
+            return self.store.identity(self.store.join(directory, MARKER)) is not None
+        except OutsideRootError:
+            return False  # the marker is a symlink out of the root: the mag is not served
+
+    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
+        return WkwMagSource(mag, directory, layer.bounding_box, self.files)
+
+    @property
+    def caches(self) -> dict[str, ByteLRU]:
+        return {"files": self.files.lru}
 
 
 @functools.lru_cache(maxsize=8)

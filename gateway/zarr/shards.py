@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wkw_adapter import BlockDecodeError, ByteLRU, FileChangedError
+from gateway_storage import ByteLRU, FileChangedError
+from wkw_adapter import BlockDecodeError
 
 from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks, StoredEncoding
 from ..sources.shard_index import encode_shard_index

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from wkw_adapter import LocalStore, WkwFileCache, WkwMag
+from gateway_storage import LocalStore
+from wkw_adapter import WkwFileCache, WkwMag
 
 from .config import BLOCK, SCRIPTS
 

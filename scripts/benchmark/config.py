@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
-if str(REPO) not in sys.path:  # the gateway, wkw_adapter and deploy/render.py of this checkout
+if str(REPO) not in sys.path:  # the gateway, its kernel, wkw_adapter, deploy/render.py of this checkout
     sys.path.insert(0, str(REPO))
 
 Vec3 = tuple[int, int, int]

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from wkw_adapter import LocalStore, WkwFileCache, WkwMag
+from gateway_storage import LocalStore
+from wkw_adapter import WkwFileCache, WkwMag
 
 from .config import DATASET, ORG, READY, REFERENCE_SERVER, V2, V3, log
 from .dataset import mag_name

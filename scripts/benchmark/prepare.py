@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from wkw_adapter import LocalStore, WkwFileCache, WkwMag
+from gateway_storage import LocalStore
+from wkw_adapter import WkwFileCache, WkwMag
 
 from .config import BLOCK, CASES, DATA_CUBE, DATA_ORIGIN, DATASET, ORG, READY, TOKEN, V2, V3, config_token, log
 from .keys import Request, chunk_index, write_paths

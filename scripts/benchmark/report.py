@@ -47,11 +47,11 @@ def machine() -> dict[str, Any]:
         if done.returncode == 0:
             commit = done.stdout.strip()
             dirty = subprocess.run(
-                ["git", "-C", str(REPO), "status", "--porcelain", "--", "gateway", "wkw_adapter"],
+                ["git", "-C", str(REPO), "status", "--porcelain", "--", "gateway", "gateway_storage", "wkw_adapter"],
                 capture_output=True,
                 text=True,
             ).stdout.strip()
-            commit += " with uncommitted changes to gateway/ or wkw_adapter/" if dirty else ""
+            commit += " with uncommitted changes to gateway/, gateway_storage/ or wkw_adapter/" if dirty else ""
     return {
         "commit": commit,
         "arch": platform.machine(),

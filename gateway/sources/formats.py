@@ -1,0 +1,36 @@
+"""What a source format is to the catalog: which ``dataFormat`` names it serves, how its mag directories
+are recognized, how a mag is opened, and the caches its mags share.
+
+Each format subclasses :class:`SourceFormat` beside its :class:`MagSource` and is listed in
+:mod:`gateway.sources.registry`; nothing outside ``gateway/sources/`` names a format.
+"""
+
+from abc import ABC, abstractmethod
+
+from gateway_storage import ByteLRU, Store
+
+from .mag import MagSource, Vec3
+from .properties import DataLayer
+
+
+class SourceFormat(ABC):
+    """One storage format of mags, opened from one store with one share of the cache budget."""
+
+    data_formats: tuple[str, ...]  # the dataFormat values of datasource-properties.json it serves
+
+    def __init__(self, store: Store, cache_bytes: int) -> None:
+        self.store = store
+        self.cache_bytes = cache_bytes
+
+    @abstractmethod
+    def holds_mag(self, directory: str) -> bool:
+        """Whether ``directory`` (inside the root) holds a mag of this format: its directory marker."""
+
+    @abstractmethod
+    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
+        """The source of one mag; raises for a mag that cannot be served, with the reason."""
+
+    @property
+    @abstractmethod
+    def caches(self) -> dict[str, ByteLRU]:
+        """This format's bounded caches by metric name (``zarr_gateway_cache_*{cache}``)."""

@@ -1,0 +1,26 @@
+"""The registry of source formats: every ``dataFormat`` the gateway serves, and the one place to add one."""
+
+from gateway_storage import ByteLRU, Store
+
+from .formats import SourceFormat
+from .wkw_source import WkwFormat
+from .zarr_source import ZarrFormat
+
+FORMATS: tuple[type[SourceFormat], ...] = (WkwFormat, ZarrFormat)
+
+
+class SourceFormats:
+    """The formats of one store, each given an equal share of ``cache_bytes`` for its caches."""
+
+    def __init__(self, store: Store, cache_bytes: int, kinds: tuple[type[SourceFormat], ...] = FORMATS) -> None:
+        self.store = store
+        formats = [kind(store, cache_bytes // len(kinds)) for kind in kinds]
+        self._by_name = {name: f for f in formats for name in f.data_formats}
+        self.formats = tuple(formats)
+
+    def for_data_format(self, name: str) -> SourceFormat | None:
+        return self._by_name.get(name)
+
+    @property
+    def caches(self) -> dict[str, ByteLRU]:
+        return {label: lru for f in self.formats for label, lru in f.caches.items()}

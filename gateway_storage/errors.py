@@ -1,0 +1,38 @@
+"""Errors of the storage kernel: the bytes could not be read as asked, whatever their format.
+
+Every one of them means "the store could not give these bytes now", never "the data is absent":
+callers must not turn them into zeros.
+"""
+
+
+class StorageError(Exception):
+    """Base class: a file or object that cannot be read correctly from its store."""
+
+
+class FileChangedError(StorageError):
+    """The file was replaced or rewritten while it was being read; retry."""
+
+
+class FileUnsettledError(FileChangedError):
+    """The file was written too recently to trust what was read: a writer may still be rewriting it in place.
+
+    Size, modification time and inode cannot tell apart the versions a file passes through while one
+    write call is still copying bytes into it, so such a file is not served until it has been quiet
+    for the store's settle time. ``retry_after`` is how many seconds that is from now.
+    """
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class TruncatedFileError(StorageError):
+    """The file ends before the bytes asked for (or before a structure its format declares)."""
+
+
+class StoreUnavailableError(StorageError, OSError):
+    """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
+
+
+class OutsideRootError(StorageError, PermissionError):
+    """A file whose real location (after symlinks) lies outside the store's roots: never read."""

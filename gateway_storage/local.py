@@ -1,0 +1,231 @@
+"""A local (or network-mounted) directory as a store: root containment, the settle rule, positioned reads."""
+
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .errors import FileChangedError, FileUnsettledError, OutsideRootError, TruncatedFileError
+from .identity import FileIdentity
+from .store import Store, is_listed
+
+# Where Linux names the file an open descriptor refers to: the real path of exactly the inode opened,
+# so a check of it cannot be raced by a rename or a symlink swapped in between (unlike realpath).
+_FD_PATHS = "/proc/self/fd"
+_HAS_FD_PATHS = os.path.isdir(_FD_PATHS) and hasattr(os, "O_PATH")
+_DELETED = " (deleted)"
+
+
+def _local_identity(st: os.stat_result) -> FileIdentity:
+    # ctime as well as mtime: a writer can set mtime back (rsync -t, cp -p, utime) but never ctime.
+    return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_ino:x}", st.st_mtime)
+
+
+def _under(root: str, real: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_inside(roots: str | Sequence[str], path: str) -> str | None:
+    """``path`` with every symlink resolved, or None if that lies outside every root (real paths)."""
+    real = os.path.realpath(path)
+    for root in (roots,) if isinstance(roots, str) else roots:
+        if _under(root, real):
+            return real
+    return None
+
+
+def _descriptor_path(fd: int, path: str) -> str:
+    """The real path of the file open as ``fd`` (where ``/proc`` cannot say: of ``path``, resolved now)."""
+    if _HAS_FD_PATHS:
+        return os.readlink(f"{_FD_PATHS}/{fd}").removesuffix(_DELETED)
+    return os.path.realpath(path)
+
+
+class LocalStore(Store):
+    """Positioned reads from local files below a root; never loads a whole file.
+
+    With a ``root``, a file whose real location (symlinks resolved) lies
+    outside it and outside every one of ``extra_roots`` is refused
+    (OutsideRootError). The check is made on a descriptor of the file itself
+    (the real path ``/proc`` names for it), whenever a version of a file is
+    looked up or opened that is not already open, so no symlink planted or
+    swapped in, at any component of the path and at any time, lets a byte
+    from outside through; a version already open is the very inode that was
+    found inside. ``extra_roots`` are further
+    directories that layers may be symlinked to (a second volume, as
+    webKnossos data roots often have). Without a root (a tool reading a path
+    its user gave) nothing is refused.
+
+    With ``settle_seconds`` > 0, bytes are only returned from a file whose
+    last data write is at least that old when the read starts
+    (FileUnsettledError otherwise). Linux stamps mtime and ctime with the
+    same instant when a write call starts, before it copies a byte, and a
+    later write in the same clock tick stamps nothing new: so a read that
+    overlaps a write call can return a mix of old and new bytes while size,
+    mtime and inode stay those of one version. Once a file is settled, any
+    new write stamps a new time, which the check after each read sees. A
+    rename, utime or chmod after the last write moves ctime past mtime: that
+    file's writer had finished, and it is trusted at once.
+    """
+
+    is_local = True
+
+    def __init__(
+        self,
+        root: str | None = None,
+        extra_roots: Sequence[str] = (),
+        settle_seconds: float = 0.0,
+        max_open_files: int = 256,
+    ) -> None:
+        self.contained = root is not None
+        self.root = "" if root is None else os.path.realpath(root)
+        self.roots: tuple[str, ...] = (self.root, *map(os.path.realpath, extra_roots)) if root is not None else ()
+        self.max_open_files = max_open_files
+        self.settle_ns = round(settle_seconds * 1e9)
+        self._handles: OrderedDict[tuple[str, str], _OpenFile] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # --- names ---------------------------------------------------------------------------------
+
+    def join(self, base: str, *parts: str) -> str:
+        return os.path.join(base, *parts)
+
+    def resolve(self, path: str) -> str | None:
+        return resolve_inside(self.roots, path) if self.contained else os.path.realpath(path)
+
+    def root_of(self, path: str) -> str:
+        """The trusted root a real path lies under (the longest that matches); the main root if none does.
+
+        Paths made relative to it are the same on every replica, wherever each mounts its roots.
+        """
+        found = [root for root in self.roots if _under(root, path)]
+        return max(found, key=len) if found else self.root
+
+    def _check_inside(self, fd: int, path: str) -> None:
+        if self.contained and not any(_under(root, _descriptor_path(fd, path)) for root in self.roots):
+            raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def identity(self, path: str) -> FileIdentity | None:
+        """See :meth:`Store.identity`: a version already open was checked when it was opened, any other now."""
+        try:
+            if not self.contained:
+                return _local_identity(os.stat(path))
+            known = _local_identity(os.stat(path))
+            if (path, known.version) in self._handles:
+                return known  # the very inode, unchanged, that was found inside the roots when it was opened
+            if not _HAS_FD_PATHS:
+                if resolve_inside(self.roots, path) is None:
+                    raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+                return known
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # no read access is asked for: cheap, and never blocks
+            try:
+                self._check_inside(fd, path)
+                return _local_identity(os.fstat(fd))
+            finally:
+                os.close(fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+        """See :meth:`Store.read`."""
+        handle = self._handle(path, expected)
+        started = time.time_ns()  # the vDSO clock: no system call
+        data = os.pread(handle.fd, size, offset)
+        # Checked after the read: the bytes are those of the identified version, or nothing.
+        st = os.fstat(handle.fd)
+        if _local_identity(st) != expected:
+            self._forget(path, expected)
+            raise FileChangedError(f"{self.relative(path)} changed while it was being read")
+        if settled and self.settle_ns and st.st_ctime_ns == st.st_mtime_ns:
+            quiet_ns = started - st.st_mtime_ns  # negative for a time stamp in the future (clock skew)
+            if quiet_ns < self.settle_ns:
+                raise FileUnsettledError(
+                    f"{self.relative(path)} was written {max(quiet_ns, 0) / 1e9:.3f} s ago "
+                    "and may still be being rewritten",
+                    (self.settle_ns - quiet_ns) / 1e9,
+                )
+        if len(data) != size:
+            raise TruncatedFileError(
+                f"{self.relative(path)}: wanted {size} bytes at {offset}, file has {expected.size} bytes"
+            )
+        return data
+
+    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+        """See :meth:`Store.read_whole`: one open, checked, read and checked again (no descriptor is kept)."""
+        for _ in range(3):
+            try:
+                handle = _OpenFile(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            self._check_inside(handle.fd, path)
+            before = handle.opened
+            data = os.pread(handle.fd, before.st_size, 0)
+            identity = _local_identity(before)
+            if len(data) == before.st_size and _local_identity(os.fstat(handle.fd)) == identity:
+                return data, identity
+        raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")
+
+    def _handle(self, path: str, expected: FileIdentity) -> "_OpenFile":
+        """An open descriptor of exactly the version ``expected``, kept for the next reads.
+
+        Opening and closing a file per read costs more than the read itself.
+        A descriptor is closed when the last user drops it, so eviction never
+        pulls a descriptor from under a read in another thread. Every new
+        version is checked to lie inside the roots on the descriptor opened.
+        """
+        key = (path, expected.version)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is not None:
+                self._handles.move_to_end(key)
+                return handle
+        handle = _OpenFile(path)
+        self._check_inside(handle.fd, path)
+        if _local_identity(handle.opened) != expected:
+            raise FileChangedError(f"{self.relative(path)} changed while it was being opened")
+        with self._lock:
+            self._handles[key] = handle
+            while len(self._handles) > self.max_open_files:
+                self._handles.popitem(last=False)
+        return handle
+
+    def _forget(self, path: str, expected: FileIdentity) -> None:
+        with self._lock:
+            self._handles.pop((path, expected.version), None)
+
+    # --- directories ---------------------------------------------------------------------------
+
+    def list_directories(self, path: str) -> list[str]:
+        try:
+            entries = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(e.name for e in entries if is_listed(e.name) and e.is_dir())
+
+    def is_directory(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+
+class _OpenFile:
+    """A read-only descriptor of a regular file, closed when the last reference to it goes.
+
+    Opened without blocking and refused unless it is a regular file: a FIFO planted in the root would
+    otherwise hold a thread for ever in ``open`` or ``read``.
+    """
+
+    __slots__ = ("fd", "opened")
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        self.opened = os.fstat(self.fd)
+        if not stat.S_ISREG(self.opened.st_mode):
+            raise OSError(f"{os.path.basename(path)} is not a regular file")
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)  # None: the open itself failed
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,85 @@
+"""The store protocol: what every place bytes live in (a local root, a bucket) must offer.
+
+Paths are strings in the store's own namespace (absolute local paths, or object keys). Everything
+a source reads goes through a store, so containment in the data root, file versions and the
+mapping of store faults to the errors of :mod:`gateway_storage.errors` are decided here and
+nowhere else. A new kind of store subclasses :class:`Store` and passes the contract tests in
+``tests/test_store_contract.py``.
+"""
+
+from abc import ABC, abstractmethod
+
+from .errors import FileChangedError, TruncatedFileError
+from .identity import FileIdentity
+
+
+class Store(ABC):
+    """A root of datasets and the files below it, read by version."""
+
+    is_local: bool = False  # reads are positioned reads of local files: fast enough to run on an event loop
+    root: str  # the main root, in the store's namespace
+
+    @abstractmethod
+    def join(self, base: str, *parts: str) -> str:
+        """``base`` and ``parts`` joined in the store's namespace."""
+
+    @abstractmethod
+    def resolve(self, path: str) -> str | None:
+        """``path`` in canonical form if it lies inside the data root (or another trusted root), else None."""
+
+    @abstractmethod
+    def root_of(self, path: str) -> str:
+        """The trusted root a canonical path lies under: paths relative to it are the same on every replica."""
+
+    def relative(self, path: str) -> str:
+        """``path`` below its root, without the root: what messages and ETags may name."""
+        root = self.root_of(path)
+        if not root:
+            return path
+        return path.removeprefix(root).lstrip("/") if path.startswith(root) else path
+
+    @abstractmethod
+    def identity(self, path: str) -> FileIdentity | None:
+        """The file's current identity, or None if it does not exist.
+
+        Raises OutsideRootError for a file that lies outside every trusted root.
+        """
+
+    @abstractmethod
+    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` of the version ``expected``.
+
+        Raises FileChangedError if the file is no longer that version, FileUnsettledError if it was
+        written too recently to tell (unless ``settled`` is False: for a few bytes written once, such
+        as a mag header), TruncatedFileError if it ends before ``offset + size``, OutsideRootError if it
+        lies outside every trusted root and StoreUnavailableError if the store does not answer.
+        """
+
+    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+        """A small file (metadata, a chunk) with its identity, or None if it does not exist.
+
+        Read whole and parsed: a torn copy does not parse, and its dataset is looked at again soon
+        (the catalog reloads datasets with problems), so it is not held to the settle rule.
+        """
+        for _ in range(3):
+            identity = self.identity(path)
+            if identity is None:
+                return None
+            try:
+                return self.read(path, 0, identity.size, identity, settled=False), identity
+            except (FileChangedError, TruncatedFileError):
+                continue
+        raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")
+
+    @abstractmethod
+    def list_directories(self, path: str) -> list[str]:
+        """Names of the sub-directories (object prefixes) of ``path``, sorted, hidden ones left out."""
+
+    @abstractmethod
+    def is_directory(self, path: str) -> bool:
+        """Whether ``path`` is a directory (a prefix with objects below it)."""
+
+
+def is_listed(name: str) -> bool:
+    """Whether a directory entry is listed: not empty and not hidden."""
+    return bool(name) and not name.startswith(".")
