@@ -21,8 +21,9 @@ import pytest
 import requests
 import wkw
 import zarr
-from conftest import Server
 from pydantic import ValidationError
+from support.processes import wait_until
+from support.servers import Server
 
 from gateway.settings import Settings
 from wkw_adapter import FileChangedError, FileUnsettledError, LocalStore
@@ -278,14 +279,14 @@ def test_settle_rule_of_the_local_store(tmp_path: Path) -> None:
     assert LocalStore(str(root)).read(str(path), 0, 4, identity) == b"aaaa"  # 0 (the library default) trusts it
     assert store.read(str(path), 0, 4, identity, settled=False) == b"aaaa"  # small files read whole
 
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:  # once its last write is older than the settle time, the same file is served
+    def settled_read() -> bytes | None:
         try:
-            assert store.read(str(path), 0, 4, identity) == b"aaaa"
-            break
+            return store.read(str(path), 0, 4, identity)
         except FileUnsettledError:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            return None
+
+    # once its last write is older than the settle time, the same file is served
+    assert wait_until(settled_read, timeout=WAIT_SECONDS, interval=0.1) == b"aaaa"
 
     # rewritten in place after the read's identity was taken (same size): refused, never mixed
     with open(path, "r+b") as f:

@@ -19,18 +19,18 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import conftest
 import kubernetes_validate
 import pytest
 import requests
 import yaml
-from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
+from support.processes import free_port, stop_process, wait_until
 
 from deploy.render import AUTH_SCOPE  # the controller's http-snippet (README, Kubernetes)
 from gateway.settings import ENV_PREFIX, Settings
@@ -554,7 +554,7 @@ def exit_message(docs: list[dict[str, Any]], tmp_path: Path, **overrides: str) -
 
 @pytest.fixture(scope="module")
 def filesystem_pod(
-    rendered: dict[str, list[dict[str, Any]]], test_data: conftest.TestData, tmp_path_factory: pytest.TempPathFactory
+    rendered: dict[str, list[dict[str, Any]]], test_data: WrittenDataset, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Pod]:
     """The shared-filesystem overlay's pod over the test data root, its tokens in a kubelet-style volume."""
     docs = rendered["shared-filesystem"]
@@ -569,15 +569,6 @@ def filesystem_pod(
         pytest.fail(f"the gateway exited: {pod.log()}")
     yield pod
     stop(pod)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 def test_the_probed_and_routed_paths_are_real_routes(
@@ -720,7 +711,7 @@ def controller(
     with open(directory / "stderr.log", "wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     started = Controller(f"http://127.0.0.1:{port}", process, directory)
-    if not wait_until(lambda: _answers(started.url)):
+    if not wait_until(lambda: _answers(started.url), timeout=20, interval=0.2):
         process.kill()
         pytest.fail(f"nginx did not start: {(directory / 'error.log').read_text()}")
     yield started
@@ -828,7 +819,8 @@ def test_a_changed_tokens_secret_reaches_the_running_gateway(
     def switched() -> bool:
         return ingress_auth(filesystem_pod, uri, new_token) == 204 and ingress_auth(filesystem_pod, uri, TOKEN) == 401
 
-    assert wait_until(lambda: all(switched() for _ in range(10))), filesystem_pod.log()[-2000:]
+    seen = wait_until(lambda: all(switched() for _ in range(10)), timeout=20, interval=0.2)
+    assert seen, filesystem_pod.log()[-2000:]
     assert filesystem_pod.process.poll() is None
 
 
@@ -878,7 +870,7 @@ def test_an_unreachable_store_keeps_the_pod_unready_and_says_why(
         ready = requests.get(pod.url + "/readyz", timeout=15)
         assert ready.status_code == 503
         assert "cannot be reached" in ready.json()["problem"]
-        assert wait_until(lambda: "not ready" in pod.log())
+        assert wait_until(lambda: "not ready" in pod.log(), timeout=20, interval=0.2)
         log = pod.log()
         assert closed in log and "cannot be reached" in log
         data = requests.get(pod.url + f"/data/zarr/{ORG}/wk_dataset/.zgroup", headers={"X-Auth-Token": TOKEN})

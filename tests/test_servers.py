@@ -5,17 +5,19 @@ covered when it does not: the same bytes and headers as uvicorn, metrics summed 
 the same access lines, and the drain on SIGTERM in a worker process.
 """
 
+import functools
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import conftest
 import pytest
 import requests
-from conftest import ORG, Server
 from prometheus_client.parser import text_string_to_metric_families
+from support.datasets import ORG, WrittenDataset
+from support.processes import wait_until
+from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 PATHS = [
@@ -33,20 +35,18 @@ def metrics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _all_workers_started(server: Server, workers: int) -> Server:
     """The server answers once one worker does; wait (bounded) until Granian says every one has started."""
-    deadline = time.monotonic() + 30
-    while server.log().count("Started worker-") < workers:
-        assert time.monotonic() < deadline, f"not every worker started:\n{server.log()}"
-        time.sleep(0.1)
+    started = wait_until(lambda: server.log().count("Started worker-") >= workers, timeout=30, interval=0.1)
+    assert started, f"not every worker started:\n{server.log()}"
     return server
 
 
 @pytest.fixture(scope="module")
-def granian(server_factory: Callable[..., Server], test_data: conftest.TestData, metrics_dir: Path) -> Server:
+def granian(server_factory: Callable[..., Server], test_data: WrittenDataset, metrics_dir: Path) -> Server:
     return _all_workers_started(server_factory(test_data.root, server="granian", workers=2, metrics_dir=metrics_dir), 2)
 
 
 @pytest.fixture(scope="module")
-def uvicorn(server_factory: Callable[..., Server], test_data: conftest.TestData) -> Server:
+def uvicorn(server_factory: Callable[..., Server], test_data: WrittenDataset) -> Server:
     return server_factory(test_data.root, server="uvicorn")
 
 
@@ -90,7 +90,7 @@ def test_granian_sums_metrics_over_its_workers_and_logs_access_lines(granian: Se
     assert (lines[0]["status"], lines[0]["method"]) == (200, "GET")
 
 
-def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: conftest.TestData) -> None:
+def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: WrittenDataset) -> None:
     server = _all_workers_started(server_factory(test_data.root, server="granian", workers=2, drain_seconds=1.5), 2)
     assert requests.get(server.url + "/readyz", timeout=5).status_code == 200
     server.process.send_signal(signal.SIGTERM)
@@ -113,12 +113,16 @@ def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_d
     assert server.log().count("SIGTERM: /readyz fails from now") == 2
 
 
+def _all_gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
 def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
-    server_factory: Callable[..., Server], test_data: conftest.TestData
+    server_factory: Callable[..., Server], test_data: WrittenDataset
 ) -> None:
     """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on.
 
@@ -135,7 +139,5 @@ def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
         except subprocess.TimeoutExpired:
             pytest.fail(f"the supervisor did not stop within 20 s of SIGTERM:\n{server.log()}")
         assert status == 0, server.log()
-        deadline = time.monotonic() + 10
-        while any(Path(f"/proc/{pid}").exists() for pid in workers):
-            assert time.monotonic() < deadline, f"a worker serves on after the supervisor stopped:\n{server.log()}"
-            time.sleep(0.1)
+        gone = wait_until(functools.partial(_all_gone, workers), timeout=10, interval=0.1)
+        assert gone, f"a worker serves on after the supervisor stopped:\n{server.log()}"

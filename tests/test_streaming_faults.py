@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import Server
-from test_ops import delta, scrape
+from support.metrics import delta, scrape
+from support.servers import Server
 
 ORG = "stream_org"
 DATASET = "big_shards"

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import websocket
-from conftest import stop_process
+
+from .processes import stop_process
 
 CHROMIUM_FLAGS = (
     "--headless=new",
