@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, write_test_root
 from support.servers import Server, start_server
+from support.zarr_datasets import build_zarr_root
 
 warnings.filterwarnings("ignore", message="Not all image readers could be imported")
 
@@ -16,6 +17,14 @@ warnings.filterwarnings("ignore", message="Not all image readers could be import
 @pytest.fixture(scope="session")
 def test_data(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
     return write_test_root(tmp_path_factory.mktemp("root"))
+
+
+@pytest.fixture(scope="session")
+def zarr_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Zarr datasets written by webknossos-libs and zarr-python (read-only: served locally and from S3)."""
+    root = tmp_path_factory.mktemp("zarr_root")
+    build_zarr_root(root)
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ HEADERS = {"X-Auth-Token": TOKEN}
 # How the nginx image's entrypoint begins the notes it writes on stdout (NGINX_ENTRYPOINT_QUIET_LOGS silences them).
 ENTRYPOINT_NOTE = "/docker-entrypoint.sh: "
 # Measured on 2 cores: stand-ins 1-5 min, the image build 1-4.5 min, the stack under 1 min (the range: other load).
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
 
 def _tool(name: str) -> str:

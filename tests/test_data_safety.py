@@ -234,6 +234,8 @@ def test_file_rewritten_in_place_is_never_served_mixed_under_one_etag(
         if writer.stdin is not None:
             writer.stdin.close()
         writer.wait(30)
+        if writer.stdout is not None:
+            writer.stdout.close()
     assert target.stat().st_ino == inode, "the writer must rewrite in place, not replace the file"
 
     for name, key, final, response in settled_answers:

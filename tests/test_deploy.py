@@ -75,6 +75,7 @@ PROTECTED = [
 ]
 
 
+@pytest.mark.nginx
 def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, pair: list[Server]) -> None:
     before = [len(s.access_lines()) for s in pair]
     cases: list[tuple[str, dict, dict, int]] = []
@@ -104,6 +105,7 @@ def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, p
     assert len(seen()) < 2 * len(cases), "refusals are cached: repeated requests are not checked again"
 
 
+@pytest.mark.nginx
 def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
     chunk = f"{DATASET}/color_u8/1/0.2.2.1"
     direct = requests.get(proxy.url + chunk, headers=HEADERS, timeout=10)
@@ -117,6 +119,7 @@ def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
     assert "other_org" in listing.text and ORG not in listing.text  # the gateway filters listings per token
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "path", ["/auth", "/auth?token=x", "/metrics", "/readyz", "/%61uth", "//auth", "/data/../auth", "/x/../metrics"]
 )
@@ -126,6 +129,7 @@ def test_internal_endpoints_are_not_reachable_through_the_proxy(proxy: Proxy, pa
     assert b"zarr_gateway_requests" not in response.content
 
 
+@pytest.mark.nginx
 def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
     for path in (
         f"{DATASET}/../../other_org/theirs/datasource-properties.json",
@@ -138,6 +142,7 @@ def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
         assert b"dataLayers" not in response.content
 
 
+@pytest.mark.nginx
 def test_the_proxy_health_check_needs_no_token(proxy: Proxy) -> None:
     response = requests.get(proxy.url + "/healthz", timeout=10)
     assert response.status_code == 200 and response.json() == {"status": "ok"}
@@ -152,6 +157,7 @@ def _data_and_auth(servers: list[Server], marker: str) -> tuple[int, int]:
     return sum(line["path"] != "/auth" for line in lines), sum(line["path"] == "/auth" for line in lines)
 
 
+@pytest.mark.nginx
 def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: Path) -> None:
     fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
     cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
@@ -183,6 +189,7 @@ def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: 
     assert data == data_requests and 2 <= checks <= checks_allowed, (data, checks)
 
 
+@pytest.mark.nginx
 def test_the_token_never_lands_on_disk(proxy: Proxy) -> None:
     for params, headers in (({"token": TOKEN}, {}), ({}, HEADERS)):
         assert (
@@ -213,6 +220,7 @@ def _write_tokens(path: Path, tokens: dict[str, list[str]] | str) -> None:
 AUTH_CACHE_TIME = 2  # seconds, for the tests that wait for cached decisions to expire
 
 
+@pytest.mark.nginx
 def test_cached_token_checks_follow_the_tokens_file(
     test_data: WrittenDataset, editable_tokens: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -250,6 +258,7 @@ def test_cached_token_checks_follow_the_tokens_file(
         proxy.stop()
 
 
+@pytest.mark.nginx
 def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_path: Path) -> None:
     uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0")
     try:
@@ -261,6 +270,7 @@ def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_
         uncached.stop()
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "path",
     [
@@ -282,6 +292,7 @@ def test_unusual_uris_are_checked_afresh(proxy: Proxy, pair: list[Server], path:
 # --- real clients through the proxy ---------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_zarr_python_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: WrittenDataset) -> None:
     import zarr
 
@@ -293,6 +304,7 @@ def test_zarr_python_reads_through_the_proxy(proxy: Proxy, pair: list[Server], t
         assert np.array_equal(through, test_data.expected(layer, mag))
 
 
+@pytest.mark.nginx
 def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: WrittenDataset) -> None:
     import tensorstore as ts
 
@@ -310,6 +322,7 @@ def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], t
         assert np.array_equal(through, test_data.expected(layer, mag))
 
 
+@pytest.mark.nginx
 def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: WrittenDataset) -> None:
     import webknossos as wk
     from upath import UPath
@@ -327,6 +340,7 @@ def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: Writte
             assert np.array_equal(data, test_data.expected(name, mag_view.mag.to_tuple())[region])
 
 
+@pytest.mark.nginx
 def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]) -> None:
     with requests.Session() as session:
         for i in range(60):
@@ -352,6 +366,7 @@ def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]
 # --- CORS for browser viewers ---------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_cors_preflight_is_answered_by_the_proxy_without_a_token(proxy: Proxy, pair: list[Server]) -> None:
     before = [len(s.access_lines()) for s in pair]
     response = requests.options(
@@ -372,6 +387,7 @@ def test_cors_preflight_is_answered_by_the_proxy_without_a_token(proxy: Proxy, p
     assert [len(s.access_lines()) for s in pair] == before, "a preflight reached a gateway"
 
 
+@pytest.mark.nginx
 def test_cors_headers_on_every_answer(proxy: Proxy) -> None:
     origin = {"Origin": "https://viewer.example.org"}
     for headers, status in ((HEADERS, 200), ({}, 401), ({"X-Auth-Token": OTHER_TOKEN}, 403)):
@@ -390,6 +406,7 @@ def test_cors_headers_on_every_answer(proxy: Proxy) -> None:
 # --- request ids and logs -------------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list[Server]) -> None:
     response = requests.get(
         f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": "trace-42.a"}, timeout=10
@@ -415,6 +432,7 @@ def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list
     assert re.fullmatch(r"[0-9a-f]{32}", hostile.headers["X-Request-Id"]), "an unusable id is replaced"
 
 
+@pytest.mark.nginx
 def test_no_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
     for params, headers in (
         ({"token": TOKEN}, {}),
@@ -434,6 +452,7 @@ def test_no_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
 # --- limits -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_oversized_urls_and_headers_are_refused_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
     before = [len(s.access_lines()) for s in pair]
     long_url = requests.get(f"{proxy.url}{DATASET}/{'x' * 9000}", headers=HEADERS, timeout=10)
@@ -462,6 +481,7 @@ def _raw_exchange(url: str, raw: str) -> bytes:
     return received
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "framing, status",
     [
@@ -497,6 +517,7 @@ def _hammer(url: str, headers: list[dict[str, str]]) -> list[int]:
         return [session.get(url, headers=h, timeout=10).status_code for h in headers]
 
 
+@pytest.mark.nginx
 def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Path) -> None:
     # the test client stands for a TLS terminator on loopback, whose X-Forwarded-For names the client
     strict = start_proxy(
@@ -528,6 +549,7 @@ def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Pa
     assert any(line["remote_addr"] == "198.51.100.7" for line in lines)
 
 
+@pytest.mark.nginx
 def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -> None:
     strict = start_proxy(
         tmp_path,
@@ -552,6 +574,7 @@ def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -
         strict.stop()
 
 
+@pytest.mark.nginx
 def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp_path: Path) -> None:
     strict = start_proxy(
         tmp_path,
@@ -570,6 +593,7 @@ def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp
         strict.stop()
 
 
+@pytest.mark.nginx
 def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
     down = start_proxy(tmp_path, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
     try:
@@ -584,6 +608,7 @@ def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
 # --- the compose file, the proxy template and .env.example agree ---------------------------------------------
 
 
+@pytest.mark.docker
 def test_docker_compose_validates_the_compose_file(tmp_path: Path) -> None:
     env = {**os.environ, "DATA_ROOT": str(tmp_path)}
     (tmp_path / "empty.env").write_text("")  # not deploy/.env, whatever a checkout holds
@@ -628,6 +653,8 @@ def _nginx_command(values: dict[str, str], directory: Path) -> list[str]:
     return [tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
 
 
+@pytest.mark.docker
+@pytest.mark.nginx
 def test_the_env_example_makes_a_valid_deployment(tmp_path: Path) -> None:
     """.env.example -> docker-compose config -> the proxy's environment -> the rendered template -> nginx -t."""
     values = _compose_proxy_environment(ENV_EXAMPLE.read_text(), tmp_path)
@@ -636,6 +663,8 @@ def test_the_env_example_makes_a_valid_deployment(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.docker
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "setting, message",
     [
@@ -659,6 +688,7 @@ def test_a_setting_nginx_refuses_stops_the_proxy_with_nginx_s_message(
     assert started.returncode != 0 and message in started.stderr, started.stderr
 
 
+@pytest.mark.docker
 def test_docker_compose_names_a_missing_data_root(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT"}
     (tmp_path / "empty.env").write_text("")

@@ -29,6 +29,8 @@ from support.proxy import Proxy, address, start_proxy, tool
 from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
 from support.servers import Server
 
+pytestmark = pytest.mark.nginx  # every test runs deploy/nginx.conf in front of the gateways
+
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 HEADERS = {"X-Auth-Token": TOKEN}
 BULK = "bulk"
@@ -58,7 +60,7 @@ def bulk(tmp_path_factory: pytest.TempPathFactory) -> Bulk:
     root = tmp_path_factory.mktemp("bulk_root")
     voxels = np.random.default_rng(7).integers(0, 4, size=(1, *BULK_SHAPE), dtype=np.uint8)
     dataset = wk.Dataset(root / ORG / BULK, voxel_size=(11.24, 11.24, 28.0))
-    layer = dataset.add_layer(BULK_LAYER, "color", dtype_per_channel="uint8", data_format="wkw")
+    layer = dataset.add_layer(BULK_LAYER, "color", dtype="uint8", data_format="wkw")
     layer.bounding_box = wk.BoundingBox((0, 0, 0), BULK_SHAPE)
     layer.add_mag(1, chunk_shape=32, shard_shape=256, compress=False).write(voxels[0], absolute_offset=(0, 0, 0))
     return Bulk(root, voxels)
@@ -409,6 +411,7 @@ def _wrk_script(requests_: list[tuple[str, str | None]]) -> str:
     )
 
 
+@pytest.mark.soak
 def test_a_soak_of_mixed_requests_keeps_memory_flat(
     test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:

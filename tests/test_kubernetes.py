@@ -179,6 +179,7 @@ def scan(directory: Path, *frameworks: str) -> tuple[int, list[tuple[str, str]]]
     return passed, failed
 
 
+@pytest.mark.checkov
 def test_checkov_fails_no_check_but_those_the_readme_accepts(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -735,6 +736,7 @@ def gateway_requests(pod: Pod, path: str) -> int:
     return count
 
 
+@pytest.mark.nginx
 def test_through_the_ingress_every_read_is_authenticated(controller: Controller) -> None:
     uri = f"/data/zarr/{ORG}/wk_dataset/color_u8/1/.zarray"
     assert requests.get(controller.url + uri, timeout=10).status_code == 401
@@ -747,6 +749,7 @@ def test_through_the_ingress_every_read_is_authenticated(controller: Controller)
     assert requests.get(controller.url + theirs, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 403
 
 
+@pytest.mark.nginx
 def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     controller: Controller, filesystem_pod: Pod
 ) -> None:
@@ -790,6 +793,7 @@ def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     assert auth_calls() == 8
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize("route", INTERNAL_ROUTES)
 def test_through_the_ingress_internal_routes_are_not_found(
     controller: Controller, filesystem_pod: Pod, route: str

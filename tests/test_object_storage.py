@@ -26,9 +26,9 @@ from support.zarr_datasets import (
     ZARR_ORG,
     ZP_DATASET,
     ServedArray,
-    build_zarr_root,
     check_array,
     check_webknossos,
+    served_arrays,
 )
 
 from wkw_adapter import LocalStore, WkwFileCache, WkwMag
@@ -56,10 +56,9 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
 
 
 @pytest.fixture(scope="session")
-def s3_root(moto: Moto, test_data: WrittenDataset, tmp_path_factory: pytest.TempPathFactory) -> S3Root:
+def s3_root(moto: Moto, test_data: WrittenDataset, zarr_root: Path) -> S3Root:
     """The session's data root and the Zarr datasets, uploaded file by file under ``s3://gateway-data/root``."""
-    zarr_root = tmp_path_factory.mktemp("zarr_root_for_s3")
-    arrays = build_zarr_root(zarr_root)
+    arrays = served_arrays(zarr_root)
     client = moto.client()
     client.create_bucket(Bucket=BUCKET)
     assert upload_tree(client, test_data.root, BUCKET, PREFIX) > 50

@@ -458,7 +458,7 @@ def pyramid_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("tall", (520, 260, 3), [(1, 1, 1), (2, 2, 1), (4, 4, 1)]),
         ("wide", (600, 300, 2), [(1, 1, 1)]),
     ):
-        layer = dataset.add_layer(name, "color", dtype_per_channel="uint8", data_format="wkw")
+        layer = dataset.add_layer(name, "color", dtype="uint8", data_format="wkw")
         layer.bounding_box = wk.BoundingBox((0, 0, 0), size)
         for mag in mags:
             shape = tuple(-(-s // m) for s, m in zip(size, mag))

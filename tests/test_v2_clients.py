@@ -93,7 +93,7 @@ def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: W
     for name, dtype, channels, _, category in LAYERS:
         layer = dataset.get_layer(name)
         assert layer.category == category
-        assert layer.dtype_per_channel == np.dtype(dtype)
+        assert layer.dtype == np.dtype(dtype)
         assert layer.num_channels == channels
         assert layer.bounding_box == wk.BoundingBox((37, 21, 5), (150, 120, 70))
         if category == "segmentation":

@@ -37,6 +37,8 @@ from support.servers import Server
 
 from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
 
+pytestmark = pytest.mark.browser  # every test drives headless Chromium
+
 SCREENSHOT_DIR_VARIABLE = "ZARR_GATEWAY_SCREENSHOT_DIR"
 METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
 LOAD_TIMEOUT = 120  # seconds for a view to load on a busy 2-core machine; not an assertion on speed

@@ -71,7 +71,7 @@ def shifted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(11)
     dataset = wk.Dataset(root / ORG / SHIFTED, voxel_size=SHIFTED_VOXEL_SIZE)
     for name, (top_left, size, dtype, compressed, mags) in BOXES.items():
-        layer = dataset.add_layer(name, "color", dtype_per_channel=dtype, data_format="wkw")
+        layer = dataset.add_layer(name, "color", dtype=dtype, data_format="wkw")
         layer.bounding_box = wk.BoundingBox(top_left, size)
         for mag in mags:
             view = layer.add_mag(mag, chunk_shape=EDGE, shard_shape=2 * EDGE, compress=compressed)

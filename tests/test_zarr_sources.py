@@ -34,20 +34,12 @@ from support.zarr_datasets import (
     ZP_DATASET,
     ServedArray,
     ZarrSpec,
-    build_zarr_root,
     check_array,
     check_webknossos,
     served_arrays,
 )
 
 # --- fixtures ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def zarr_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("zarr_root")
-    build_zarr_root(root)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from collections.abc import Mapping
 from types import EllipsisType
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -30,7 +30,8 @@ def read_zarr_python(
     """``region`` of the array at ``url`` (all of it by default), read by zarr-python over fsspec's HTTP."""
     import zarr
 
-    options = {"storage_options": {"headers": dict(headers)}} if headers else {}
-    array = zarr.open_array(url, mode="r", zarr_format=zarr_format, **options)
+    version = cast(Literal[2, 3] | None, zarr_format)
+    options = {"headers": dict(headers)} if headers else None
+    array = zarr.open_array(url, mode="r", zarr_format=version, storage_options=options)
     data: np.ndarray[Any, Any] = np.asarray(array[region])
     return data

@@ -4,7 +4,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -16,7 +16,7 @@ TOP_LEFT = (37, 21, 5)
 SIZE = (150, 120, 70)
 MAGS = ((1, 1, 1), (2, 2, 1), (4, 4, 2))
 # name, dtype, channels, compressed, category
-LAYERS = [
+LAYERS: list[tuple[str, str, int, bool, Literal["color", "segmentation"]]] = [
     ("color_u8", "uint8", 1, True, "color"),
     ("color_u16", "uint16", 1, False, "color"),
     ("rgb", "uint8", 3, True, "color"),
@@ -45,23 +45,21 @@ def random_voxels(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) 
 
 def write_webknossos_dataset(path: Path) -> None:
     """The main test dataset, written by webknossos-libs in WKW format (files of 4^3 blocks of 32^3)."""
-    import webknossos as wk
+    from webknossos import BoundingBox, Dataset, SegmentationLayer
 
     rng = np.random.default_rng(42)
-    dataset = wk.Dataset(path, voxel_size=(11.24, 11.24, 28.0))
+    dataset = Dataset(path, voxel_size=(11.24, 11.24, 28.0))
     for name, dtype, channels, compressed, category in LAYERS:
-        kwargs = {"largest_segment_id": 0} if category == "segmentation" else {}
-        layer = dataset.add_layer(
-            name, category, dtype_per_channel=dtype, num_channels=channels, data_format="wkw", **kwargs
-        )
-        layer.bounding_box = wk.BoundingBox(TOP_LEFT, SIZE)
+        kwargs: dict[str, Any] = {"largest_segment_id": 0} if category == "segmentation" else {}
+        layer = dataset.add_layer(name, category, dtype=dtype, num_channels=channels, data_format="wkw", **kwargs)
+        layer.bounding_box = BoundingBox(TOP_LEFT, SIZE)
         for mag in MAGS:
             view = layer.add_mag(mag, chunk_shape=32, shard_shape=128, compress=compressed)
             lo, hi = bbox_at_mag(mag)
             shape = tuple(h - low for low, h in zip(lo, hi))
             data = random_voxels(dtype, (channels, *shape), rng)
             view.write(data if channels > 1 else data[0], absolute_offset=tuple(v * m for v, m in zip(lo, mag)))
-        if category == "segmentation":
+        if isinstance(layer, SegmentationLayer):
             layer.largest_segment_id = 2**31 - 1
 
 
@@ -81,7 +79,7 @@ class WrittenDataset:
 
         lo, hi = bbox_at_mag(mag)
         with wkw.Dataset.open(str(self.mag_dir(layer, mag))) as ds:
-            data = ds.read((0, 0, 0), hi)
+            data: np.ndarray[Any, Any] = ds.read((0, 0, 0), hi)
         out = np.zeros_like(data)
         sel = (slice(None), *(slice(a, b) for a, b in zip(lo, hi)))
         out[sel] = data[sel]

@@ -47,7 +47,7 @@ class Moto:
     """A moto S3 server on a loopback port."""
 
     endpoint: str
-    process: subprocess.Popen
+    process: "subprocess.Popen[bytes]"
 
     def client(self) -> Any:  # a boto3 S3 client
         import boto3

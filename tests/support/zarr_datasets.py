@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numcodecs
 import numpy as np
@@ -50,7 +51,7 @@ class ZarrSpec:
     dtype: str
     chunks: tuple[int, ...]
     compressor: str | None = None  # blosc, zstd, gzip, lz4 or None
-    order: str = "C"  # v2: the array order; v3: "F" adds a transpose codec reversing the dimensions
+    order: Literal["C", "F"] = "C"  # v2: the array order; v3: "F" adds a transpose codec reversing the dimensions
     shards: tuple[int, ...] | None = None
     crc32c: bool = False  # v3: a crc32c codec after the compressor (not expressible in the v2 tree)
     names: str = "dimension_names"  # v3: "dimension_names"; v2: "axisOrder" or "" (the default x,y,z)
@@ -94,9 +95,9 @@ class ServedArray:
     mag: tuple[int, int, int]
     directory: Path  # the source array
     axes: str
-    shape: tuple[int, int, int, int]  # served (c, x, y, z)
-    bbox_lo: tuple[int, int, int]  # at this mag
-    bbox_hi: tuple[int, int, int]
+    shape: tuple[int, ...]  # served (c, x, y, z)
+    bbox_lo: tuple[int, ...]  # at this mag, (x, y, z)
+    bbox_hi: tuple[int, ...]
     fill: int | float
 
     @property
@@ -125,7 +126,9 @@ class ServedArray:
         return out
 
 
-def _at_mag(top_left: tuple[int, ...], size: tuple[int, ...], mag: tuple[int, ...]) -> tuple[tuple, tuple]:
+def _at_mag(
+    top_left: tuple[int, ...], size: tuple[int, ...], mag: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     lo = tuple(t // m for t, m in zip(top_left, mag))
     hi = tuple(-(-(t + s) // m) for t, s, m in zip(top_left, size, mag))
     return lo, hi
@@ -170,9 +173,7 @@ def _write_webknossos(path: Path) -> None:
     rng = np.random.default_rng(5)
     dataset = wk.Dataset(path, voxel_size=(11.24, 11.24, 28.0))
     for name, data_format, dtype, channels in WK_LAYERS:
-        layer = dataset.add_layer(
-            name, "color", dtype_per_channel=dtype, num_channels=channels, data_format=data_format
-        )
+        layer = dataset.add_layer(name, "color", dtype=dtype, num_channels=channels, data_format=data_format)
         layer.bounding_box = wk.BoundingBox(WK_TOP_LEFT, WK_SIZE)
         for mag in WK_MAGS:
             sharding = {"shard_shape": 64} if data_format == "zarr3" else {}
@@ -197,13 +198,14 @@ def _v2_compressor(name: str | None) -> numcodecs.abc.Codec | None:
     }[name]
 
 
-def _v3_compressors(spec: ZarrSpec) -> list:
-    codecs = {
+def _v3_compressors(spec: ZarrSpec) -> list[Any]:
+    table: dict[str | None, list[Any]] = {
         None: [],
         "blosc": [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")],
         "zstd": [ZstdCodec(level=3)],
         "gzip": [GzipCodec(level=6)],
-    }[spec.compressor]
+    }
+    codecs = table[spec.compressor]
     return [*codecs, Crc32cCodec()] if spec.crc32c else codecs
 
 
@@ -216,7 +218,6 @@ def _write_zarr_python(path: Path) -> None:
         if spec.hole is not None:
             data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(spec.hole, spec.chunks))] = spec.fill
         directory = path / spec.name / "1"
-        common = {"shape": shape, "dtype": spec.dtype, "chunks": spec.chunks, "fill_value": spec.fill}
         if spec.zarr_format == 2:
             array = zarr.create_array(
                 str(directory),
@@ -224,7 +225,10 @@ def _write_zarr_python(path: Path) -> None:
                 order=spec.order,
                 compressors=_v2_compressor(spec.compressor),
                 filters=[numcodecs.Delta(spec.dtype)] if spec.filters else None,
-                **common,
+                shape=shape,
+                dtype=spec.dtype,
+                chunks=spec.chunks,
+                fill_value=spec.fill,
             )
         else:
             transpose = [TransposeCodec(order=list(range(len(shape)))[::-1])] if spec.order == "F" else []
@@ -235,10 +239,13 @@ def _write_zarr_python(path: Path) -> None:
                 filters=transpose,
                 compressors=_v3_compressors(spec),
                 dimension_names=list(spec.axes),
-                **common,
+                shape=shape,
+                dtype=spec.dtype,
+                chunks=spec.chunks,
+                fill_value=spec.fill,
             )
         array[...] = data
-        mag: dict = {"mag": [1, 1, 1], "path": f"./{spec.name}/1"}
+        mag: dict[str, Any] = {"mag": [1, 1, 1], "path": f"./{spec.name}/1"}
         if spec.names == "axisOrder":
             mag["axisOrder"] = {a: i for i, a in enumerate(spec.axes)}
         element_class = ELEMENT_CLASS.get((spec.dtype, spec.channels), spec.dtype)
