@@ -16,7 +16,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.metrics import delta, scrape, value
-from support.processes import free_port
+from support.processes import free_port, wait_until
 from support.servers import TEST_SERVER_ENV, Server
 
 from gateway.settings import Settings
@@ -373,6 +373,11 @@ def test_bad_settings_stop_start_up_naming_the_problem(tmp_path: Path, case: str
 def test_log_lines_are_json_objects_without_secrets(gateway: Server) -> None:
     requests.get(f"{gateway.url}{DATASET}/color_u8/1/.zarray", params={"token": TOKEN}, timeout=10)
     requests.get(f"{gateway.url}{DATASET}/.zgroup", headers={"X-Auth-Token": TOKEN, "X-Request-Id": "r-77"}, timeout=10)
+
+    def tagged_request_logged() -> bool:
+        return any(line.get("request_id") == "r-77" for line in gateway.access_lines())
+
+    assert wait_until(tagged_request_logged), "the access line is written just after the answer: a moment later"
     lines = [json.loads(line) for line in gateway.log().splitlines() if line.strip()]
     assert all({"time", "level", "logger"} <= set(line) for line in lines)
     settings = [line for line in lines if line.get("message", "").startswith("settings: ")]
