@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,8 +9,6 @@ import pytest
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, write_test_root
 from support.servers import Server, start_server
 from support.zarr_datasets import build_zarr_root
-
-warnings.filterwarnings("ignore", message="Not all image readers could be imported")
 
 
 @pytest.fixture(scope="session")

@@ -100,17 +100,19 @@ def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_d
         assert ready.status_code == 503 and ready.json()["status"] == "draining"
     chunk = requests.get(server.url + f"{DATASET}/color_u8/1/0.1.1.1", timeout=5)
     assert chunk.status_code == 200
-    deadline = time.monotonic() + 20  # drain_seconds, then the workers stop; bounded, not timed
-    refused = False
-    while not refused and time.monotonic() < deadline:
-        try:
-            requests.get(server.url + "/healthz", headers={"Connection": "close"}, timeout=5)
-            time.sleep(0.1)
-        except requests.ConnectionError:
-            refused = True
+    # drain_seconds, then the workers stop; bounded, not timed
+    refused = wait_until(lambda: _refused(server.url + "/healthz"), timeout=20, interval=0.1)
     assert refused, "the listener closes after the drain"
     assert server.process.wait(15) == 0
     assert server.log().count("SIGTERM: /readyz fails from now") == 2
+
+
+def _refused(url: str) -> bool:
+    try:
+        requests.get(url, headers={"Connection": "close"}, timeout=5)
+    except requests.ConnectionError:
+        return True
+    return False
 
 
 def _all_gone(pids: list[int]) -> bool:
