@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,17 +96,22 @@ def truth_chunk(data: np.ndarray, key: str, edge: int) -> np.ndarray:
 
 def wait_until_served(url: str, accept: Callable[[requests.Response], bool] = lambda r: True) -> requests.Response:
     """GET ``url`` until it answers 200 (bounded); 404 and 503 are the only answers allowed meanwhile."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
+    seen: list[requests.Response] = []
+
+    def served() -> requests.Response | None:
         response = requests.get(url, timeout=30)
+        seen.append(response)
         if response.status_code == 200 and accept(response):
             return response
         assert response.status_code in (200, 404, 503), (response.status_code, response.text)
         if response.status_code == 503:
             assert int(response.headers["Retry-After"]) >= 1, response.headers
-        if time.monotonic() > deadline:
-            pytest.fail(f"{url} still answers {response.status_code} {response.text!r} after {WAIT_SECONDS} s")
-        time.sleep(0.2)
+        return None
+
+    answer = wait_until(served, timeout=WAIT_SECONDS, interval=0.2)
+    if answer is None:
+        pytest.fail(f"{url} still answers {seen[-1].status_code} {seen[-1].text!r} after {WAIT_SECONDS} s")
+    return answer
 
 
 # --- 5. files rewritten in place ----------------------------------------------------------------

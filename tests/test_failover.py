@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -131,12 +130,11 @@ def _kill_when(victim: Server, served: int) -> threading.Thread:
     """SIGKILL ``victim`` once it has answered ``served`` data requests (its access log says when)."""
 
     def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if sum(line["path"].startswith("/data/") for line in victim.access_lines()) >= served:
-                victim.process.kill()
-                return
-            time.sleep(0.01)
+        def answered_enough() -> bool:
+            return sum(line["path"].startswith("/data/") for line in victim.access_lines()) >= served
+
+        if wait_until(answered_enough, timeout=120, interval=0.01):
+            victim.process.kill()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

@@ -521,15 +521,18 @@ def start_pod(docs: list[dict[str, Any]], volumes: dict[str, Path], log_path: Pa
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent)
     pod = Pod(f"http://127.0.0.1:{env[f'{ENV_PREFIX}PORT']}", process, log_path, volumes)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def exited_or_answering() -> bool:
         if process.poll() is not None:
-            return pod  # exited: the caller reads why
+            return True  # exited: the caller reads why
         try:
             requests.get(pod.url + "/healthz", timeout=1)
-            return pod
         except requests.ConnectionError:
-            time.sleep(0.2)
+            return False
+        return True
+
+    if wait_until(exited_or_answering, timeout=60, interval=0.2):
+        return pod
     stop(pod)
     pytest.fail(f"the gateway did not start: {pod.log()}")
 
