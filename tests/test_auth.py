@@ -8,10 +8,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import conftest
 import pytest
 import requests
-from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
+from support.processes import free_port
+from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 PROTECTED = {
@@ -124,7 +125,7 @@ def test_token_never_logged(gateway: Server) -> None:
         assert secret not in log
 
 
-def test_open_server_says_it_is_open(test_data: conftest.TestData, server_factory: Callable[..., Server]) -> None:
+def test_open_server_says_it_is_open(test_data: WrittenDataset, server_factory: Callable[..., Server]) -> None:
     server = server_factory(test_data.root)
     assert re.search(r"\bopen\b", server.log(), re.IGNORECASE)
     response = requests.get(server.url + PROTECTED["chunk"], timeout=10)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-import conftest
 import numcodecs
 import numpy as np
 import pytest
 import requests
-from conftest import ORG, TOKEN, Server
+from support.datasets import LAYERS, ORG, TOKEN, WrittenDataset
+from support.servers import Server
 
 from gateway_storage import LocalStore
 from wkw_adapter import BlockDecodeError, StoredBlock, WkwFileCache, WkwMag, decompress_block
@@ -66,7 +66,7 @@ def decode_chunk(body: bytes, dtype: str, channels: int, edge: int = 32) -> np.n
     return np.frombuffer(raw, dtype=dtype).reshape((channels, edge, edge, edge), order="F")
 
 
-def expected_chunk(test_data: conftest.TestData, layer: str, index: tuple[int, int, int], edge: int = 32) -> np.ndarray:
+def expected_chunk(test_data: WrittenDataset, layer: str, index: tuple[int, int, int], edge: int = 32) -> np.ndarray:
     whole = test_data.expected(layer, (1, 1, 1))
     out = np.zeros((whole.shape[0], edge, edge, edge), dtype=whole.dtype)
     part = whole[(slice(None), *(slice(i * edge, (i + 1) * edge) for i in index))]
@@ -74,11 +74,11 @@ def expected_chunk(test_data: conftest.TestData, layer: str, index: tuple[int, i
     return out
 
 
-def assert_good_chunk(server: Server, test_data: conftest.TestData, path: str, layer: str, index: tuple) -> None:
+def assert_good_chunk(server: Server, test_data: WrittenDataset, path: str, layer: str, index: tuple) -> None:
     response = get(server, f"{path}/{layer}/1/0.{index[0]}.{index[1]}.{index[2]}")
     assert response.status_code == 200, response.text[:300]
-    dtype = next(d for name, d, *_ in conftest.LAYERS if name == layer)
-    channels = next(c for name, _, c, *_ in conftest.LAYERS if name == layer)
+    dtype = next(d for name, d, *_ in LAYERS if name == layer)
+    channels = next(c for name, _, c, *_ in LAYERS if name == layer)
     assert np.array_equal(decode_chunk(response.content, dtype, channels), expected_chunk(test_data, layer, index))
 
 
@@ -205,7 +205,7 @@ def _garble_block(path: Path, index: int, rng: np.random.Generator) -> None:
 
 @pytest.fixture(scope="module")
 def hostile(
-    test_data: conftest.TestData, tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]
+    test_data: WrittenDataset, tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]
 ) -> Hostile:
     base = tmp_path_factory.mktemp("hostile")
     root, outside = base / "root", base / "outside"
@@ -351,7 +351,7 @@ def test_datasets_symlinked_out_of_the_root_are_not_served(hostile: Hostile, pat
     assert 'href="/data/zarr/evil_org/ds/"' in listing
 
 
-def test_data_file_symlinked_out_of_the_root_is_not_read(hostile: Hostile, test_data: conftest.TestData) -> None:
+def test_data_file_symlinked_out_of_the_root_is_not_read(hostile: Hostile, test_data: WrittenDataset) -> None:
     response = get(hostile.server, f"{EVIL}/segmentation/1/0.2.2.1", headers={})
     assert response.status_code != 200
     assert response.status_code != 404, "a file that is there must not read as absent (zeros)"
@@ -361,7 +361,7 @@ def test_data_file_symlinked_out_of_the_root_is_not_read(hostile: Hostile, test_
     assert_good_chunk(hostile.server, test_data, EVIL, "segmentation", (4, 2, 1))
 
 
-def test_hostile_dataset_serves_what_is_inside(hostile: Hostile, test_data: conftest.TestData) -> None:
+def test_hostile_dataset_serves_what_is_inside(hostile: Hostile, test_data: WrittenDataset) -> None:
     properties = get(hostile.server, f"{EVIL}/datasource-properties.json", headers={})
     assert properties.status_code == 200
     assert str(hostile.outside) not in properties.text and "../" not in properties.text
@@ -395,7 +395,7 @@ def test_unknown_organization_is_404(hostile: Hostile, path: str) -> None:
 # --- broken datasets ---------------------------------------------------------------------------------
 
 
-def test_invalid_properties_listed_with_reason(gateway: Server, test_data: conftest.TestData) -> None:
+def test_invalid_properties_listed_with_reason(gateway: Server, test_data: WrittenDataset) -> None:
     listing = get(gateway, f"/data/zarr/{ORG}/")
     assert listing.status_code == 200
     assert "broken_dataset" in listing.text
@@ -453,14 +453,12 @@ def test_garbage_lz4_passed_through_never_decodes_to_voxels(hostile: Hostile) ->
     ],
 )
 def test_intact_chunks_next_to_corrupt_ones_read(
-    hostile: Hostile, test_data: conftest.TestData, layer: str, index: tuple[int, int, int]
+    hostile: Hostile, test_data: WrittenDataset, layer: str, index: tuple[int, int, int]
 ) -> None:
     assert_good_chunk(hostile.server, test_data, CORRUPT, layer, index)
 
 
-def test_corrupt_layer_still_reads_through_zarr_python_elsewhere(
-    hostile: Hostile, test_data: conftest.TestData
-) -> None:
+def test_corrupt_layer_still_reads_through_zarr_python_elsewhere(hostile: Hostile, test_data: WrittenDataset) -> None:
     import zarr
 
     array = zarr.open_array(hostile.server.url + f"{CORRUPT}/segmentation/1", mode="r")
@@ -473,7 +471,7 @@ def test_corrupt_layer_still_reads_through_zarr_python_elsewhere(
 # --- after all of the above, the servers still serve -------------------------------------------------
 
 
-def test_servers_keep_serving(gateway: Server, hostile: Hostile, test_data: conftest.TestData) -> None:
+def test_servers_keep_serving(gateway: Server, hostile: Hostile, test_data: WrittenDataset) -> None:
     for key in ("0.1.2", "-1.0.0.0", "1.2.2.1"):
         get(gateway, f"{DATASET}/color_u8/1/{key}")
     assert_good_chunk(gateway, test_data, DATASET, "color_u8", (2, 2, 1))

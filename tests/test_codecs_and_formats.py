@@ -11,26 +11,16 @@ import numcodecs
 import numpy as np
 import pytest
 import requests
-import tensorstore as ts
 import wkw
-import zarr
-from conftest import MAGS, ORG, Server, TestData, mag_name
+from support.clients import read_tensorstore, read_zarr_python
+from support.datasets import MAGS, ORG, WrittenDataset, mag_name
+from support.servers import Server
 
 from gateway_storage import LocalStore
 from wkw_adapter import BlockType, WkwFileCache, WkwHeader, WkwMag, write_mag
 
 DATASET = f"{ORG}/wk_dataset"
 LAYERS = ("color_u8", "color_u16", "rgb")  # LZ4HC, raw, 3 channels
-
-
-def read_zarr_python(url: str, version: int) -> np.ndarray:
-    return zarr.open_array(url, mode="r", zarr_format=version)[...]
-
-
-def read_tensorstore(url: str, version: int) -> np.ndarray:
-    driver = "zarr" if version == 2 else "zarr3"
-    spec = {"driver": driver, "kvstore": {"driver": "http", "base_url": url + "/"}}
-    return ts.open(spec).result().read().result()
 
 
 @pytest.mark.parametrize(
@@ -47,7 +37,7 @@ def read_tensorstore(url: str, version: int) -> np.ndarray:
     ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
 )
 def test_every_codec_and_chunk_edge_reads_back_exactly(
-    test_data: TestData, server_factory: Callable[..., Server], settings: dict[str, object]
+    test_data: WrittenDataset, server_factory: Callable[..., Server], settings: dict[str, object]
 ) -> None:
     server = server_factory(test_data.root, **settings)
     edge = int(settings.get("chunk_edge", 32))  # type: ignore[call-overload]
@@ -125,14 +115,14 @@ def test_legacy_wkw_resolutions_dataset(tmp_path: Path, server_factory: Callable
     assert multiscales["datasets"][1]["coordinateTransformations"][0]["scale"] == [1.0, 22.48, 22.48, 50.0]
 
 
-def _copy_dataset(test_data: TestData, root: Path) -> Path:
+def _copy_dataset(test_data: WrittenDataset, root: Path) -> Path:
     target = root / ORG / "wk_dataset"
     shutil.copytree(test_data.root / ORG / "wk_dataset", target)
     return target / "color_u8" / "1"
 
 
 def test_absurd_stored_block_size_is_a_5xx_for_that_chunk_only(
-    test_data: TestData, tmp_path: Path, server_factory: Callable[..., Server]
+    test_data: WrittenDataset, tmp_path: Path, server_factory: Callable[..., Server]
 ) -> None:
     mag_dir = _copy_dataset(test_data, tmp_path)
     path = mag_dir / "z0" / "y0" / "x1.wkw"  # blocks x 4..7, y 0..3, z 0..3 of mag 1

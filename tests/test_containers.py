@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import conftest
 import numpy as np
 import pytest
 import requests
-from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
+from support.datasets import LAYERS, ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name
+from support.processes import free_port, stop_process
 
 from deploy.render import AUTH_SCOPE, TEMPLATES
 
@@ -42,7 +42,7 @@ HEADERS = {"X-Auth-Token": TOKEN}
 # How the nginx image's entrypoint begins the notes it writes on stdout (NGINX_ENTRYPOINT_QUIET_LOGS silences them).
 ENTRYPOINT_NOTE = "/docker-entrypoint.sh: "
 # Measured on 2 cores: stand-ins 1-5 min, the image build 1-4.5 min, the stack under 1 min (the range: other load).
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 
 
 def _tool(name: str) -> str:
@@ -271,7 +271,7 @@ class Stack:
         raise AssertionError(f"not {count} healthy containers: {states}\n{details}")
 
 
-def make_data_root(test_data: conftest.TestData, directory: Path) -> Path:
+def make_data_root(test_data: WrittenDataset, directory: Path) -> Path:
     """The test dataset, readable by the gateways' user (pytest's own directories are private to root)."""
     root = directory / "data"
     shutil.copytree(test_data.root / ORG / DATASET, root / ORG / DATASET)
@@ -331,7 +331,7 @@ def images(engine: Engine) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(engine: Engine, images: dict[str, str], test_data: conftest.TestData) -> Iterator[Stack]:
+def stack(engine: Engine, images: dict[str, str], test_data: WrittenDataset) -> Iterator[Stack]:
     directory = engine.directory / "deployment"
     directory.mkdir()
     settings = env_example()
@@ -402,26 +402,26 @@ def test_tokens_are_enforced(stack: Stack) -> None:
     assert requests.get(dataset, headers={"X-Auth-Token": OTHER_TOKEN}, timeout=10).status_code == 403
     answer = requests.get(dataset, headers=HEADERS, timeout=10)
     assert answer.status_code == 200, answer.text
-    assert {layer["name"] for layer in answer.json()["dataLayers"]} == {name for name, *_ in conftest.LAYERS}
+    assert {layer["name"] for layer in answer.json()["dataLayers"]} == {name for name, *_ in LAYERS}
     assert requests.get(dataset, params={"token": TOKEN}, timeout=10).status_code == 200
     for internal in ("/metrics", "/readyz", "/auth"):
         assert requests.get(stack.url + internal, headers=HEADERS, timeout=10).status_code == 404
 
 
-def test_zarr_python_reads_voxel_exact_through_the_published_port(stack: Stack, test_data: conftest.TestData) -> None:
+def test_zarr_python_reads_voxel_exact_through_the_published_port(stack: Stack, test_data: WrittenDataset) -> None:
     import zarr
 
     for layer, mag in (("color_u8", (1, 1, 1)), ("segmentation", (2, 2, 1))):
-        url = f"{stack.url}/data/zarr/{ORG}/{DATASET}/{layer}/{conftest.mag_name(mag)}"
+        url = f"{stack.url}/data/zarr/{ORG}/{DATASET}/{layer}/{mag_name(mag)}"
         array = zarr.open_array(url, mode="r", storage_options={"headers": HEADERS})
         np.testing.assert_array_equal(array[...], test_data.expected(layer, mag))
 
 
-def test_tensorstore_reads_voxel_exact_through_the_published_port(stack: Stack, test_data: conftest.TestData) -> None:
+def test_tensorstore_reads_voxel_exact_through_the_published_port(stack: Stack, test_data: WrittenDataset) -> None:
     import tensorstore as ts
 
     for layer, mag in (("rgb", (1, 1, 1)), ("color_u16", (4, 4, 2))):
-        base_url = f"{stack.url}/data/zarr3/{ORG}/{DATASET}/{layer}/{conftest.mag_name(mag)}/"
+        base_url = f"{stack.url}/data/zarr3/{ORG}/{DATASET}/{layer}/{mag_name(mag)}/"
         spec = {
             "driver": "zarr3",
             "kvstore": {"driver": "http", "base_url": base_url, "headers": [f"X-Auth-Token: {TOKEN}"]},

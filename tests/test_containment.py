@@ -20,7 +20,7 @@ import pytest
 import requests
 import wkw
 import zarr
-from conftest import Server
+from support.servers import Server
 
 ORG, DATASET = "lab", "hostile"
 SECRET_VALUE = 0xAB  # every voxel of the private arrays outside the root

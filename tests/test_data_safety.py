@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ import pytest
 import requests
 import wkw
 import zarr
-from conftest import Server
 from pydantic import ValidationError
+from support.processes import wait_until
+from support.servers import Server
 
 from gateway.settings import Settings
 from gateway_storage import FileChangedError, FileUnsettledError, LocalStore
@@ -96,17 +96,22 @@ def truth_chunk(data: np.ndarray, key: str, edge: int) -> np.ndarray:
 
 def wait_until_served(url: str, accept: Callable[[requests.Response], bool] = lambda r: True) -> requests.Response:
     """GET ``url`` until it answers 200 (bounded); 404 and 503 are the only answers allowed meanwhile."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
+    seen: list[requests.Response] = []
+
+    def served() -> requests.Response | None:
         response = requests.get(url, timeout=30)
+        seen.append(response)
         if response.status_code == 200 and accept(response):
             return response
         assert response.status_code in (200, 404, 503), (response.status_code, response.text)
         if response.status_code == 503:
             assert int(response.headers["Retry-After"]) >= 1, response.headers
-        if time.monotonic() > deadline:
-            pytest.fail(f"{url} still answers {response.status_code} {response.text!r} after {WAIT_SECONDS} s")
-        time.sleep(0.2)
+        return None
+
+    answer = wait_until(served, timeout=WAIT_SECONDS, interval=0.2)
+    if answer is None:
+        pytest.fail(f"{url} still answers {seen[-1].status_code} {seen[-1].text!r} after {WAIT_SECONDS} s")
+    return answer
 
 
 # --- 5. files rewritten in place ----------------------------------------------------------------
@@ -233,6 +238,8 @@ def test_file_rewritten_in_place_is_never_served_mixed_under_one_etag(
         if writer.stdin is not None:
             writer.stdin.close()
         writer.wait(30)
+        if writer.stdout is not None:
+            writer.stdout.close()
     assert target.stat().st_ino == inode, "the writer must rewrite in place, not replace the file"
 
     for name, key, final, response in settled_answers:
@@ -278,14 +285,14 @@ def test_settle_rule_of_the_local_store(tmp_path: Path) -> None:
     assert LocalStore(str(root)).read(str(path), 0, 4, identity) == b"aaaa"  # 0 (the library default) trusts it
     assert store.read(str(path), 0, 4, identity, settled=False) == b"aaaa"  # small files read whole
 
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:  # once its last write is older than the settle time, the same file is served
+    def settled_read() -> bytes | None:
         try:
-            assert store.read(str(path), 0, 4, identity) == b"aaaa"
-            break
+            return store.read(str(path), 0, 4, identity)
         except FileUnsettledError:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            return None
+
+    # once its last write is older than the settle time, the same file is served
+    assert wait_until(settled_read, timeout=WAIT_SECONDS, interval=0.1) == b"aaaa"
 
     # rewritten in place after the read's identity was taken (same size): refused, never mixed
     with open(path, "r+b") as f:

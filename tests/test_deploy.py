@@ -9,22 +9,20 @@ validated by Debian's docker-compose, which needs no engine.
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import conftest
 import numpy as np
 import pytest
 import requests
 import yaml
-from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port, stop_process
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name
+from support.processes import free_port, wait_until
+from support.proxy import TMPFS, Proxy, address, start_proxy, tool
+from support.servers import Server
 
 from deploy.render import (
     COMPOSE,
@@ -42,15 +40,6 @@ ENV_EXAMPLE = DEPLOY / ".env.example"
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 THEIRS = "/data/zarr/other_org/theirs"
 HEADERS = {"X-Auth-Token": TOKEN}
-# Where the compose file keeps cached token checks: a tmpfs. The tests use a fresh directory there per proxy.
-TMPFS = Path("/dev/shm")
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
-    if path is None:
-        pytest.fail(f"{name} is missing: run scripts/install-system-packages (scripts/test does)")
-    return path
 
 
 def template_names() -> set[str]:
@@ -60,78 +49,8 @@ def template_names() -> set[str]:
 # --- nginx in front of gateways --------------------------------------------------------------------------
 
 
-@dataclass
-class Proxy:
-    url: str
-    process: subprocess.Popen
-    directory: Path
-    auth_cache: Path
-
-    def access_log(self) -> list[dict]:
-        return [json.loads(line) for line in (self.directory / "stdout.log").read_text().splitlines() if line]
-
-    def logs(self) -> str:
-        return "".join(p.read_text() for p in self.directory.glob("*.log"))
-
-    def stop(self) -> None:
-        stop_process(self.process, stop_signal=signal.SIGQUIT)  # nginx's graceful stop
-        shutil.rmtree(self.auth_cache, ignore_errors=True)
-
-
-def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Proxy:
-    """nginx with the template rendered from the compose defaults, but for ``overrides``."""
-    port = free_port()
-    values = compose_defaults()
-    values.pop("NGINX_ENVSUBST_FILTER")
-    values.pop("NGINX_ENTRYPOINT_QUIET_LOGS")
-    auth_cache = Path(tempfile.mkdtemp(prefix="zarr-gateway-auth-", dir=TMPFS))
-    values.update(
-        PROXY_LISTEN=f"127.0.0.1:{port}",
-        PROXY_UPSTREAM_SERVERS=" ".join(f"server {address};" for address in upstreams),
-        PROXY_AUTH_CACHE_DIR=str(auth_cache),
-        **overrides,
-    )
-    unset = write_proxy_config(directory, values)
-    assert not unset, f"{unset}: names of the templates that docker-compose.yml does not set"
-    command = [_tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
-    check = subprocess.run([*command, "-t"], capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
-    with open(directory / "stdout.log", "wb") as stdout, open(directory / "stderr.log", "wb") as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
-    proxy = Proxy(f"http://127.0.0.1:{port}", process, directory, auth_cache)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"nginx exited: {proxy.logs()}")
-        try:
-            requests.get(proxy.url + "/healthz", timeout=1)
-            return proxy
-        except requests.ConnectionError:
-            time.sleep(0.05)
-    proxy.stop()
-    raise RuntimeError(f"nginx did not start: {proxy.logs()}")
-
-
-def access_lines(server: Server) -> list[dict]:
-    return server.access_lines()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5) -> bool:
-    """Access lines are written just after the answer is sent: give them a moment."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def address(server: Server) -> str:
-    return server.url.removeprefix("http://")
-
-
 @pytest.fixture(scope="module")
-def pair(test_data: conftest.TestData, tokens_file: Path, server_factory: Callable[..., Server]) -> list[Server]:
+def pair(test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server]) -> list[Server]:
     return [server_factory(test_data.root, tokens_file=tokens_file) for _ in range(2)]
 
 
@@ -156,8 +75,9 @@ PROTECTED = [
 ]
 
 
+@pytest.mark.nginx
 def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, pair: list[Server]) -> None:
-    before = [len(access_lines(s)) for s in pair]
+    before = [len(s.access_lines()) for s in pair]
     cases: list[tuple[str, dict, dict, int]] = []
     for path in PROTECTED:
         cases.append((path, {}, {}, 401))
@@ -177,14 +97,15 @@ def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, p
                 assert response.json()["status"] == status
 
     def seen() -> list[dict]:
-        return [line for s, n in zip(pair, before) for line in access_lines(s)[n:]]
+        return [line for s, n in zip(pair, before) for line in s.access_lines()[n:]]
 
-    assert wait_for(lambda: len(seen()) > 0), "the requests were checked by a gateway's /auth"
+    assert wait_until(lambda: len(seen()) > 0), "the requests were checked by a gateway's /auth"
     time.sleep(0.2)
     assert {line["path"] for line in seen()} == {"/auth"}, "a refused request reached a gateway route"
     assert len(seen()) < 2 * len(cases), "refusals are cached: repeated requests are not checked again"
 
 
+@pytest.mark.nginx
 def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
     chunk = f"{DATASET}/color_u8/1/0.2.2.1"
     direct = requests.get(proxy.url + chunk, headers=HEADERS, timeout=10)
@@ -198,6 +119,7 @@ def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
     assert "other_org" in listing.text and ORG not in listing.text  # the gateway filters listings per token
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "path", ["/auth", "/auth?token=x", "/metrics", "/readyz", "/%61uth", "//auth", "/data/../auth", "/x/../metrics"]
 )
@@ -207,6 +129,7 @@ def test_internal_endpoints_are_not_reachable_through_the_proxy(proxy: Proxy, pa
     assert b"zarr_gateway_requests" not in response.content
 
 
+@pytest.mark.nginx
 def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
     for path in (
         f"{DATASET}/../../other_org/theirs/datasource-properties.json",
@@ -219,6 +142,7 @@ def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
         assert b"dataLayers" not in response.content
 
 
+@pytest.mark.nginx
 def test_the_proxy_health_check_needs_no_token(proxy: Proxy) -> None:
     response = requests.get(proxy.url + "/healthz", timeout=10)
     assert response.status_code == 200 and response.json() == {"status": "ok"}
@@ -229,10 +153,11 @@ def test_the_proxy_health_check_needs_no_token(proxy: Proxy) -> None:
 
 def _data_and_auth(servers: list[Server], marker: str) -> tuple[int, int]:
     """How many requests whose id starts with ``marker`` reached the gateways' data routes, and /auth."""
-    lines = [line for s in servers for line in access_lines(s) if line["request_id"].startswith(marker)]
+    lines = [line for s in servers for line in s.access_lines() if line["request_id"].startswith(marker)]
     return sum(line["path"] != "/auth" for line in lines), sum(line["path"] == "/auth" for line in lines)
 
 
+@pytest.mark.nginx
 def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: Path) -> None:
     fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
     cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
@@ -258,12 +183,13 @@ def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: 
     # each way of sending the token is checked once, and again each time its cached answer expires
     checks_allowed = 2 * (1 + int((time.monotonic() - started) // cache_seconds))
     data_requests = 2 * len(paths)
-    assert wait_for(lambda: _data_and_auth(pair, "steady-")[0] == data_requests)
+    assert wait_until(lambda: _data_and_auth(pair, "steady-")[0] == data_requests)
     time.sleep(0.2)
     data, checks = _data_and_auth(pair, "steady-")
     assert data == data_requests and 2 <= checks <= checks_allowed, (data, checks)
 
 
+@pytest.mark.nginx
 def test_the_token_never_lands_on_disk(proxy: Proxy) -> None:
     for params, headers in (({"token": TOKEN}, {}), ({}, HEADERS)):
         assert (
@@ -294,8 +220,9 @@ def _write_tokens(path: Path, tokens: dict[str, list[str]] | str) -> None:
 AUTH_CACHE_TIME = 2  # seconds, for the tests that wait for cached decisions to expire
 
 
+@pytest.mark.nginx
 def test_cached_token_checks_follow_the_tokens_file(
-    test_data: conftest.TestData, editable_tokens: Path, server_factory: Callable[..., Server], tmp_path: Path
+    test_data: WrittenDataset, editable_tokens: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     gateway = server_factory(test_data.root, tokens_file=editable_tokens, tokens_reload_seconds=0.2)
     proxy = start_proxy(tmp_path / "nginx", [address(gateway)], PROXY_AUTH_CACHE_TIME=f"{AUTH_CACHE_TIME}s")
@@ -312,36 +239,38 @@ def test_cached_token_checks_follow_the_tokens_file(
         assert get(newcomer, "refused") == 401
         # granted: accepted once the gateway has re-read the file and the proxy's cached 401 has expired
         _write_tokens(editable_tokens, {TOKEN: [f"{ORG}/*"], newcomer: [f"{ORG}/*"]})
-        assert wait_for(lambda: get(newcomer, "granted") == 200, timeout=AUTH_CACHE_TIME + 10)
+        assert wait_until(lambda: get(newcomer, "granted") == 200, timeout=AUTH_CACHE_TIME + 10)
         # revoked: refused by the gateway at once, and after the cache time by the proxy itself
         _write_tokens(editable_tokens, {newcomer: [f"{ORG}/*"]})
-        assert wait_for(lambda: get(TOKEN, "revoked") == 401, timeout=AUTH_CACHE_TIME + 10)
+        assert wait_until(lambda: get(TOKEN, "revoked") == 401, timeout=AUTH_CACHE_TIME + 10)
         time.sleep(AUTH_CACHE_TIME + 1.2)  # nginx counts whole seconds
         assert get(TOKEN, "after-expiry") == 401
-        assert wait_for(lambda: _data_and_auth([gateway], "after-expiry") == (0, 1)), _data_and_auth(
+        assert wait_until(lambda: _data_and_auth([gateway], "after-expiry") == (0, 1)), _data_and_auth(
             [gateway], "after-expiry"
         )
         # a file that no longer parses: the gateway keeps the last good tokens, the proxy asks it again
         _write_tokens(editable_tokens, "{not json")
         time.sleep(AUTH_CACHE_TIME + 1.2)  # nginx counts whole seconds
         assert get(newcomer, "broken-file") == 200
-        assert wait_for(lambda: _data_and_auth([gateway], "broken-file") == (1, 1)), "checked afresh, and passed"
+        assert wait_until(lambda: _data_and_auth([gateway], "broken-file") == (1, 1)), "checked afresh, and passed"
         assert get(TOKEN, "broken-file-revoked") == 401
     finally:
         proxy.stop()
 
 
+@pytest.mark.nginx
 def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_path: Path) -> None:
     uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0")
     try:
         for number in range(5):
             headers = {**HEADERS, "X-Request-Id": f"uncached-{number}"}
             assert requests.get(f"{uncached.url}{DATASET}/.zgroup", headers=headers, timeout=10).status_code == 200
-        assert wait_for(lambda: _data_and_auth(pair, "uncached-") == (5, 5))
+        assert wait_until(lambda: _data_and_auth(pair, "uncached-") == (5, 5))
     finally:
         uncached.stop()
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "path",
     [
@@ -357,24 +286,26 @@ def test_unusual_uris_are_checked_afresh(proxy: Proxy, pair: list[Server], path:
     for number in range(3):  # raw: an HTTP client library would normalize the path
         head = f"GET {path} HTTP/1.1\r\nHost: x\r\nX-Auth-Token: {OTHER_TOKEN}\r\nX-Request-Id: {marker}{number}\r\n"
         assert _raw_exchange(proxy.url, head + "Connection: close\r\n\r\n").startswith(b"HTTP/1.1 ")
-    assert wait_for(lambda: _data_and_auth(pair, marker)[1] == 3), _data_and_auth(pair, marker)
+    assert wait_until(lambda: _data_and_auth(pair, marker)[1] == 3), _data_and_auth(pair, marker)
 
 
 # --- real clients through the proxy ---------------------------------------------------------------------
 
 
-def test_zarr_python_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: conftest.TestData) -> None:
+@pytest.mark.nginx
+def test_zarr_python_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: WrittenDataset) -> None:
     import zarr
 
     for tree, layer, mag in (("zarr", "color_u8", (1, 1, 1)), ("zarr3", "rgb", (2, 2, 1))):
-        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{conftest.mag_name(mag)}"
+        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{mag_name(mag)}"
         through = zarr.open_array(proxy.url + path, mode="r", storage_options={"headers": HEADERS})[...]
         direct = zarr.open_array(pair[0].url + path, mode="r", storage_options={"headers": HEADERS})[...]
         assert np.array_equal(through, direct)
         assert np.array_equal(through, test_data.expected(layer, mag))
 
 
-def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: conftest.TestData) -> None:
+@pytest.mark.nginx
+def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], test_data: WrittenDataset) -> None:
     import tensorstore as ts
 
     def read(base: str, driver: str, path: str) -> np.ndarray:
@@ -385,13 +316,14 @@ def test_tensorstore_reads_through_the_proxy(proxy: Proxy, pair: list[Server], t
         ("zarr", "zarr", "segmentation", (1, 1, 1)),
         ("zarr3", "zarr3", "color_f32", (4, 4, 2)),
     ):
-        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{conftest.mag_name(mag)}"
+        path = f"/data/{tree}/{ORG}/wk_dataset/{layer}/{mag_name(mag)}"
         through = read(proxy.url, driver, path)
         assert np.array_equal(through, read(pair[1].url, driver, path))
         assert np.array_equal(through, test_data.expected(layer, mag))
 
 
-def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: conftest.TestData) -> None:
+@pytest.mark.nginx
+def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: WrittenDataset) -> None:
     import webknossos as wk
     from upath import UPath
 
@@ -408,6 +340,7 @@ def test_webknossos_libs_reads_through_the_proxy(proxy: Proxy, test_data: confte
             assert np.array_equal(data, test_data.expected(name, mag_view.mag.to_tuple())[region])
 
 
+@pytest.mark.nginx
 def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]) -> None:
     with requests.Session() as session:
         for i in range(60):
@@ -419,12 +352,12 @@ def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]
         return [
             sum(
                 line["path"].startswith("/data/") and line["request_id"].startswith("spread-")
-                for line in access_lines(s)
+                for line in s.access_lines()
             )
             for s in pair
         ]
 
-    assert wait_for(lambda: sum(served()) == 60)
+    assert wait_until(lambda: sum(served()) == 60)
     assert min(served()) >= 10, f"requests per gateway: {served()}"
     upstreams = {line["upstream_addr"] for line in proxy.access_log() if line["path"].startswith("/data/")}
     assert {address(s) for s in pair} <= upstreams
@@ -433,8 +366,9 @@ def test_requests_are_spread_over_both_gateways(proxy: Proxy, pair: list[Server]
 # --- CORS for browser viewers ---------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_cors_preflight_is_answered_by_the_proxy_without_a_token(proxy: Proxy, pair: list[Server]) -> None:
-    before = [len(access_lines(s)) for s in pair]
+    before = [len(s.access_lines()) for s in pair]
     response = requests.options(
         f"{proxy.url}{DATASET}/color_u8/1/.zarray",
         headers={
@@ -450,9 +384,10 @@ def test_cors_preflight_is_answered_by_the_proxy_without_a_token(proxy: Proxy, p
     allowed = {h.strip().lower() for h in response.headers["Access-Control-Allow-Headers"].split(",")}
     assert {"x-auth-token", "range", "if-none-match"} <= allowed
     assert int(response.headers["Access-Control-Max-Age"]) > 0
-    assert [len(access_lines(s)) for s in pair] == before, "a preflight reached a gateway"
+    assert [len(s.access_lines()) for s in pair] == before, "a preflight reached a gateway"
 
 
+@pytest.mark.nginx
 def test_cors_headers_on_every_answer(proxy: Proxy) -> None:
     origin = {"Origin": "https://viewer.example.org"}
     for headers, status in ((HEADERS, 200), ({}, 401), ({"X-Auth-Token": OTHER_TOKEN}, 403)):
@@ -471,6 +406,7 @@ def test_cors_headers_on_every_answer(proxy: Proxy) -> None:
 # --- request ids and logs -------------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list[Server]) -> None:
     response = requests.get(
         f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": "trace-42.a"}, timeout=10
@@ -478,17 +414,17 @@ def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list
     assert response.status_code == 200 and response.headers["X-Request-Id"] == "trace-42.a"
 
     def paths(request_id: str) -> set[str]:
-        return {line["path"] for s in pair for line in access_lines(s) if line["request_id"] == request_id}
+        return {line["path"] for s in pair for line in s.access_lines() if line["request_id"] == request_id}
 
     # the token check carries the id too when it is not answered from the proxy's cache
-    assert wait_for(lambda: f"{DATASET}/color_u8/1/.zarray" in paths("trace-42.a")), paths("trace-42.a")
+    assert wait_until(lambda: f"{DATASET}/color_u8/1/.zarray" in paths("trace-42.a")), paths("trace-42.a")
     assert paths("trace-42.a") <= {"/auth", f"{DATASET}/color_u8/1/.zarray"}
-    assert wait_for(lambda: any(line["request_id"] == "trace-42.a" for line in proxy.access_log()))
+    assert wait_until(lambda: any(line["request_id"] == "trace-42.a" for line in proxy.access_log()))
 
     generated = requests.get(f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers=HEADERS, timeout=10)
     request_id = generated.headers["X-Request-Id"]
     assert re.fullmatch(r"[0-9a-f]{32}", request_id), "nginx's own $request_id"
-    assert wait_for(lambda: f"{DATASET}/color_u8/1/.zarray" in paths(request_id))
+    assert wait_until(lambda: f"{DATASET}/color_u8/1/.zarray" in paths(request_id))
 
     hostile = requests.get(
         f"{proxy.url}{DATASET}/color_u8/1/.zarray", headers={**HEADERS, "X-Request-Id": 'a"b' + "x" * 300}, timeout=10
@@ -496,6 +432,7 @@ def test_request_ids_pass_from_the_proxy_to_the_gateway(proxy: Proxy, pair: list
     assert re.fullmatch(r"[0-9a-f]{32}", hostile.headers["X-Request-Id"]), "an unusable id is replaced"
 
 
+@pytest.mark.nginx
 def test_no_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
     for params, headers in (
         ({"token": TOKEN}, {}),
@@ -515,8 +452,9 @@ def test_no_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
 # --- limits -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.nginx
 def test_oversized_urls_and_headers_are_refused_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
-    before = [len(access_lines(s)) for s in pair]
+    before = [len(s.access_lines()) for s in pair]
     long_url = requests.get(f"{proxy.url}{DATASET}/{'x' * 9000}", headers=HEADERS, timeout=10)
     assert long_url.status_code == 414
     long_header = requests.get(f"{proxy.url}{DATASET}/", headers={**HEADERS, "X-Padding": "y" * 9000}, timeout=10)
@@ -526,7 +464,7 @@ def test_oversized_urls_and_headers_are_refused_at_the_proxy(proxy: Proxy, pair:
     assert too_many.status_code == 400
     post = requests.post(f"{proxy.url}{DATASET}/", headers=HEADERS, data=b"x" * 10, timeout=10)
     assert post.status_code == 405
-    assert [len(access_lines(s)) for s in pair] == before
+    assert [len(s.access_lines()) for s in pair] == before
 
 
 SMUGGLED = "GET /data/zarr/other_org/theirs/.zgroup HTTP/1.1\r\nHost: x\r\nX-Request-Id: smuggled\r\n\r\n"
@@ -543,6 +481,7 @@ def _raw_exchange(url: str, raw: str) -> bytes:
     return received
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "framing, status",
     [
@@ -565,9 +504,9 @@ def test_request_smuggling_is_refused_at_the_proxy(proxy: Proxy, pair: list[Serv
     # a well-formed request on the same path passes, and reaches a gateway: the refusal was the framing
     fine = _raw_exchange(proxy.url, head + "Content-Length: 0\r\nConnection: close\r\n\r\n")
     assert fine.startswith(b"HTTP/1.1 200 ")
-    assert wait_for(lambda: any(line["request_id"] == request_id for s in pair for line in access_lines(s)))
+    assert wait_until(lambda: any(line["request_id"] == request_id for s in pair for line in s.access_lines()))
     time.sleep(0.2)
-    reached = [line for s in pair for line in access_lines(s) if line["request_id"] in (request_id, "smuggled")]
+    reached = [line for s in pair for line in s.access_lines() if line["request_id"] in (request_id, "smuggled")]
     assert [line["path"] for line in reached] == [f"{DATASET}/.zgroup"], (
         "only the well-formed request reached a gateway"
     )
@@ -578,6 +517,7 @@ def _hammer(url: str, headers: list[dict[str, str]]) -> list[int]:
         return [session.get(url, headers=h, timeout=10).status_code for h in headers]
 
 
+@pytest.mark.nginx
 def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Path) -> None:
     # the test client stands for a TLS terminator on loopback, whose X-Forwarded-For names the client
     strict = start_proxy(
@@ -609,6 +549,7 @@ def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Pa
     assert any(line["remote_addr"] == "198.51.100.7" for line in lines)
 
 
+@pytest.mark.nginx
 def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -> None:
     strict = start_proxy(
         tmp_path,
@@ -633,6 +574,7 @@ def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -
         strict.stop()
 
 
+@pytest.mark.nginx
 def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp_path: Path) -> None:
     strict = start_proxy(
         tmp_path,
@@ -651,6 +593,7 @@ def test_an_untrusted_client_cannot_dodge_the_rate_limit(pair: list[Server], tmp
         strict.stop()
 
 
+@pytest.mark.nginx
 def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
     down = start_proxy(tmp_path, [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"])
     try:
@@ -665,10 +608,11 @@ def test_no_gateway_is_a_502_not_a_hang(tmp_path: Path) -> None:
 # --- the compose file, the proxy template and .env.example agree ---------------------------------------------
 
 
+@pytest.mark.docker
 def test_docker_compose_validates_the_compose_file(tmp_path: Path) -> None:
     env = {**os.environ, "DATA_ROOT": str(tmp_path)}
     (tmp_path / "empty.env").write_text("")  # not deploy/.env, whatever a checkout holds
-    command = [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"]
+    command = [tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
@@ -689,7 +633,7 @@ def _compose_proxy_environment(env_text: str, directory: Path) -> dict[str, str]
     env_file = directory / ".env"
     env_file.write_text(re.sub(r"^DATA_ROOT=.*$", f"DATA_ROOT={directory}", env_text, flags=re.M))
     env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT"}
-    command = [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(env_file), "config"]
+    command = [tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(env_file), "config"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
@@ -706,9 +650,11 @@ def _nginx_command(values: dict[str, str], directory: Path) -> list[str]:
         "PROXY_AUTH_CACHE_DIR": str(directory / "auth-cache"),
     }
     write_proxy_config(directory, values)
-    return [_tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
+    return [tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
 
 
+@pytest.mark.docker
+@pytest.mark.nginx
 def test_the_env_example_makes_a_valid_deployment(tmp_path: Path) -> None:
     """.env.example -> docker-compose config -> the proxy's environment -> the rendered template -> nginx -t."""
     values = _compose_proxy_environment(ENV_EXAMPLE.read_text(), tmp_path)
@@ -717,6 +663,8 @@ def test_the_env_example_makes_a_valid_deployment(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.docker
+@pytest.mark.nginx
 @pytest.mark.parametrize(
     "setting, message",
     [
@@ -740,11 +688,12 @@ def test_a_setting_nginx_refuses_stops_the_proxy_with_nginx_s_message(
     assert started.returncode != 0 and message in started.stderr, started.stderr
 
 
+@pytest.mark.docker
 def test_docker_compose_names_a_missing_data_root(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATA_ROOT"}
     (tmp_path / "empty.env").write_text("")
     result = subprocess.run(
-        [_tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"],
+        [tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(tmp_path / "empty.env"), "config"],
         capture_output=True,
         text=True,
         env=env,

@@ -12,21 +12,26 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import conftest
 import numpy as np
 import pytest
 import requests
-from conftest import ORG, TOKEN, Server, free_port
-from s3_helpers import CountingProxy, Moto, aws_environment, start_moto, upload_tree
-from test_deploy import DATASET, HEADERS, Proxy, _tool, access_lines, address, start_proxy, wait_for
+from support.clients import read_tensorstore, read_zarr_python
+from support.datasets import ORG, TOKEN, WrittenDataset
+from support.processes import free_port, wait_until
+from support.proxy import Proxy, address, start_proxy, tool
+from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
+from support.servers import Server
 
+pytestmark = pytest.mark.nginx  # every test runs deploy/nginx.conf in front of the gateways
+
+DATASET = f"/data/zarr/{ORG}/wk_dataset"
+HEADERS = {"X-Auth-Token": TOKEN}
 BULK = "bulk"
 BULK_LAYER = "color"
 BULK_SHAPE = (1024, 1024, 128)  # 32 x 32 x 4 = 4,096 chunks of 32^3
@@ -54,7 +59,7 @@ def bulk(tmp_path_factory: pytest.TempPathFactory) -> Bulk:
     root = tmp_path_factory.mktemp("bulk_root")
     voxels = np.random.default_rng(7).integers(0, 4, size=(1, *BULK_SHAPE), dtype=np.uint8)
     dataset = wk.Dataset(root / ORG / BULK, voxel_size=(11.24, 11.24, 28.0))
-    layer = dataset.add_layer(BULK_LAYER, "color", dtype_per_channel="uint8", data_format="wkw")
+    layer = dataset.add_layer(BULK_LAYER, "color", dtype="uint8", data_format="wkw")
     layer.bounding_box = wk.BoundingBox((0, 0, 0), BULK_SHAPE)
     layer.add_mag(1, chunk_shape=32, shard_shape=256, compress=False).write(voxels[0], absolute_offset=(0, 0, 0))
     return Bulk(root, voxels)
@@ -75,18 +80,13 @@ def bulk_proxy(bulk_pair: list[Server], tmp_path_factory: pytest.TempPathFactory
 # --- reading with the real clients -------------------------------------------------------------------
 
 
-def read_zarr_python(base: str, path: str, region: tuple[slice, ...]) -> np.ndarray:
-    import zarr
-
-    return zarr.open_array(base + path, mode="r", storage_options={"headers": HEADERS})[region]
+def _read_zarr_python(base: str, path: str, region: tuple[slice, ...]) -> np.ndarray:
+    return read_zarr_python(base + path, headers=HEADERS, region=region)
 
 
-def read_tensorstore(base: str, path: str, region: tuple[slice, ...]) -> np.ndarray:
-    import tensorstore as ts
-
-    kvstore = {"driver": "http", "base_url": base + path + "/", "headers": [f"X-Auth-Token: {TOKEN}"]}
-    driver = "zarr3" if path.startswith("/data/zarr3/") else "zarr"
-    return ts.open({"driver": driver, "kvstore": kvstore}).result()[region].read().result()
+def _read_tensorstore(base: str, path: str, region: tuple[slice, ...]) -> np.ndarray:
+    zarr_format = 3 if path.startswith("/data/zarr3/") else 2
+    return read_tensorstore(base + path, zarr_format, headers=HEADERS, region=region)
 
 
 def read_webknossos(base: str, path: str, region: tuple[slice, ...]) -> np.ndarray:
@@ -101,8 +101,8 @@ def read_webknossos(base: str, path: str, region: tuple[slice, ...]) -> np.ndarr
 
 
 READERS: dict[str, Callable[[str, str, tuple[slice, ...]], np.ndarray]] = {
-    "zarr-python": read_zarr_python,
-    "tensorstore": read_tensorstore,
+    "zarr-python": _read_zarr_python,
+    "tensorstore": _read_tensorstore,
     "webknossos-libs": read_webknossos,
 }
 WHOLE = (slice(0, 1), *(slice(0, n) for n in BULK_SHAPE))
@@ -130,12 +130,11 @@ def _kill_when(victim: Server, served: int) -> threading.Thread:
     """SIGKILL ``victim`` once it has answered ``served`` data requests (its access log says when)."""
 
     def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if sum(line["path"].startswith("/data/") for line in access_lines(victim)) >= served:
-                victim.process.kill()
-                return
-            time.sleep(0.01)
+        def answered_enough() -> bool:
+            return sum(line["path"].startswith("/data/") for line in victim.access_lines()) >= served
+
+        if wait_until(answered_enough, timeout=120, interval=0.01):
+            victim.process.kill()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -178,7 +177,7 @@ def test_killing_a_gateway_mid_run_loses_no_request(
             requested = 2048
         killer.join(10)
         assert victim.process.poll() is not None, "the gateway was killed during the read"
-        served = [line for line in access_lines(victim) if line["path"].startswith("/data/")]
+        served = [line for line in victim.access_lines() if line["path"].startswith("/data/")]
         assert 100 <= len(served) < requested // 2 + 100, "killed mid-run, not at the end"
         statuses = Counter(line["status"] for line in chunk_lines(proxy, 0))
         assert set(statuses) == {"200"}, statuses
@@ -192,14 +191,14 @@ def test_killing_a_gateway_mid_run_loses_no_request(
 
 
 def _start_gateway_on(port: int, root: Path, log_path: Path, **settings: object) -> subprocess.Popen:
-    """A gateway on a given port (a replica that comes back where it was); conftest's picks a new one."""
+    """A gateway on a given port (a replica that comes back where it was); start_server picks a new one."""
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port), "--workers", "1"]
     for key, value in settings.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), timeout=30), log_path.read_text()[-2000:]
+    assert wait_until(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), timeout=30), log_path.read_text()[-2000:]
     return process
 
 
@@ -261,7 +260,7 @@ class Load:
 
 def _progress(load: Load, answers: int = 200) -> None:
     done = load.total()
-    assert wait_for(lambda: load.total() >= done + answers, timeout=TIMEOUT), "the readers make progress"
+    assert wait_until(lambda: load.total() >= done + answers, timeout=TIMEOUT), "the readers make progress"
 
 
 def _expected_answers(server_url: str, paths: list[str]) -> dict[str, bytes]:
@@ -286,7 +285,7 @@ MIXED_PATHS = [
 
 
 def test_a_rolling_restart_fails_no_request(
-    test_data: conftest.TestData, tokens_file: Path, gateway: Server, tmp_path: Path
+    test_data: WrittenDataset, tokens_file: Path, gateway: Server, tmp_path: Path
 ) -> None:
     """SIGTERM to each replica in turn, each back (ready) before the next, while readers keep reading."""
     ports = [free_port() for _ in range(3)]
@@ -324,7 +323,7 @@ S3_BUCKET = "failover-data"
 
 
 @pytest.fixture(scope="module")
-def moto_store(tmp_path_factory: pytest.TempPathFactory, test_data: conftest.TestData) -> Iterator[Moto]:
+def moto_store(tmp_path_factory: pytest.TempPathFactory, test_data: WrittenDataset) -> Iterator[Moto]:
     server = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
     client = server.client()
     client.create_bucket(Bucket=S3_BUCKET)
@@ -349,12 +348,12 @@ def test_an_object_store_that_goes_away_is_a_503_then_heals(
     load = Load(proxy.url, _expected_answers(gateway.url, chunks))
     workers = load.run(threads=4)
     try:
-        assert wait_for(lambda: load.statuses[200] >= 100, timeout=TIMEOUT)
+        assert wait_until(lambda: load.statuses[200] >= 100, timeout=TIMEOUT)
         store.stop()
-        assert wait_for(lambda: load.statuses[503] >= 20, timeout=TIMEOUT), load.statuses
+        assert wait_until(lambda: load.statuses[503] >= 20, timeout=TIMEOUT), load.statuses
         served_while_away = load.statuses[200]
         store.start()
-        assert wait_for(lambda: load.statuses[200] >= served_while_away + 200, timeout=30), "normal answers again"
+        assert wait_until(lambda: load.statuses[200] >= served_while_away + 200, timeout=30), "normal answers again"
     finally:
         load.finish(workers)
         store.stop()
@@ -410,8 +409,9 @@ def _wrk_script(requests_: list[tuple[str, str | None]]) -> str:
     )
 
 
+@pytest.mark.soak
 def test_a_soak_of_mixed_requests_keeps_memory_flat(
-    test_data: conftest.TestData, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
+    test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     gateways = [server_factory(test_data.root, tokens_file=tokens_file, v3_layout="sharded") for _ in range(3)]
     proxy = start_proxy(tmp_path / "nginx", [address(s) for s in gateways])
@@ -433,7 +433,7 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat(
     try:
         samples.append([_rss_bytes(g.process.pid) for g in gateways])
         sampler.start()
-        command = [_tool("wrk"), "-t2", "-c8", f"-d{SOAK_SECONDS}s", "-s", str(script), proxy.url]
+        command = [tool("wrk"), "-t2", "-c8", f"-d{SOAK_SECONDS}s", "-s", str(script), proxy.url]
         result = subprocess.run(command, capture_output=True, text=True, timeout=SOAK_SECONDS + 60)
         stop.set()
         sampler.join(30)

@@ -14,8 +14,9 @@ import pytest
 import requests
 import tensorstore as ts
 import wkw
-from conftest import ORG, TOKEN, Server, mag_name
-from conftest import TestData as Data
+from support.datasets import ORG, TOKEN, mag_name
+from support.datasets import WrittenDataset as Data
+from support.servers import Server
 
 DATASET = "wk_dataset"
 HEADERS = {"X-Auth-Token": TOKEN}

@@ -19,18 +19,18 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import conftest
 import kubernetes_validate
 import pytest
 import requests
 import yaml
-from conftest import ORG, OTHER_TOKEN, TOKEN, free_port, stop_process
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
+from support.processes import free_port, stop_process, wait_until
 
 from deploy.render import AUTH_SCOPE  # the controller's http-snippet (README, Kubernetes)
 from gateway.settings import ENV_PREFIX, Settings
@@ -179,6 +179,7 @@ def scan(directory: Path, *frameworks: str) -> tuple[int, list[tuple[str, str]]]
     return passed, failed
 
 
+@pytest.mark.checkov
 def test_checkov_fails_no_check_but_those_the_readme_accepts(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -520,15 +521,18 @@ def start_pod(docs: list[dict[str, Any]], volumes: dict[str, Path], log_path: Pa
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent)
     pod = Pod(f"http://127.0.0.1:{env[f'{ENV_PREFIX}PORT']}", process, log_path, volumes)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def exited_or_answering() -> bool:
         if process.poll() is not None:
-            return pod  # exited: the caller reads why
+            return True  # exited: the caller reads why
         try:
             requests.get(pod.url + "/healthz", timeout=1)
-            return pod
         except requests.ConnectionError:
-            time.sleep(0.2)
+            return False
+        return True
+
+    if wait_until(exited_or_answering, timeout=60, interval=0.2):
+        return pod
     stop(pod)
     pytest.fail(f"the gateway did not start: {pod.log()}")
 
@@ -554,7 +558,7 @@ def exit_message(docs: list[dict[str, Any]], tmp_path: Path, **overrides: str) -
 
 @pytest.fixture(scope="module")
 def filesystem_pod(
-    rendered: dict[str, list[dict[str, Any]]], test_data: conftest.TestData, tmp_path_factory: pytest.TempPathFactory
+    rendered: dict[str, list[dict[str, Any]]], test_data: WrittenDataset, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Pod]:
     """The shared-filesystem overlay's pod over the test data root, its tokens in a kubelet-style volume."""
     docs = rendered["shared-filesystem"]
@@ -569,15 +573,6 @@ def filesystem_pod(
         pytest.fail(f"the gateway exited: {pod.log()}")
     yield pod
     stop(pod)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 def test_the_probed_and_routed_paths_are_real_routes(
@@ -720,7 +715,7 @@ def controller(
     with open(directory / "stderr.log", "wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     started = Controller(f"http://127.0.0.1:{port}", process, directory)
-    if not wait_until(lambda: _answers(started.url)):
+    if not wait_until(lambda: _answers(started.url), timeout=20, interval=0.2):
         process.kill()
         pytest.fail(f"nginx did not start: {(directory / 'error.log').read_text()}")
     yield started
@@ -744,6 +739,7 @@ def gateway_requests(pod: Pod, path: str) -> int:
     return count
 
 
+@pytest.mark.nginx
 def test_through_the_ingress_every_read_is_authenticated(controller: Controller) -> None:
     uri = f"/data/zarr/{ORG}/wk_dataset/color_u8/1/.zarray"
     assert requests.get(controller.url + uri, timeout=10).status_code == 401
@@ -756,6 +752,7 @@ def test_through_the_ingress_every_read_is_authenticated(controller: Controller)
     assert requests.get(controller.url + theirs, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 403
 
 
+@pytest.mark.nginx
 def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     controller: Controller, filesystem_pod: Pod
 ) -> None:
@@ -799,6 +796,7 @@ def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     assert auth_calls() == 8
 
 
+@pytest.mark.nginx
 @pytest.mark.parametrize("route", INTERNAL_ROUTES)
 def test_through_the_ingress_internal_routes_are_not_found(
     controller: Controller, filesystem_pod: Pod, route: str
@@ -828,7 +826,8 @@ def test_a_changed_tokens_secret_reaches_the_running_gateway(
     def switched() -> bool:
         return ingress_auth(filesystem_pod, uri, new_token) == 204 and ingress_auth(filesystem_pod, uri, TOKEN) == 401
 
-    assert wait_until(lambda: all(switched() for _ in range(10))), filesystem_pod.log()[-2000:]
+    seen = wait_until(lambda: all(switched() for _ in range(10)), timeout=20, interval=0.2)
+    assert seen, filesystem_pod.log()[-2000:]
     assert filesystem_pod.process.poll() is None
 
 
@@ -878,7 +877,7 @@ def test_an_unreachable_store_keeps_the_pod_unready_and_says_why(
         ready = requests.get(pod.url + "/readyz", timeout=15)
         assert ready.status_code == 503
         assert "cannot be reached" in ready.json()["problem"]
-        assert wait_until(lambda: "not ready" in pod.log())
+        assert wait_until(lambda: "not ready" in pod.log(), timeout=20, interval=0.2)
         log = pod.log()
         assert closed in log and "cannot be reached" in log
         data = requests.get(pod.url + f"/data/zarr/{ORG}/wk_dataset/.zgroup", headers={"X-Auth-Token": TOKEN})

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import LAYERS, MAGS, ORG, Server, TestData
+from support.datasets import LAYERS, MAGS, ORG, WrittenDataset
+from support.servers import Server
 
 REPO = Path(__file__).resolve().parents[1]
-VOXEL_SIZE = (11.24, 11.24, 28.0)  # what conftest's dataset declares, in nanometres
+VOXEL_SIZE = (11.24, 11.24, 28.0)  # what the main test dataset declares, in nanometres
 TREES = {"zarr": "0.4", "zarr3": "0.5", "zarr3-sharded": "0.5"}
 
 
@@ -32,7 +33,7 @@ def ome_zarr_python() -> str:
 @pytest.fixture(scope="module")
 def read_by_ome_zarr(
     ome_zarr_python: str,
-    test_data: TestData,
+    test_data: WrittenDataset,
     server_factory: Callable[..., Server],
     sharded_gateway: Server,
     tmp_path_factory: pytest.TempPathFactory,
@@ -64,7 +65,7 @@ def read_by_ome_zarr(
 @pytest.mark.parametrize("tree", TREES)
 def test_ome_zarr_reads_every_mag(
     read_by_ome_zarr: dict[tuple[str, str], tuple[dict, dict[str, np.ndarray]]],
-    test_data: TestData,
+    test_data: WrittenDataset,
     tree: str,
     layer: str,
 ) -> None:

@@ -1,8 +1,8 @@
 """A data root in S3-protocol object storage (moto in server mode on a loopback port).
 
-The bucket holds conftest's WKW datasets and the Zarr datasets of ``test_zarr_sources``; gateways are
+The bucket holds the WKW test root and the Zarr datasets of ``support.zarr_datasets``; gateways are
 started with ``--root s3://gateway-data/root``. One gateway talks to moto directly, another through a
-counting proxy (``s3_helpers.CountingProxy``) that records every request and injects faults, so the
+counting proxy (``support.s3.CountingProxy``) that records every request and injects faults, so the
 tests can show what one chunk costs in store requests, that store faults are 5xx (never 404, never
 wrong bytes) and heal, and that two gateway processes over one store answer byte for byte alike.
 """
@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import LAYERS, MAGS, ORG, Server, TestData, mag_name
-from s3_helpers import CountingProxy, Moto, aws_environment, free_port, start_moto, upload_tree
-from test_zarr_sources import (
+from support.datasets import LAYERS, MAGS, ORG, WrittenDataset, mag_name
+from support.processes import free_port
+from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
+from support.servers import Server
+from support.zarr_datasets import (
     ARRAY_IDS,
     CLIENTS,
     TREES,
@@ -24,9 +26,9 @@ from test_zarr_sources import (
     ZARR_ORG,
     ZP_DATASET,
     ServedArray,
-    build_zarr_root,
     check_array,
     check_webknossos,
+    served_arrays,
 )
 
 from gateway_storage import LocalStore
@@ -55,10 +57,9 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
 
 
 @pytest.fixture(scope="session")
-def s3_root(moto: Moto, test_data: TestData, tmp_path_factory: pytest.TempPathFactory) -> S3Root:
-    """conftest's data root and the Zarr datasets, uploaded file by file under ``s3://gateway-data/root``."""
-    zarr_root = tmp_path_factory.mktemp("zarr_root_for_s3")
-    arrays = build_zarr_root(zarr_root)
+def s3_root(moto: Moto, test_data: WrittenDataset, zarr_root: Path) -> S3Root:
+    """The session's data root and the Zarr datasets, uploaded file by file under ``s3://gateway-data/root``."""
+    arrays = served_arrays(zarr_root)
     client = moto.client()
     client.create_bucket(Bucket=BUCKET)
     assert upload_tree(client, test_data.root, BUCKET, PREFIX) > 50
@@ -122,7 +123,7 @@ def test_webknossos_libs_reads_zarr_layers_from_s3(
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("layer", WKW_LAYERS)
 def test_clients_read_wkw_layers_from_s3(
-    direct_gateway: Server, test_data: TestData, layer: str, tree: str, client: str
+    direct_gateway: Server, test_data: WrittenDataset, layer: str, tree: str, client: str
 ) -> None:
     for mag in MAGS:
         url = f"{direct_gateway.url}/data/{tree}/{ORG}/{WKW_DATASET}/{layer}/{mag_name(mag)}"
@@ -133,7 +134,7 @@ def test_clients_read_wkw_layers_from_s3(
 
 
 @pytest.mark.parametrize("tree", list(TREES))
-def test_webknossos_libs_reads_wkw_layers_from_s3(direct_gateway: Server, test_data: TestData, tree: str) -> None:
+def test_webknossos_libs_reads_wkw_layers_from_s3(direct_gateway: Server, test_data: WrittenDataset, tree: str) -> None:
     import webknossos as wk
     from upath import UPath
 
@@ -167,7 +168,9 @@ def _v2_chunk(layer: str, block: tuple[int, int, int], mag: tuple[int, int, int]
     return f"/data/zarr/{ORG}/{WKW_DATASET}/{layer}/{mag_name(mag)}/0.{block[0]}.{block[1]}.{block[2]}"
 
 
-def test_one_chunk_reads_only_its_block(proxied_gateway: Server, proxy: CountingProxy, test_data: TestData) -> None:
+def test_one_chunk_reads_only_its_block(
+    proxied_gateway: Server, proxy: CountingProxy, test_data: WrittenDataset
+) -> None:
     """After a warm-up in the same file, a pass-through chunk is one ranged GET of exactly its block, plus HEADs."""
     mag_dir = test_data.mag_dir(COUNTED_LAYER, (1, 1, 1))
     local = WkwMag(str(mag_dir), WkwFileCache(LocalStore()))

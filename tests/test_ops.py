@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import conftest
 import pytest
 import requests
-from conftest import ORG, OTHER_TOKEN, TOKEN, Server, free_port
 from prometheus_client.parser import text_string_to_metric_families
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
+from support.metrics import delta, scrape, value
+from support.processes import free_port, wait_until
+from support.servers import TEST_SERVER_ENV, Server
 
 from gateway.settings import Settings
 
@@ -121,31 +123,12 @@ def test_readyz_fails_while_the_data_root_is_unreadable(server_factory: Callable
 # --- metrics -------------------------------------------------------------------------------------------------
 
 
-def scrape(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = requests.get(server.url + "/metrics", timeout=10)
-    assert response.status_code == 200
-    assert response.headers["Content-Type"].startswith("text/plain")
-    samples = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def delta(before: dict, after: dict, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
-
-
 def chunk_paths(count: int, layer: str = "color_u8") -> list[str]:
     keys = [f"0.{x}.{y}.{z}" for x in range(1, 6) for y in range(0, 5) for z in range(0, 3)]
     return [f"{DATASET}/{layer}/1/{key}" for key in keys[:count]]
 
 
-def test_metrics_count_what_was_sent(server_factory: Callable[..., Server], test_data: conftest.TestData) -> None:
+def test_metrics_count_what_was_sent(server_factory: Callable[..., Server], test_data: WrittenDataset) -> None:
     server = server_factory(test_data.root)
     before = scrape(server)
     sent = 0
@@ -186,7 +169,7 @@ def test_metrics_count_what_was_sent(server_factory: Callable[..., Server], test
 
 
 def test_metrics_count_storage_errors(
-    server_factory: Callable[..., Server], test_data: conftest.TestData, tmp_path: Path
+    server_factory: Callable[..., Server], test_data: WrittenDataset, tmp_path: Path
 ) -> None:
     shutil.copytree(test_data.root / ORG / "wk_dataset", tmp_path / ORG / "wk_dataset")
     data_file = tmp_path / ORG / "wk_dataset" / "color_u16" / "1" / "z0" / "y0" / "x0.wkw"
@@ -203,7 +186,7 @@ def test_metrics_count_storage_errors(
 
 
 def test_metrics_add_up_over_workers(
-    server_factory: Callable[..., Server], test_data: conftest.TestData, tmp_path: Path
+    server_factory: Callable[..., Server], test_data: WrittenDataset, tmp_path: Path
 ) -> None:
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
@@ -253,7 +236,7 @@ def _read_response(sock: socket.socket, first: bytes) -> tuple[int, bytes]:
 
 
 def test_sigterm_fails_readiness_first_and_lets_in_flight_requests_finish(
-    server_factory: Callable[..., Server], test_data: conftest.TestData
+    server_factory: Callable[..., Server], test_data: WrittenDataset
 ) -> None:
     server = server_factory(test_data.root, v3_layout="sharded", drain_seconds=1.5)
     shards = [f"/data/zarr3/{ORG}/wk_dataset/{layer}/1/c/0/0/0/0" for layer in ("color_f32", "segmentation")]
@@ -281,7 +264,7 @@ def test_sigterm_fails_readiness_first_and_lets_in_flight_requests_finish(
         assert body == expected[path]
     assert server.process.wait(15) in (0, -signal.SIGTERM)
     stopping = {"uvicorn": "Waiting for connections to close", "granian": "Stopping worker-1"}
-    assert stopping[os.environ.get(conftest.TEST_SERVER_ENV) or "uvicorn"] in server.log()
+    assert stopping[os.environ.get(TEST_SERVER_ENV) or "uvicorn"] in server.log()
 
 
 # --- settings: file, environment, flags; refusing what is unknown ---------------------------------------------------
@@ -318,7 +301,7 @@ def test_settings_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_a_settings_file_and_flags_start_a_server(
-    server_factory: Callable[..., Server], test_data: conftest.TestData, tmp_path: Path
+    server_factory: Callable[..., Server], test_data: WrittenDataset, tmp_path: Path
 ) -> None:
     settings_file = tmp_path / "gateway.json"
     settings_file.write_text(json.dumps({"cache_control": "max-age=11", "v3_layout": "sharded"}))
@@ -390,6 +373,11 @@ def test_bad_settings_stop_start_up_naming_the_problem(tmp_path: Path, case: str
 def test_log_lines_are_json_objects_without_secrets(gateway: Server) -> None:
     requests.get(f"{gateway.url}{DATASET}/color_u8/1/.zarray", params={"token": TOKEN}, timeout=10)
     requests.get(f"{gateway.url}{DATASET}/.zgroup", headers={"X-Auth-Token": TOKEN, "X-Request-Id": "r-77"}, timeout=10)
+
+    def tagged_request_logged() -> bool:
+        return any(line.get("request_id") == "r-77" for line in gateway.access_lines())
+
+    assert wait_until(tagged_request_logged), "the access line is written just after the answer: a moment later"
     lines = [json.loads(line) for line in gateway.log().splitlines() if line.strip()]
     assert all({"time", "level", "logger"} <= set(line) for line in lines)
     settings = [line for line in lines if line.get("message", "").startswith("settings: ")]
@@ -412,7 +400,7 @@ def test_text_logs_on_request(server_factory: Callable[..., Server], tmp_path: P
 
 
 def test_a_changed_tokens_file_is_read_again(
-    server_factory: Callable[..., Server], test_data: conftest.TestData, tmp_path: Path
+    server_factory: Callable[..., Server], test_data: WrittenDataset, tmp_path: Path
 ) -> None:
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"tokens": {"first-token": [f"{ORG}/*"]}}))

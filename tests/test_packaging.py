@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ORG, Server, free_port
-from conftest import TestData as Data
+from support.datasets import ORG
+from support.datasets import WrittenDataset as Data
+from support.processes import free_port
+from support.servers import Server
 
 from gateway import extras
 

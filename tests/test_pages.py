@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import unquote
 
-import conftest
 import numpy as np
 import pytest
 import requests
-from conftest import LAYERS, MAGS, ORG, SIZE, TOKEN, TOP_LEFT, Server, mag_name
 from PIL import Image
 from pydantic import ValidationError
+from support.datasets import LAYERS, MAGS, ORG, SIZE, TOKEN, TOP_LEFT, WrittenDataset, bbox_at_mag, mag_name
+from support.processes import free_port
+from support.servers import Server
 
 from gateway.http.listing import (
     TOKEN_PLACEHOLDER,
@@ -129,7 +130,7 @@ def load(catalog: Catalog, organization: str, name: str) -> Dataset:
 
 
 @pytest.fixture(scope="module")
-def dataset(test_data: conftest.TestData) -> Dataset:
+def dataset(test_data: WrittenDataset) -> Dataset:
     return load(open_catalog(test_data.root), ORG, DATASET)
 
 
@@ -215,7 +216,7 @@ class _PageServer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def page_server() -> Iterator[tuple[str, dict[str, bytes]]]:
-    server = ThreadingHTTPServer(("127.0.0.1", conftest.free_port()), _PageServer)
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _PageServer)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", _PageServer.pages
@@ -376,9 +377,9 @@ def preview_of(previews: Previews, dataset: Dataset, layer: str) -> Image.Image:
     return image
 
 
-def middle_slice(test_data: conftest.TestData, layer: str, mag: tuple[int, int, int]) -> np.ndarray:
+def middle_slice(test_data: WrittenDataset, layer: str, mag: tuple[int, int, int]) -> np.ndarray:
     """``[c, x, y]`` at the middle Z of the bounding box, over the bounding box, from the wkw package."""
-    lo, hi = conftest.bbox_at_mag(mag)
+    lo, hi = bbox_at_mag(mag)
     z = (lo[2] + hi[2] - 1) // 2
     return test_data.expected(layer, mag)[:, lo[0] : hi[0], lo[1] : hi[1], z]
 
@@ -391,7 +392,7 @@ def stretched(plane: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(("layer", "mode"), [("color_u8", "L"), ("color_u16", "L"), ("color_f32", "L"), ("rgb", "RGB")])
 def test_colour_previews_are_the_stretched_middle_slice(
-    previews: Previews, dataset: Dataset, test_data: conftest.TestData, layer: str, mode: str
+    previews: Previews, dataset: Dataset, test_data: WrittenDataset, layer: str, mode: str
 ) -> None:
     image = preview_of(previews, dataset, layer)
     # At mag 2-2-1 the 150 x 120 voxels are 76 x 61 pixels, under 128: mag 1 is the coarsest that is large enough.
@@ -409,9 +410,7 @@ def test_colour_previews_are_the_stretched_middle_slice(
         assert not np.array_equal(pixels[..., 0], pixels[..., 1])
 
 
-def test_segmentation_preview_colours_each_id(
-    previews: Previews, dataset: Dataset, test_data: conftest.TestData
-) -> None:
+def test_segmentation_preview_colours_each_id(previews: Previews, dataset: Dataset, test_data: WrittenDataset) -> None:
     image = preview_of(previews, dataset, "segmentation")
     assert image.size == SIZE[:2] and image.mode == "RGBA"
     pixels = np.asarray(image)
@@ -460,7 +459,7 @@ def pyramid_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("tall", (520, 260, 3), [(1, 1, 1), (2, 2, 1), (4, 4, 1)]),
         ("wide", (600, 300, 2), [(1, 1, 1)]),
     ):
-        layer = dataset.add_layer(name, "color", dtype_per_channel="uint8", data_format="wkw")
+        layer = dataset.add_layer(name, "color", dtype="uint8", data_format="wkw")
         layer.bounding_box = wk.BoundingBox((0, 0, 0), size)
         for mag in mags:
             shape = tuple(-(-s // m) for s, m in zip(size, mag))
@@ -483,7 +482,7 @@ def test_a_layer_without_mags_has_no_preview(previews: Previews) -> None:
 
 
 @pytest.fixture
-def dataset_copy(test_data: conftest.TestData, tmp_path: Path) -> Path:
+def dataset_copy(test_data: WrittenDataset, tmp_path: Path) -> Path:
     shutil.copytree(test_data.root / ORG / DATASET, tmp_path / ORG / DATASET)
     return tmp_path
 
@@ -500,7 +499,7 @@ def test_previews_are_cached_and_their_etag_follows_the_files_read(dataset_copy:
     assert first.etag.startswith('"') and first.etag.endswith('"')
     other = Previews(1 << 24).preview(load(open_catalog(dataset_copy), ORG, DATASET).layers["color_u16"].mags, "color")
     assert other.etag == first.etag and other.body == first.body  # another replica answers alike
-    lo, hi = conftest.bbox_at_mag((1, 1, 1))
+    lo, hi = bbox_at_mag((1, 1, 1))
     z = (lo[2] + hi[2] - 1) // 2
     with wkw.Dataset.open(str(dataset_copy / ORG / DATASET / "color_u16" / "1")) as ds:
         ds.write((lo[0], lo[1], z), np.full((1, 8, 8, 1), 65535, dtype=np.uint16))  # raw: written in place
@@ -530,7 +529,7 @@ def test_a_corrupt_wkw_file_raises_the_storage_error(dataset_copy: Path) -> None
 # --- the setting -------------------------------------------------------------------------------------------------
 
 
-def test_the_neuroglancer_url_setting(test_data: conftest.TestData, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_neuroglancer_url_setting(test_data: WrittenDataset, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings(root=str(test_data.root)).neuroglancer_url == "https://neuroglancer-demo.appspot.com/"
     monkeypatch.setenv("ZARR_GATEWAY_NEUROGLANCER_URL", "http://127.0.0.1:9000/v/x/")
     assert Settings(root=str(test_data.root)).neuroglancer_url == "http://127.0.0.1:9000/v/x/"
@@ -543,7 +542,7 @@ def test_the_neuroglancer_url_setting(test_data: conftest.TestData, monkeypatch:
 
 
 @pytest.fixture(scope="module")
-def open_gateway(test_data: conftest.TestData, server_factory: Callable[..., Server]) -> Server:
+def open_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server]) -> Server:
     return server_factory(test_data.root)
 
 
@@ -559,7 +558,7 @@ def run_snippet(server: Server, dataset: Dataset, client: str, needs_token: bool
     return namespace
 
 
-def expected_cutout(test_data: conftest.TestData) -> tuple[np.ndarray, np.ndarray]:
+def expected_cutout(test_data: WrittenDataset) -> tuple[np.ndarray, np.ndarray]:
     """The first layer's finest mag and the cut-out the zarr and tensorstore snippets read from it."""
     full = test_data.expected("color_u8", (1, 1, 1))
     x, y, z = (n // 2 for n in full.shape[1:])
@@ -568,7 +567,7 @@ def expected_cutout(test_data: conftest.TestData) -> tuple[np.ndarray, np.ndarra
 
 @pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
 def test_the_zarr_python_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: conftest.TestData, needs_token: bool
+    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
 ) -> None:
     namespace = run_snippet(gateway if needs_token else open_gateway, dataset, "zarr-python", needs_token)
     full, cutout = expected_cutout(test_data)
@@ -578,7 +577,7 @@ def test_the_zarr_python_snippet_runs(
 
 @pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
 def test_the_tensorstore_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: conftest.TestData, needs_token: bool
+    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
 ) -> None:
     namespace = run_snippet(gateway if needs_token else open_gateway, dataset, "tensorstore", needs_token)
     full, cutout = expected_cutout(test_data)
@@ -588,7 +587,7 @@ def test_the_tensorstore_snippet_runs(
 
 @pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
 def test_the_webknossos_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: conftest.TestData, needs_token: bool
+    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
 ) -> None:
     namespace = run_snippet(gateway if needs_token else open_gateway, dataset, "webknossos", needs_token)
     assert sorted(namespace["dataset"].layers) == sorted(name for name, *_ in LAYERS)
@@ -599,7 +598,7 @@ def test_the_webknossos_snippet_runs(
 
 @pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
 def test_the_xarray_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: conftest.TestData, needs_token: bool
+    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
 ) -> None:
     """Needs the xarray tree (/data/xarray/), which this branch does not serve: it fails here until that is merged."""
     server = gateway if needs_token else open_gateway

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import requests
-from conftest import ORG, Server
-from conftest import TestData as Data
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.datasets import ORG
+from support.datasets import WrittenDataset as Data
+from support.servers import Server
 
 from gateway.http.ranges import MAX_RANGES, TooManyRanges, Unsatisfiable, parse_range
 

@@ -5,17 +5,19 @@ covered when it does not: the same bytes and headers as uvicorn, metrics summed 
 the same access lines, and the drain on SIGTERM in a worker process.
 """
 
+import functools
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import conftest
 import pytest
 import requests
-from conftest import ORG, Server
 from prometheus_client.parser import text_string_to_metric_families
+from support.datasets import ORG, WrittenDataset
+from support.processes import wait_until
+from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 PATHS = [
@@ -33,20 +35,18 @@ def metrics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _all_workers_started(server: Server, workers: int) -> Server:
     """The server answers once one worker does; wait (bounded) until Granian says every one has started."""
-    deadline = time.monotonic() + 30
-    while server.log().count("Started worker-") < workers:
-        assert time.monotonic() < deadline, f"not every worker started:\n{server.log()}"
-        time.sleep(0.1)
+    started = wait_until(lambda: server.log().count("Started worker-") >= workers, timeout=30, interval=0.1)
+    assert started, f"not every worker started:\n{server.log()}"
     return server
 
 
 @pytest.fixture(scope="module")
-def granian(server_factory: Callable[..., Server], test_data: conftest.TestData, metrics_dir: Path) -> Server:
+def granian(server_factory: Callable[..., Server], test_data: WrittenDataset, metrics_dir: Path) -> Server:
     return _all_workers_started(server_factory(test_data.root, server="granian", workers=2, metrics_dir=metrics_dir), 2)
 
 
 @pytest.fixture(scope="module")
-def uvicorn(server_factory: Callable[..., Server], test_data: conftest.TestData) -> Server:
+def uvicorn(server_factory: Callable[..., Server], test_data: WrittenDataset) -> Server:
     return server_factory(test_data.root, server="uvicorn")
 
 
@@ -90,7 +90,7 @@ def test_granian_sums_metrics_over_its_workers_and_logs_access_lines(granian: Se
     assert (lines[0]["status"], lines[0]["method"]) == (200, "GET")
 
 
-def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: conftest.TestData) -> None:
+def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_data: WrittenDataset) -> None:
     server = _all_workers_started(server_factory(test_data.root, server="granian", workers=2, drain_seconds=1.5), 2)
     assert requests.get(server.url + "/readyz", timeout=5).status_code == 200
     server.process.send_signal(signal.SIGTERM)
@@ -100,17 +100,23 @@ def test_granian_drains_on_sigterm(server_factory: Callable[..., Server], test_d
         assert ready.status_code == 503 and ready.json()["status"] == "draining"
     chunk = requests.get(server.url + f"{DATASET}/color_u8/1/0.1.1.1", timeout=5)
     assert chunk.status_code == 200
-    deadline = time.monotonic() + 20  # drain_seconds, then the workers stop; bounded, not timed
-    refused = False
-    while not refused and time.monotonic() < deadline:
-        try:
-            requests.get(server.url + "/healthz", headers={"Connection": "close"}, timeout=5)
-            time.sleep(0.1)
-        except requests.ConnectionError:
-            refused = True
+    # drain_seconds, then the workers stop; bounded, not timed
+    refused = wait_until(lambda: _refused(server.url + "/healthz"), timeout=20, interval=0.1)
     assert refused, "the listener closes after the drain"
     assert server.process.wait(15) == 0
     assert server.log().count("SIGTERM: /readyz fails from now") == 2
+
+
+def _refused(url: str) -> bool:
+    try:
+        requests.get(url, headers={"Connection": "close"}, timeout=5)
+    except requests.ConnectionError:
+        return True
+    return False
+
+
+def _all_gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)
 
 
 def _children(pid: int) -> list[int]:
@@ -118,7 +124,7 @@ def _children(pid: int) -> list[int]:
 
 
 def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
-    server_factory: Callable[..., Server], test_data: conftest.TestData
+    server_factory: Callable[..., Server], test_data: WrittenDataset
 ) -> None:
     """SIGTERM as soon as the first worker answers: a worker still starting must stop too, not serve on.
 
@@ -135,7 +141,5 @@ def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
         except subprocess.TimeoutExpired:
             pytest.fail(f"the supervisor did not stop within 20 s of SIGTERM:\n{server.log()}")
         assert status == 0, server.log()
-        deadline = time.monotonic() + 10
-        while any(Path(f"/proc/{pid}").exists() for pid in workers):
-            assert time.monotonic() < deadline, f"a worker serves on after the supervisor stopped:\n{server.log()}"
-            time.sleep(0.1)
+        gone = wait_until(functools.partial(_all_gone, workers), timeout=10, interval=0.1)
+        assert gone, f"a worker serves on after the supervisor stopped:\n{server.log()}"

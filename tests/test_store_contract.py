@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from s3_helpers import Moto, aws_environment, free_port, start_moto
+from support.processes import free_port
+from support.s3 import Moto, aws_environment, start_moto
 
 from gateway_storage import (
     FileChangedError,

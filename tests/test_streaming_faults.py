@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import Server
-from test_ops import delta, scrape
+from support.metrics import delta, scrape
+from support.servers import Server
 
 ORG = "stream_org"
 DATASET = "big_shards"
@@ -32,9 +32,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("stream-template")
     dataset = wk.Dataset(root / ORG / DATASET, voxel_size=(10, 10, 10))
-    layer = dataset.add_layer(
-        LAYER, "segmentation", dtype_per_channel="uint64", data_format="wkw", largest_segment_id=2**31
-    )
+    layer = dataset.add_layer(LAYER, "segmentation", dtype="uint64", data_format="wkw", largest_segment_id=2**31)
     layer.bounding_box = wk.BoundingBox((0, 0, 0), (EDGE, EDGE, EDGE))
     mag = layer.add_mag(1, chunk_shape=32, shard_shape=EDGE, compress=False)
     data = np.random.default_rng(7).integers(0, 2**31, size=(EDGE, EDGE, EDGE), dtype=np.uint64)

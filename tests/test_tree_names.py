@@ -14,45 +14,13 @@ import fsspec
 import pytest
 import requests
 import zarr
-from conftest import LAYERS, MAGS, ORG, TOKEN, Server, bbox_at_mag, mag_name
-from conftest import TestData as Data
+from support.datasets import LAYERS, MAGS, ORG, TOKEN, bbox_at_mag, mag_name
+from support.datasets import WrittenDataset as Data
+from support.servers import Server
+from support.tree_names import BELONGS, LEVELS, METADATA, PROPERTIES
 
 DATASET = "wk_dataset"
 HEADERS = {"X-Auth-Token": TOKEN}
-PROPERTIES = "datasource-properties.json"
-METADATA = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json", PROPERTIES)
-LEVELS = ("tree", "organization", "dataset", "group", "array")
-# What belongs where: the table every client relies on (a name not listed for a level is a 404 there).
-BELONGS: dict[str, dict[str, set[str]]] = {
-    "zarr": {
-        "tree": set(),
-        "organization": set(),
-        "dataset": {PROPERTIES, ".zgroup", ".zattrs", ".zmetadata"},
-        "group": {".zgroup", ".zattrs", ".zmetadata"},
-        "array": {".zarray", ".zattrs"},
-    },
-    "zarr3": {
-        "tree": set(),
-        "organization": set(),
-        "dataset": {PROPERTIES, "zarr.json"},
-        "group": {"zarr.json"},
-        "array": {"zarr.json"},
-    },
-    "zarr3_experimental": {  # webKnossos' older name of the zarr3 tree
-        "tree": set(),
-        "organization": set(),
-        "dataset": {PROPERTIES, "zarr.json"},
-        "group": {"zarr.json"},
-        "array": {"zarr.json"},
-    },
-    "xarray": {
-        "tree": set(),
-        "organization": set(),
-        "dataset": {"zarr.json"},
-        "group": {"zarr.json"},
-        "array": {"zarr.json"},
-    },
-}
 LAYER_NAMES = [layer[0] for layer in LAYERS]
 CHANNELS = {layer[0]: layer[2] for layer in LAYERS}
 DTYPES = {layer[0]: layer[1] for layer in LAYERS}
@@ -84,7 +52,7 @@ def grid(mag: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def walk(tree: str) -> Iterator[Node]:
-    """Every node of ``tree`` over the test dataset, derived from what conftest wrote."""
+    """Every node of ``tree`` over the test dataset, derived from what support.datasets wrote."""
     mags = [mag_name(m) for m in MAGS]
     yield Node(tree, "tree", (), frozenset({ORG}))  # the token grants only its own organization
     yield Node(tree, "organization", (ORG,), frozenset({DATASET}))  # broken_dataset is listed without a link

@@ -16,7 +16,7 @@ import numcodecs
 import numpy as np
 import pytest
 import wkw
-from test_tree_names import BELONGS, LEVELS, METADATA
+from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
 from gateway.http.urls import Level, parse_data_path

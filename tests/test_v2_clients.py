@@ -3,12 +3,12 @@
 import json
 import re
 
-import conftest
 import numcodecs
 import numpy as np
 import pytest
 import requests
-from conftest import LAYERS, MAGS, ORG, TOKEN, Server, mag_name
+from support.datasets import LAYERS, MAGS, ORG, TOKEN, WrittenDataset, mag_name
+from support.servers import Server
 
 from gateway_storage import LocalStore
 from wkw_adapter import WkwFileCache, WkwMag
@@ -31,7 +31,7 @@ def mag_url(gateway: Server, layer: str, mag: tuple[int, int, int]) -> str:
 
 
 @pytest.mark.parametrize(("layer", "mag"), CASES)
-def test_zarr_python_reads_every_mag(gateway: Server, test_data: conftest.TestData, layer: str, mag: tuple) -> None:
+def test_zarr_python_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: tuple) -> None:
     import zarr
 
     array = zarr.open_array(mag_url(gateway, layer, mag), mode="r", storage_options=OPTIONS)
@@ -42,7 +42,7 @@ def test_zarr_python_reads_every_mag(gateway: Server, test_data: conftest.TestDa
 
 
 @pytest.mark.parametrize("layer", ["color_u8", "rgb", "color_f32"])
-def test_zarr_python_reads_a_cut_out(gateway: Server, test_data: conftest.TestData, layer: str) -> None:
+def test_zarr_python_reads_a_cut_out(gateway: Server, test_data: WrittenDataset, layer: str) -> None:
     import zarr
 
     array = zarr.open_array(mag_url(gateway, layer, MAGS[0]), mode="r", storage_options=OPTIONS)
@@ -67,7 +67,7 @@ def test_zarr_python_opens_the_consolidated_dataset_group(gateway: Server) -> No
 
 
 @pytest.mark.parametrize(("layer", "mag"), CASES)
-def test_tensorstore_reads_every_mag(gateway: Server, test_data: conftest.TestData, layer: str, mag: tuple) -> None:
+def test_tensorstore_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: tuple) -> None:
     import tensorstore as ts
 
     spec = {
@@ -85,7 +85,7 @@ def test_tensorstore_reads_every_mag(gateway: Server, test_data: conftest.TestDa
 # --- webknossos-libs ------------------------------------------------------------------------------
 
 
-def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: conftest.TestData) -> None:
+def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: WrittenDataset) -> None:
     import webknossos as wk
     from upath import UPath
 
@@ -94,7 +94,7 @@ def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: c
     for name, dtype, channels, _, category in LAYERS:
         layer = dataset.get_layer(name)
         assert layer.category == category
-        assert layer.dtype_per_channel == np.dtype(dtype)
+        assert layer.dtype == np.dtype(dtype)
         assert layer.num_channels == channels
         assert layer.bounding_box == wk.BoundingBox((37, 21, 5), (150, 120, 70))
         if category == "segmentation":
@@ -137,7 +137,7 @@ def test_upath_sees_directories(gateway: Server) -> None:
 # --- documents ----------------------------------------------------------------------------------
 
 
-def test_rewritten_datasource_properties(gateway: Server, test_data: conftest.TestData) -> None:
+def test_rewritten_datasource_properties(gateway: Server, test_data: WrittenDataset) -> None:
     response = requests.get(f"{dataset_url(gateway)}/datasource-properties.json", headers=HEADERS, timeout=10)
     assert response.status_code == 200
     document = response.json()
@@ -262,7 +262,7 @@ def test_cors_preflight(gateway: Server) -> None:
 # --- compressed pass-through --------------------------------------------------------------------
 
 
-def test_passthrough_chunk_carries_the_stored_lz4_block(gateway: Server, test_data: conftest.TestData) -> None:
+def test_passthrough_chunk_carries_the_stored_lz4_block(gateway: Server, test_data: WrittenDataset) -> None:
     import wkw
 
     mag_dir = test_data.mag_dir("color_u8", MAGS[0])

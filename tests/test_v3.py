@@ -1,7 +1,7 @@
 """The Zarr v3 tree through real clients: tensorstore, zarr-python 3, webknossos-libs and Neuroglancer's pattern.
 
 Every voxel read is compared with the ``wkw`` package's read of the same data
-(``TestData.expected``); damaged datasets are made in a private copy of the
+(``WrittenDataset.expected``); damaged datasets are made in a private copy of the
 test data, never in the shared one.
 """
 
@@ -19,8 +19,10 @@ import requests
 import tensorstore as ts
 import wkw
 import zarr
-from conftest import LAYERS, MAGS, ORG, TOKEN, Server, mag_name
-from conftest import TestData as Data
+from support.clients import read_tensorstore, read_zarr_python
+from support.datasets import LAYERS, MAGS, ORG, TOKEN, mag_name
+from support.datasets import WrittenDataset as Data
+from support.servers import Server
 
 from wkw_adapter import morton_encode
 
@@ -28,6 +30,11 @@ warnings.filterwarnings("ignore", message="Not all image readers could be import
 
 DATASET = "wk_dataset"
 HEADERS = {"X-Auth-Token": TOKEN}
+# The v3 tree's readers, with the token (the plain layout's gateway requires one).
+CLIENTS: dict[str, Callable[[str], np.ndarray]] = {
+    "tensorstore": lambda url: read_tensorstore(url, 3, HEADERS),
+    "zarr-python": lambda url: read_zarr_python(url, 3, HEADERS),
+}
 LAYER_NAMES = [layer[0] for layer in LAYERS]
 CHANNELS = {layer[0]: layer[2] for layer in LAYERS}
 FILE_LEN = 4  # blocks per file side in the test data
@@ -51,19 +58,6 @@ def file_path(root: Path, layer: str, mag: tuple[int, int, int], cube: tuple[int
     return root / ORG / DATASET / layer / mag_name(mag) / f"z{z}" / f"y{y}" / f"x{x}.wkw"
 
 
-def read_tensorstore(url: str) -> np.ndarray:
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "http", "base_url": url + "/", "headers": [f"{k}: {v}" for k, v in HEADERS.items()]},
-    }
-    return ts.open(spec, read=True).result().read().result()
-
-
-def read_zarr_python(url: str) -> np.ndarray:
-    array = zarr.open_array(url, mode="r", zarr_format=3, storage_options={"headers": HEADERS})
-    return array[...]
-
-
 @pytest.fixture(scope="module")
 def layouts(gateway: Server, sharded_gateway: Server) -> dict[str, Server]:
     """The plain layout (tokens required) and the sharded one (open)."""
@@ -75,12 +69,12 @@ def layouts(gateway: Server, sharded_gateway: Server) -> dict[str, Server]:
 
 @pytest.mark.parametrize("layout", ["plain", "sharded"])
 @pytest.mark.parametrize("layer", LAYER_NAMES)
-@pytest.mark.parametrize("client", [read_tensorstore, read_zarr_python], ids=["tensorstore", "zarr-python"])
+@pytest.mark.parametrize("client", CLIENTS)
 def test_clients_read_every_mag_exactly(
-    layouts: dict[str, Server], test_data: Data, layout: str, layer: str, client: Callable[[str], np.ndarray]
+    layouts: dict[str, Server], test_data: Data, layout: str, layer: str, client: str
 ) -> None:
     for mag in MAGS:
-        data = client(v3_url(layouts[layout], layer, mag_name(mag)))
+        data = CLIENTS[client](v3_url(layouts[layout], layer, mag_name(mag)))
         expected = test_data.expected(layer, mag)
         assert data.dtype == expected.dtype
         np.testing.assert_array_equal(data, expected, err_msg=f"{layout} {layer} mag {mag_name(mag)}")
@@ -182,8 +176,8 @@ def test_damaged_arrays_equal_the_wkw_read(
     else:
         assert 0 < np.count_nonzero(expected[region]) < expected[region].size // 8
     url = v3_url(variant_servers[layout], layer, mag_name(mag))
-    for client in (read_tensorstore, read_zarr_python):
-        np.testing.assert_array_equal(client(url), expected, err_msg=client.__name__)
+    for name, client in CLIENTS.items():
+        np.testing.assert_array_equal(client(url), expected, err_msg=name)
 
 
 # --- OME-NGFF, consolidated metadata, the rewritten properties, the alias ----------------------

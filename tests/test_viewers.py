@@ -29,11 +29,15 @@ import fsspec
 import numpy as np
 import pytest
 import requests
-from browser import INSTALL_HINT, Browser, BrowserError, Page, chromium_path
-from conftest import ORG, TOKEN, Server, TestData, free_port
 from PIL import Image
+from support.browser import INSTALL_HINT, Browser, BrowserError, Page, chromium_path
+from support.datasets import ORG, TOKEN, WrittenDataset
+from support.processes import free_port
+from support.servers import Server
 
 from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+
+pytestmark = pytest.mark.browser  # every test drives headless Chromium
 
 SCREENSHOT_DIR_VARIABLE = "ZARR_GATEWAY_SCREENSHOT_DIR"
 METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
@@ -551,7 +555,9 @@ def _hrefs(html: str) -> list[str]:
     return parser.hrefs
 
 
-def test_dataset_page_with_a_token(browser: Browser, gateway: Server, test_data: TestData, tmp_path: Path) -> None:
+def test_dataset_page_with_a_token(
+    browser: Browser, gateway: Server, test_data: WrittenDataset, tmp_path: Path
+) -> None:
     """With auth on, previews carry the page's token (an <img> sends no header); snippets show a placeholder."""
     dataset_url = f"{gateway.url}/data/zarr3/{ORG}/{test_data.dataset}"
     content = read_page(browser, f"{dataset_url}/?token={TOKEN}", tmp_path / "dataset-page-token.png")

@@ -16,8 +16,9 @@ import pytest
 import requests
 import wkw
 import xarray as xr
-from conftest import LAYERS, MAGS, ORG, TOKEN, Server, mag_name
-from conftest import TestData as Data
+from support.datasets import LAYERS, MAGS, ORG, TOKEN, mag_name
+from support.datasets import WrittenDataset as Data
+from support.servers import Server
 
 warnings.filterwarnings("ignore", message="Not all image readers could be imported")
 
@@ -26,7 +27,7 @@ STORAGE = {"headers": HEADERS}
 EDGE = 32  # the served chunk edge (the gateway's default)
 LAYER_NAMES = [layer[0] for layer in LAYERS]
 CHANNELS = {layer[0]: layer[2] for layer in LAYERS}
-VOXEL_SIZE = (11.24, 11.24, 28.0)  # what conftest's dataset declares
+VOXEL_SIZE = (11.24, 11.24, 28.0)  # what the main test dataset declares
 
 # A dataset whose two layers have different bounding boxes (mag-1 voxels): ``wide`` from the origin, and
 # ``offset``, smaller and shifted, reaching further in y and z. The grid is the largest extent of both.
@@ -70,7 +71,7 @@ def shifted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(11)
     dataset = wk.Dataset(root / ORG / SHIFTED, voxel_size=SHIFTED_VOXEL_SIZE)
     for name, (top_left, size, dtype, compressed, mags) in BOXES.items():
-        layer = dataset.add_layer(name, "color", dtype_per_channel=dtype, data_format="wkw")
+        layer = dataset.add_layer(name, "color", dtype=dtype, data_format="wkw")
         layer.bounding_box = wk.BoundingBox(top_left, size)
         for mag in mags:
             view = layer.add_mag(mag, chunk_shape=EDGE, shard_shape=2 * EDGE, compress=compressed)
@@ -120,7 +121,7 @@ def check_dask_chunks(variable: xr.DataArray) -> None:
         assert chunks == (EDGE,) * (size // EDGE) + ((size % EDGE,) if size % EDGE else ()), dim
 
 
-# --- the conftest dataset: five layers, three mags ------------------------------------------------
+# --- the main test dataset: five layers, three mags ------------------------------------------------
 
 
 def test_datatree_has_one_group_per_mag(gateway: Server) -> None:

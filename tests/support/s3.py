@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,8 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import requests
-from conftest import stop_process
+from .processes import free_port, stop_process, wait_until_answering
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -24,12 +22,6 @@ CREDENTIALS = {
 }
 # Variables that would point a gateway elsewhere than the endpoint a test chose.
 _OVERRIDDEN = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -55,7 +47,7 @@ class Moto:
     """A moto S3 server on a loopback port."""
 
     endpoint: str
-    process: subprocess.Popen
+    process: "subprocess.Popen[bytes]"
 
     def client(self) -> Any:  # a boto3 S3 client
         import boto3
@@ -81,17 +73,8 @@ def start_moto(log_path: Path) -> Moto:
             stderr=subprocess.STDOUT,
         )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto exited: {log_path.read_text()}")
-        try:
-            requests.get(endpoint + "/moto-api/", timeout=1)
-            return Moto(endpoint, process)
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"moto did not start: {log_path.read_text()}")
+    wait_until_answering(endpoint + "/moto-api/", process, 30, lambda: f"moto: {log_path.read_text()}", interval=0.1)
+    return Moto(endpoint, process)
 
 
 def upload_tree(client: Any, local: Path, bucket: str, prefix: str) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import websocket
-from conftest import stop_process
+
+from .processes import stop_process
 
 CHROMIUM_FLAGS = (
     "--headless=new",
@@ -89,7 +90,8 @@ class Page:
             if message.get("id") == message_id:
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
-                return message.get("result", {})
+                result: dict[str, Any] = message.get("result", {})
+                return result
             self._record(message)
 
     def navigate(self, url: str) -> None:

@@ -1,0 +1,97 @@
+"""The main test dataset: its geometry, how it is written (by webknossos-libs, in WKW), what it must read as."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+ORG = "test_org"
+TOKEN = "secret-token-for-tests"
+OTHER_TOKEN = "token-for-another-org"
+DATASET_NAME = "wk_dataset"
+TOP_LEFT = (37, 21, 5)
+SIZE = (150, 120, 70)
+MAGS = ((1, 1, 1), (2, 2, 1), (4, 4, 2))
+# name, dtype, channels, compressed, category
+LAYERS: list[tuple[str, str, int, bool, Literal["color", "segmentation"]]] = [
+    ("color_u8", "uint8", 1, True, "color"),
+    ("color_u16", "uint16", 1, False, "color"),
+    ("rgb", "uint8", 3, True, "color"),
+    ("segmentation", "uint32", 1, True, "segmentation"),
+    ("color_f32", "float32", 1, False, "color"),
+]
+
+
+def mag_name(mag: tuple[int, ...]) -> str:
+    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
+
+
+def bbox_at_mag(mag: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    lo = tuple(t // m for t, m in zip(TOP_LEFT, mag))
+    hi = tuple(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
+    return lo, hi
+
+
+def random_voxels(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """Random voxels of ``dtype``, never 0 for integers (so a voxel read as zeros is always a mistake)."""
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(1, min(info.max, 2**31), size=shape, dtype=dtype)
+
+
+def write_webknossos_dataset(path: Path) -> None:
+    """The main test dataset, written by webknossos-libs in WKW format (files of 4^3 blocks of 32^3)."""
+    from webknossos import BoundingBox, Dataset, SegmentationLayer
+
+    rng = np.random.default_rng(42)
+    dataset = Dataset(path, voxel_size=(11.24, 11.24, 28.0))
+    for name, dtype, channels, compressed, category in LAYERS:
+        kwargs: dict[str, Any] = {"largest_segment_id": 0} if category == "segmentation" else {}
+        layer = dataset.add_layer(name, category, dtype=dtype, num_channels=channels, data_format="wkw", **kwargs)
+        layer.bounding_box = BoundingBox(TOP_LEFT, SIZE)
+        for mag in MAGS:
+            view = layer.add_mag(mag, chunk_shape=32, shard_shape=128, compress=compressed)
+            lo, hi = bbox_at_mag(mag)
+            shape = tuple(h - low for low, h in zip(lo, hi))
+            data = random_voxels(dtype, (channels, *shape), rng)
+            view.write(data if channels > 1 else data[0], absolute_offset=tuple(v * m for v, m in zip(lo, mag)))
+        if isinstance(layer, SegmentationLayer):
+            layer.largest_segment_id = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class WrittenDataset:
+    """A data root holding the main test dataset as ``ORG/dataset``."""
+
+    root: Path
+    dataset: str
+
+    def mag_dir(self, layer: str, mag: tuple[int, int, int]) -> Path:
+        return self.root / ORG / self.dataset / layer / mag_name(mag)
+
+    def expected(self, layer: str, mag: tuple[int, int, int]) -> np.ndarray[Any, Any]:
+        """What the gateway must serve: the wkw package's read of [0, shape), zero outside the bbox."""
+        import wkw
+
+        lo, hi = bbox_at_mag(mag)
+        with wkw.Dataset.open(str(self.mag_dir(layer, mag))) as ds:
+            data: np.ndarray[Any, Any] = ds.read((0, 0, 0), hi)
+        out = np.zeros_like(data)
+        sel = (slice(None), *(slice(a, b) for a, b in zip(lo, hi)))
+        out[sel] = data[sel]
+        return out
+
+
+def write_test_root(root: Path) -> WrittenDataset:
+    """The session's data root: the main dataset, a copy in another organization, and a broken dataset."""
+    write_webknossos_dataset(root / ORG / DATASET_NAME)
+    (root / "other_org").mkdir()
+    shutil.copytree(root / ORG / DATASET_NAME, root / "other_org" / "theirs")
+    broken = root / ORG / "broken_dataset"
+    broken.mkdir()
+    (broken / "datasource-properties.json").write_text(json.dumps({"id": {"name": "x"}, "dataLayers": "nope"}))
+    return WrittenDataset(root, DATASET_NAME)

@@ -1,0 +1,75 @@
+"""Child processes and loopback ports: what every real server of the tests (gateway, nginx, moto) needs."""
+
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import requests
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def stop_process(process: "subprocess.Popen[bytes]", timeout: float = 10, stop_signal: int = signal.SIGTERM) -> None:
+    """Ask a process to stop with ``stop_signal``; kill it if it has not stopped ``timeout`` seconds later."""
+    if process.poll() is not None:
+        return
+    process.send_signal(stop_signal)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 5, interval: float = 0.05) -> T:
+    """Call ``condition`` until it returns something truthy, for at most ``timeout`` seconds.
+
+    Returns that value, or the last (falsy) one once the time is up, so the caller asserts on what it
+    saw. A bound on waiting, never a timed assertion: a slow machine only waits longer.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+class StartError(RuntimeError):
+    """A server process that exited, or did not answer, while it was starting."""
+
+
+def wait_until_answering(
+    url: str,
+    process: "subprocess.Popen[bytes]",
+    timeout: float,
+    describe: Callable[[], str],
+    interval: float = 0.05,
+) -> None:
+    """Poll ``url`` until anything answers; raise :class:`StartError` (with ``describe()``, its log) if the
+    process exits first or nothing answers within ``timeout`` seconds, in which case the process is killed."""
+
+    def answering() -> bool:
+        if process.poll() is not None:
+            raise StartError(f"exited while starting: {describe()}")
+        try:
+            requests.get(url, timeout=1)
+        except requests.ConnectionError:
+            return False
+        return True
+
+    if not wait_until(answering, timeout, interval):
+        process.kill()
+        process.wait(10)
+        raise StartError(f"did not answer {url} within {timeout} s: {describe()}")

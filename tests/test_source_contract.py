@@ -1,0 +1,497 @@
+"""What every ``MagSource`` must do, checked for each implementation (in the manner of zarr-python's StoreTests).
+
+``MagSourceContract`` states the contract once; each format subclasses it with three things: how its own
+library writes a mag (``write``), how that library reads it back (``read_truth``: the wkw package for WKW,
+tensorstore for Zarr), and how the gateway opens it as a source (``open``), plus how to decode the stored
+bytes it hands out (``decode``) and which file holds a voxel (``data_file``). Every mag has the same
+geometry: an array of ``EXTENT`` voxels with random, nonzero voxels everywhere but one file cube that is
+never written (``HOLE``), and a bounding box smaller than the array, so that masking to it shows.
+
+A new format (N5, Neuroglancer precomputed) adds a subclass; the tests come with it.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lz4.block
+import numcodecs
+import numpy as np
+import pytest
+import tensorstore as ts
+import wkw
+
+from gateway.http.errors import rule_for
+from gateway.sources.mag import ChunkNotFound, MagSource, StoredChunk, StoredEncoding
+from gateway.sources.properties import BoundingBox
+from gateway.sources.wkw_source import WkwMagSource
+from gateway.sources.zarr_source import ZarrMagSource
+from gateway_storage import ByteLRU, LocalStore
+from wkw_adapter import WkwFileCache
+
+Vec3 = tuple[int, int, int]
+
+MAG: Vec3 = (1, 1, 1)
+CHUNK = 16  # voxels per edge of a stored chunk (a WKW block, a Zarr chunk or inner chunk)
+CUBE = 32  # voxels per edge of a data file (a WKW file, a Zarr v3 shard; a Zarr chunk file is smaller)
+EXTENT: Vec3 = (80, 64, 48)  # the array as written: [0, EXTENT)
+HOLE: Vec3 = (2, 1, 1)  # the file cube that is never written: x 64-80, y 32-64, z 32-48
+TOP_LEFT: Vec3 = (5, 7, 3)
+SIZE: Vec3 = (70, 50, 40)  # the bounding box: [5, 75) x [7, 57) x [3, 43), inside EXTENT, over part of HOLE
+BBOX = BoundingBox.model_validate({"topLeft": TOP_LEFT, "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]})
+BBOX_HI: Vec3 = (75, 57, 43)
+
+# Boxes [lo, hi) to read, by where they lie against the bounding box.
+BOXES: dict[str, tuple[Vec3, Vec3]] = {
+    "inside": ((16, 16, 16), (48, 32, 32)),
+    "inside-unaligned": ((9, 11, 4), (40, 50, 30)),
+    "straddling-the-low-corner": ((0, 0, 0), (20, 20, 20)),
+    "straddling-the-high-corner": ((60, 40, 30), (80, 64, 48)),
+    "over-the-hole": ((56, 24, 24), (80, 64, 48)),
+    "the-whole-served-shape": ((0, 0, 0), BBOX_HI),
+    "outside-below": ((0, 0, 0), (5, 64, 48)),
+    "outside-beyond-the-array": ((80, 0, 0), (96, 16, 16)),
+}
+# Stored chunks (their voxel corner) that hold written voxels, and one in the hole.
+WRITTEN_CHUNKS: list[Vec3] = [(0, 0, 0), (16, 32, 16), (48, 16, 32), (64, 0, 0)]
+CHUNK_IN_HOLE: Vec3 = (64, 32, 32)
+
+
+def _cubes() -> list[Vec3]:
+    """The file cubes of the array, the hole left out."""
+    counts = [-(-e // CUBE) for e in EXTENT]
+    return [
+        (x, y, z) for x in range(counts[0]) for y in range(counts[1]) for z in range(counts[2]) if (x, y, z) != HOLE
+    ]
+
+
+def _window(lo: Vec3, hi: Vec3) -> tuple[slice, ...]:
+    return (slice(None), *(slice(a, b) for a, b in zip(lo, hi)))
+
+
+def _cube_box(cube: Vec3) -> tuple[Vec3, Vec3]:
+    lo = tuple(c * CUBE for c in cube)
+    hi = tuple(min(a + CUBE, e) for a, e in zip(lo, EXTENT))
+    return lo, hi  # type: ignore[return-value]
+
+
+def _is_storage_fault(exc: BaseException) -> bool:
+    """What the HTTP layer answers with a 5xx (never a 404, which clients turn into fill values)."""
+    return rule_for(exc).status >= 500 and not isinstance(exc, ChunkNotFound)
+
+
+@dataclass(frozen=True)
+class WrittenMag:
+    """A mag directory as the format's library wrote it, and what that library reads from it."""
+
+    root: Path
+    directory: Path
+    truth: np.ndarray  # (c, x, y, z) over [0, EXTENT), unmasked
+
+
+class MagSourceContract:
+    """The contract of ``gateway.sources.mag.MagSource``; subclass it per format (``Test...``) to check one."""
+
+    dtype: ClassVar[str] = "uint16"
+    channels: ClassVar[int] = 1
+    detects_corruption: ClassVar[bool] = True  # False where any bytes are valid voxels (uncompressed)
+
+    # --- what a subclass provides -------------------------------------------------------------------
+
+    def write(self, directory: Path, data: np.ndarray, cubes: list[Vec3]) -> None:
+        """Write the file cubes ``cubes`` of ``data`` ((c, x, y, z) over [0, EXTENT)) with the format's library."""
+        raise NotImplementedError
+
+    def read_truth(self, directory: Path) -> np.ndarray:
+        """The whole array, (c, x, y, z) over [0, EXTENT), as the format's own library reads it."""
+        raise NotImplementedError
+
+    def open(self, root: Path, directory: Path) -> MagSource:
+        """The gateway's source over the mag, with fresh caches, as the catalog would open it."""
+        raise NotImplementedError
+
+    def decode(self, source: MagSource, chunk: StoredChunk) -> np.ndarray:
+        """The (c, x, y, z) voxels of a stored chunk, decoded from its bytes as a client would."""
+        raise NotImplementedError
+
+    def chunk_shape(self, source: MagSource) -> tuple[int, int, int, int] | None:
+        """The (c, x, y, z) shape of the chunks the source hands out as stored."""
+        return source.stored_chunk_shape
+
+    def data_file(self, directory: Path, voxel: Vec3) -> Path:
+        """The file that holds ``voxel``."""
+        raise NotImplementedError
+
+    # --- fixtures -----------------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def written(cls, tmp_path_factory: pytest.TempPathFactory) -> WrittenMag:
+        """The mag, written once per format: the tests that damage it take ``own_copy``."""
+        return cls()._write_mag(tmp_path_factory.mktemp(cls.__name__), np.random.default_rng(11))
+
+    @pytest.fixture
+    def own_copy(self, written: WrittenMag, tmp_path: Path) -> WrittenMag:
+        """A copy of the written mag that a test may damage."""
+        root = tmp_path / "root"
+        shutil.copytree(written.root, root)
+        return WrittenMag(root, root / written.directory.relative_to(written.root), written.truth)
+
+    def _write_mag(self, root: Path, rng: np.random.Generator) -> WrittenMag:
+        directory = root / "mag"
+        data = self._random(rng)
+        self.write(directory, data, _cubes())
+        truth = self.read_truth(directory)
+        expected = data.copy()
+        expected[_window(*_cube_box(HOLE))] = 0
+        np.testing.assert_array_equal(truth, expected, err_msg="the format's library reads back what it wrote")
+        return WrittenMag(root, directory, truth)
+
+    def _random(self, rng: np.random.Generator) -> np.ndarray:
+        """Nonzero voxels (a voxel read as zeros is a mistake) of few values, so that compressors compress."""
+        return rng.integers(1, 64, size=(self.channels, *EXTENT), dtype=self.dtype)
+
+    def _expected(self, truth: np.ndarray, lo: Vec3, hi: Vec3) -> np.ndarray:
+        """Box [lo, hi) of the truth, the fill value (0) outside the array and outside the bounding box."""
+        inside_array = np.zeros((self.channels, *EXTENT), dtype=bool)
+        inside_array[_window(TOP_LEFT, BBOX_HI)] = True
+        masked = np.where(inside_array, truth, 0)
+        out = np.zeros((self.channels, *(h - low for low, h in zip(lo, hi))), dtype=truth.dtype)
+        clip_hi = tuple(min(h, e) for h, e in zip(hi, EXTENT))
+        if all(a < b for a, b in zip(lo, clip_hi)):
+            out[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, clip_hi)))] = masked[_window(lo, clip_hi)]
+        return out
+
+    # --- geometry -----------------------------------------------------------------------------------
+
+    def test_geometry_follows_the_bounding_box_and_the_header(self, written: WrittenMag) -> None:
+        source = self.open(written.root, written.directory)
+        assert source.shape == BBOX_HI
+        assert (source.bbox_lo, source.bbox_hi) == (TOP_LEFT, BBOX_HI)
+        assert source.dtype == np.dtype(self.dtype)
+        assert source.channels == self.channels
+        assert source.mag == MAG
+        assert source.location_key == "mag", "relative to the data root, the same on every replica"
+
+    # --- voxels -------------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("box", BOXES)
+    def test_read_box_is_the_format_library_s_read_masked_to_the_bounding_box(
+        self, written: WrittenMag, box: str
+    ) -> None:
+        lo, hi = BOXES[box]
+        region = self.open(written.root, written.directory).read_box(lo, hi)
+        expected = self._expected(written.truth, lo, hi)
+        assert region.data.shape == expected.shape
+        assert region.data.dtype == expected.dtype
+        np.testing.assert_array_equal(region.data, expected)
+
+    def test_a_box_outside_the_bounding_box_reads_no_file(self, written: WrittenMag) -> None:
+        region = self.open(written.root, written.directory).read_box(*BOXES["outside-beyond-the-array"])
+        assert region.sources == [], "nothing was read, so nothing can change its answer"
+        assert not region.data.any()
+
+    # --- stored chunks ------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("corner", WRITTEN_CHUNKS, ids=str)
+    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
+        source = self.open(written.root, written.directory)
+        shape = self.chunk_shape(source)
+        assert shape is not None and shape[1:] == (CHUNK,) * 3 and shape[0] == self.channels
+        chunk = source.stored_chunk(self._index(corner), corner)
+        assert chunk is not None, "a written chunk is handed out as stored"
+        assert chunk.identity is not None and chunk.origin.startswith("mag/")
+        decoded = self.decode(source, chunk)
+        assert decoded.shape == shape
+        end = tuple(min(c + CHUNK, e) for c, e in zip(corner, EXTENT))
+        inside = _window((0, 0, 0), tuple(b - a for a, b in zip(corner, end)))
+        np.testing.assert_array_equal(decoded[inside], written.truth[_window(corner, end)])
+
+    def test_a_chunk_never_written_is_absent(self, written: WrittenMag) -> None:
+        """Absent means "reads as the fill value": None (the caller reads voxels) or ChunkNotFound (a 404)."""
+        source = self.open(written.root, written.directory)
+        try:
+            chunk = source.stored_chunk(self._index(CHUNK_IN_HOLE), CHUNK_IN_HOLE)
+        except ChunkNotFound:
+            chunk = None
+        assert chunk is None
+        box = (CHUNK_IN_HOLE, tuple(min(c + CHUNK, e) for c, e in zip(CHUNK_IN_HOLE, BBOX_HI)))
+        assert not source.read_box(*box).data.any()  # type: ignore[arg-type]
+
+    @staticmethod
+    def _index(corner: Vec3) -> tuple[int, int, int, int]:
+        return (0, *(c // CHUNK for c in corner))  # type: ignore[return-value]
+
+    # --- faults -------------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("corner", [(16, 16, 16), (48, 40, 8)], ids=str)
+    def test_a_truncated_data_file_is_a_storage_fault_never_zeros(self, own_copy: WrittenMag, corner: Vec3) -> None:
+        path = self.data_file(own_copy.directory, corner)
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.truncate(size // 3)
+        source = self.open(own_copy.root, own_copy.directory)
+        end = tuple(c + CHUNK for c in corner)
+        with pytest.raises(Exception) as raised:
+            source.read_box(corner, end)  # type: ignore[arg-type]
+        assert _is_storage_fault(raised.value), repr(raised.value)
+
+    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
+        """Its stored chunk is a storage fault, or bytes that cannot decode: never "absent", which reads as fill."""
+        corner: Vec3 = (16, 16, 16)
+        path = self.data_file(own_copy.directory, corner)
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 3)
+        source = self.open(own_copy.root, own_copy.directory)
+        try:
+            chunk = source.stored_chunk(self._index(corner), corner)
+        except Exception as exc:
+            assert _is_storage_fault(exc), repr(exc)
+        else:
+            assert chunk is not None, "a damaged file is not an absent one"
+            with pytest.raises(Exception):  # noqa: B017 (each codec fails in its own way)
+                self.decode(source, chunk)
+
+    def test_a_corrupt_data_file_is_a_storage_fault_never_zeros(self, own_copy: WrittenMag) -> None:
+        """Garbage over the middle of a file: a fault where the format can tell (compressed payloads, checksums);
+        where it cannot (uncompressed voxels: any bytes are voxels), exactly what the format's library reads."""
+        corner: Vec3 = (16, 16, 16)
+        path = self.data_file(own_copy.directory, corner)
+        payload = bytearray(path.read_bytes())
+        garbage = np.random.default_rng(3).integers(0, 256, size=len(payload) // 2, dtype=np.uint8).tobytes()
+        start = len(payload) // 4  # past any header, before any index at the end
+        payload[start : start + len(garbage)] = garbage
+        path.write_bytes(bytes(payload))
+        source = self.open(own_copy.root, own_copy.directory)
+        box = ((0, 0, 0), _cube_box((0, 0, 0))[1])
+        if not self.detects_corruption:
+            expected = self._expected(self.read_truth(own_copy.directory), *box)
+            assert (expected != self._expected(own_copy.truth, *box)).any(), "the garbage changed voxels"
+            np.testing.assert_array_equal(source.read_box(*box).data, expected)
+            return
+        with pytest.raises(Exception) as raised:
+            source.read_box(*box)
+        assert _is_storage_fault(raised.value), repr(raised.value)
+
+    # --- identity -----------------------------------------------------------------------------------
+
+    def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
+        """The same source (as the catalog keeps it) sees a file rewritten under it: new identity, new voxels."""
+        corner: Vec3 = (16, 16, 16)
+        source = self.open(own_copy.root, own_copy.directory)
+        before = source.stored_chunk(self._index(corner), corner)
+        assert before is not None and before.identity is not None
+        path = self.data_file(own_copy.directory, corner)
+        old = path.stat()
+        data = self._random(np.random.default_rng(99))
+        self.write(own_copy.directory, data, [(0, 0, 0)])
+        if path.stat().st_mtime_ns == old.st_mtime_ns:  # a coarse file-system clock: the rewrite is still new
+            os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns + 1_000_000_000))
+        after = source.stored_chunk(self._index(corner), corner)
+        assert after is not None and after.identity is not None
+        assert after.identity != before.identity
+        end = (corner[0] + CHUNK, corner[1] + CHUNK, corner[2] + CHUNK)
+        np.testing.assert_array_equal(self.decode(source, after), data[_window(corner, end)])
+        np.testing.assert_array_equal(source.read_box(corner, end).data, data[_window(corner, end)])
+        region = source.read_box(corner, end)
+        if region.sources is not None:  # a source that names the files it read names this version
+            assert [identity for file, identity in region.sources if file == str(path)] == [after.identity]
+
+
+# --- WKW ------------------------------------------------------------------------------------------------
+
+
+class WkwContract(MagSourceContract):
+    """A WKW mag written by the wkw package: files of 2^3 blocks of 16^3 (a file cube of 32)."""
+
+    block_type: ClassVar[int] = wkw.Header.BLOCK_TYPE_LZ4HC
+
+    def write(self, directory: Path, data: np.ndarray, cubes: list[Vec3]) -> None:
+        header = wkw.Header(
+            np.dtype(self.dtype), num_channels=self.channels, block_type=self.block_type, block_len=CHUNK, file_len=2
+        )
+        exists = (directory / "header.wkw").exists()
+        dataset = wkw.Dataset.open(str(directory)) if exists else wkw.Dataset.create(str(directory), header)
+        with dataset:
+            for cube in cubes:  # compressed files are written whole: a cube past EXTENT is padded with zeros
+                lo, hi = _cube_box(cube)
+                padded = np.zeros((self.channels, CUBE, CUBE, CUBE), dtype=self.dtype)
+                padded[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, hi)))] = data[_window(lo, hi)]
+                dataset.write(lo, np.asfortranarray(padded))
+
+    def read_truth(self, directory: Path) -> np.ndarray:
+        with wkw.Dataset.open(str(directory)) as dataset:
+            data: np.ndarray = dataset.read((0, 0, 0), EXTENT)
+        return data
+
+    def open(self, root: Path, directory: Path) -> MagSource:
+        storage = LocalStore(str(root))
+        return WkwMagSource(MAG, str(directory), BBOX, WkwFileCache(storage))
+
+    def decode(self, source: MagSource, chunk: StoredChunk) -> np.ndarray:
+        shape = self.chunk_shape(source)
+        assert shape is not None
+        raw = chunk.data
+        if chunk.encoding is StoredEncoding.LZ4_BLOCK:
+            raw = lz4.block.decompress(raw, uncompressed_size=chunk.uncompressed_size)
+        else:
+            assert chunk.encoding is StoredEncoding.RAW_BLOCK
+        return np.frombuffer(raw, dtype=source.dtype).reshape(shape, order="F")
+
+    def data_file(self, directory: Path, voxel: Vec3) -> Path:
+        x, y, z = (v // CUBE for v in voxel)
+        return directory / f"z{z}" / f"y{y}" / f"x{x}.wkw"
+
+
+class TestWkwLz4Source(WkwContract):
+    pass
+
+
+class TestWkwRawSource(WkwContract):
+    block_type = wkw.Header.BLOCK_TYPE_RAW
+    dtype = "uint8"
+    channels = 3
+    detects_corruption = False
+
+
+# --- Zarr -----------------------------------------------------------------------------------------------
+
+
+class ZarrContract(MagSourceContract):
+    """A Zarr array written by tensorstore, dimensions (c, x, y, z)."""
+
+    def spec(self, directory: Path) -> dict[str, Any]:
+        """The tensorstore spec that creates the array."""
+        raise NotImplementedError
+
+    def write(self, directory: Path, data: np.ndarray, cubes: list[Vec3]) -> None:
+        spec = self.spec(directory)
+        try:
+            store = ts.open(spec, open=True).result()
+        except ValueError:
+            store = ts.open(spec, create=True).result()
+        for cube in cubes:
+            lo, hi = _cube_box(cube)
+            store[_window(lo, hi)].write(data[_window(lo, hi)]).result()
+
+    def read_truth(self, directory: Path) -> np.ndarray:
+        driver = self.spec(directory)["driver"]
+        store = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(directory) + "/"}}).result()
+        data: np.ndarray = store.read().result()
+        return data
+
+    def chunk_shape(self, source: MagSource) -> tuple[int, int, int, int] | None:
+        # ZarrMagSource leaves stored_chunk_shape at None although it hands chunks out: the Zarr layer
+        # takes a Zarr source's chunk shape from its native encoding.
+        return source.native.chunk_shape if source.native is not None else None
+
+    def open(self, root: Path, directory: Path) -> MagSource:
+        return ZarrMagSource(MAG, LocalStore(str(root)), str(directory), BBOX, None, ByteLRU(1 << 20))
+
+    def decode(self, source: MagSource, chunk: StoredChunk) -> np.ndarray:
+        native = source.native
+        assert native is not None and chunk.encoding is StoredEncoding.NATIVE
+        raw = chunk.data
+        if native.zarr_format == 2:
+            if native.v2_compressor is not None:
+                raw = numcodecs.get_codec(dict(native.v2_compressor)).decode(raw)
+        else:
+            for codec in reversed(native.v3_codecs):
+                raw = _decode_v3(codec, raw)
+        stored_shape = tuple(native.chunk_shape[a] for a in native.permutation)
+        stored = np.frombuffer(bytes(raw), dtype=native.dtype).reshape(stored_shape)
+        return np.transpose(stored, np.argsort(native.permutation)).astype(source.dtype)
+
+
+def _decode_v3(codec: dict[str, Any], raw: bytes) -> bytes:
+    """One bytes-to-bytes codec of the Zarr v3 spec, undone."""
+    name, config = codec["name"], codec.get("configuration") or {}
+    if name == "crc32c":
+        import crc32c
+
+        body, checksum = raw[:-4], raw[-4:]
+        assert crc32c.crc32c(body).to_bytes(4, "little") == checksum
+        return body
+    codecs = {"gzip": lambda: numcodecs.GZip(config.get("level", 6)), "zstd": lambda: numcodecs.Zstd()}
+    if name == "blosc":
+        return bytes(numcodecs.Blosc().decode(raw))
+    return bytes(codecs[name]().decode(raw))
+
+
+class TestZarrV2Source(ZarrContract):
+    def spec(self, directory: Path) -> dict[str, Any]:
+        return {
+            "driver": "zarr",
+            "kvstore": {"driver": "file", "path": str(directory) + "/"},
+            "metadata": {
+                "shape": [self.channels, *EXTENT],
+                "chunks": [self.channels, CHUNK, CHUNK, CHUNK],
+                "dtype": np.dtype(self.dtype).str,
+                "compressor": {"id": "zstd", "level": 3},
+                "fill_value": 0,
+                "order": "C",
+            },
+        }
+
+    def data_file(self, directory: Path, voxel: Vec3) -> Path:
+        return directory / ".".join(["0", *(str(v // CHUNK) for v in voxel)])
+
+
+class TestZarrV3Source(ZarrContract):
+    dtype = "uint32"
+
+    def spec(self, directory: Path) -> dict[str, Any]:
+        return {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(directory) + "/"},
+            "metadata": {
+                "shape": [self.channels, *EXTENT],
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.channels, *(CHUNK,) * 3]}},
+                "data_type": self.dtype,
+                "dimension_names": ["c", "x", "y", "z"],
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}],
+                "fill_value": 0,
+            },
+        }
+
+    def data_file(self, directory: Path, voxel: Vec3) -> Path:
+        return directory.joinpath("c", "0", *(str(v // CHUNK) for v in voxel))
+
+
+class TestZarrV3ShardedSource(ZarrContract):
+    """Shards of 2^3 inner chunks (a file cube of 32), the index at the end with a crc32c."""
+
+    channels = 2
+
+    def spec(self, directory: Path) -> dict[str, Any]:
+        inner = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}]
+        return {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(directory) + "/"},
+            "metadata": {
+                "shape": [self.channels, *EXTENT],
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.channels, *(CUBE,) * 3]}},
+                "data_type": self.dtype,
+                "dimension_names": ["c", "x", "y", "z"],
+                "codecs": [
+                    {
+                        "name": "sharding_indexed",
+                        "configuration": {
+                            "chunk_shape": [self.channels, *(CHUNK,) * 3],
+                            "codecs": inner,
+                            "index_codecs": [
+                                {"name": "bytes", "configuration": {"endian": "little"}},
+                                {"name": "crc32c"},
+                            ],
+                            "index_location": "end",
+                        },
+                    }
+                ],
+                "fill_value": 0,
+            },
+        }
+
+    def data_file(self, directory: Path, voxel: Vec3) -> Path:
+        return directory.joinpath("c", "0", *(str(v // CUBE) for v in voxel))
