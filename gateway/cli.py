@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--cache-bytes", dest="cache_bytes", type=int)
     run.add_argument("--cache-control", dest="cache_control")
     run.add_argument("--threads", type=int)
+    run.add_argument("--chunk-memory-bytes", dest="chunk_memory_bytes", type=int)
     run.add_argument(
         "--settings-file", dest="settings_file", help="JSON or KEY=VALUE file (ZARR_GATEWAY_SETTINGS_FILE)"
     )

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(default=256 << 20, ge=0, description="bound of the header/jump-table/shard cache")
     cache_control: str = Field(default="no-cache", description="Cache-Control of every data response")
     threads: int = Field(default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)), ge=1)
+    chunk_memory_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="memory that the chunks one worker produces at once may hold (decoded blocks, the chunk, "
+        "its encoded copy); requests beyond it wait their turn, and a chunk larger than it runs alone; 0: no bound",
+    )
     settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
     log_format: Literal["json", "text"] = Field(default="json", description="log lines as JSON objects or text")
     drain_seconds: float = Field(

@@ -23,6 +23,7 @@ from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
 from .auth import Grant, Tokens
+from .budget import MemoryBudget
 from .errors import HttpError
 from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
 from .messages import Answer, Request
@@ -48,6 +49,7 @@ class Gateway:
         self.shards = ShardPlans(settings.cache_bytes // 2)
         self.previews = Previews(settings.cache_bytes // 16)
         self.limiter = anyio.CapacityLimiter(settings.threads)
+        self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
         self._views: dict[tuple[str, str, str], DatasetView] = {}
@@ -173,7 +175,8 @@ class Gateway:
                 cheap = node.cheap_chunk(index)
                 if cheap is not None:
                     return cheap
-                return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+                async with self.chunk_memory.hold(node.working_bytes):
+                    return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
             except FileUnsettledError:
                 raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:
