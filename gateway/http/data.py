@@ -164,9 +164,9 @@ class Gateway:
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
             return self._page(target.base, [Entry(f, False) for f in tree.array_files])
-        return await self._chunk(tree, node, target.key)
+        return await self._chunk(tree, node, target.key, request)
 
-    async def _chunk(self, tree: Tree, node: ArrayNode, key: str) -> Resource:
+    async def _chunk(self, tree: Tree, node: ArrayNode, key: str, request: Request) -> Resource:
         """A chunk or shard: cheap ones on the event loop, the rest in a thread. A file rewritten
         mid-read is tried once more the same way (then the error map answers 503)."""
         index = tree.parse_key(key, node.rank)
@@ -175,14 +175,17 @@ class Gateway:
                 cheap = node.cheap_chunk(index)
                 if cheap is not None:
                     return cheap
-                async with self.chunk_memory.hold(node.working_bytes):
-                    return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+                return await request.unless_client_leaves(lambda: self._costly_chunk(node, index))
             except FileUnsettledError:
                 raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    async def _costly_chunk(self, node: ArrayNode, index: tuple[int, ...]) -> Resource:
+        async with self.chunk_memory.hold(node.working_bytes):
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
 
     async def _send(self, request: Request, resource: Resource) -> Answer:
         reader = Reader(resource, self.limiter, request.context)

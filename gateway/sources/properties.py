@@ -79,9 +79,9 @@ MAX_EXTENT = 2**31 - 1
 
 class BoundingBox(_Model):
     top_left: Vec3 = Field(alias="topLeft")
-    width: int = Field(ge=0, le=MAX_EXTENT)
-    height: int = Field(ge=0, le=MAX_EXTENT)
-    depth: int = Field(ge=0, le=MAX_EXTENT)
+    width: int = Field(ge=0)
+    height: int = Field(ge=0)
+    depth: int = Field(ge=0)
 
     @model_validator(mode="after")
     def _served_extent(self) -> "BoundingBox":
