@@ -21,6 +21,10 @@ class MemoryBudget:
         self.used = 0
         self._queue: deque[tuple[int, anyio.Event]] = deque()
 
+    def would_wait(self, nbytes: int) -> bool:
+        """Whether holding ``nbytes`` now would have to wait for others to finish."""
+        return self.limit > 0 and (bool(self._queue) or self.used + min(nbytes, self.limit) > self.limit)
+
     @asynccontextmanager
     async def hold(self, nbytes: int) -> AsyncIterator[None]:
         if self.limit <= 0:

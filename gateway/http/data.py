@@ -175,7 +175,11 @@ class Gateway:
                 cheap = node.cheap_chunk(index)
                 if cheap is not None:
                     return cheap
-                return await request.unless_client_leaves(lambda: self._costly_chunk(node, index))
+                if self.chunk_memory.would_wait(node.working_bytes) or self.limiter.available_tokens < 1:
+                    # It will wait in line: if its client leaves meanwhile, it is skipped. (Watching costs
+                    # about as much as a thread hand-off, so a chunk that starts at once is not watched.)
+                    return await request.unless_client_leaves(lambda: self._costly_chunk(node, index))
+                return await self._costly_chunk(node, index)
             except FileUnsettledError:
                 raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:

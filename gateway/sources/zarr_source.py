@@ -149,8 +149,10 @@ class ZarrMagSource(MagSource):
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
         shape = document.get("shape")
-        rank = len(shape) if isinstance(shape, list) else 0
-        self.source_shape = _lengths(shape, rank if rank in (3, 4) else 4, "shape", 0)
+        if not isinstance(shape, list):
+            raise SourceError(f"shape must be a JSON array, not {json_type(shape)}")
+        rank = len(shape)
+        self.source_shape = _lengths(shape, rank, "shape", 0)
         self.axes = _axes(document, rank, axis_order)
         # served axis of each source dimension
         self.served_axis = [SERVED_AXES.index(a) for a in self.axes]
