@@ -533,6 +533,17 @@ SHARDED = {
         "index_codecs": [{"name": "bytes"}, {"name": "crc32c"}],
     },
 }
+
+
+def _sharding(inner: list[int]) -> dict:
+    """A shard codec whose inner chunks are ``inner``."""
+    return {"name": "sharding_indexed", "configuration": {**SHARDED["configuration"], "chunk_shape": inner}}
+
+
+def _grid(chunk_shape: list[int]) -> dict:
+    return {"name": "regular", "configuration": {"chunk_shape": chunk_shape}}
+
+
 PROPERTY_FIELDS = ["id", "scale", "dataLayers", "name", "category", "boundingBox", "topLeft", "width"]
 PROPERTY_FIELDS += ["elementClass", "dataFormat", "numChannels", "mags", "mag", "path", "axisOrder"]
 _examples = iter(range(10**9))
@@ -610,6 +621,11 @@ def test_properties_of_every_json_type(metadata: Root, field: str, value) -> Non
         (json.dumps({**ZARRAY, "compressor": "zstd"}), ("compressor",)),
         (json.dumps({**ZARRAY, "chunks": [1, 0, 32, 32]}), ("chunks",)),
         (json.dumps({**ZARR_JSON, "chunk_grid": None}), ("chunk_grid",)),
+        (json.dumps({**ZARRAY, "chunks": [1, 1024, 1024, 1024]}), ("decodes to 1073741824 bytes",)),
+        (
+            json.dumps({**ZARR_JSON, "chunk_grid": _grid([1, 128, 64, 64]), "codecs": [_sharding([1, 1, 1, 1])]}),
+            ("524288 chunks per shard are more",),
+        ),
     ],
 )
 def test_malformed_zarr_metadata_makes_the_layer_unusable(metadata: Root, document: str, words: tuple) -> None:

@@ -15,6 +15,11 @@ from .properties import BoundingBox
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
 SERVED_AXES = ("c", "x", "y", "z")
+# Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
+# whole, and a shard index is read whole. Zarr writers use chunks of a few MiB at most (webknossos-libs:
+# 32^3 voxels in shards of 32^3 chunks); metadata past these bounds is refused with the reason.
+MAX_CHUNK_BYTES = 128 << 20
+MAX_CHUNKS_PER_SHARD = 1 << 18
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
@@ -64,7 +69,7 @@ class _Sharding:
 
     @property
     def chunks(self) -> int:
-        return int(np.prod(self.chunks_per_shard))
+        return int(np.prod(self.chunks_per_shard, dtype=object))
 
     @property
     def index_size(self) -> int:
@@ -161,6 +166,14 @@ class ZarrMagSource(MagSource):
         super().__init__(mag, bbox, dtype, channels, fill_value)
         self.sharding: _Sharding | None = None
         self.native = self._native_encoding(document, dtype)
+        self._check_bounds(dtype)
+
+    def _check_bounds(self, dtype: np.dtype) -> None:
+        chunk_bytes = int(np.prod(self._inner(), dtype=object)) * dtype.itemsize
+        if chunk_bytes > MAX_CHUNK_BYTES:
+            raise SourceError(f"a chunk of {self._inner()} decodes to {chunk_bytes} bytes, more than {MAX_CHUNK_BYTES}")
+        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
+            raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
 
     def _read_metadata(self, directory: str) -> tuple[dict, int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
@@ -297,6 +310,15 @@ class ZarrMagSource(MagSource):
 
     def _inner(self) -> tuple[int, ...]:
         return self.inner_chunks if self.sharding is not None else self.chunks
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
+        inner = self._served_chunk(self._inner())
+        total = self.dtype.itemsize * -(-self.channels // inner[0]) * inner[0]
+        for edge, chunk in zip(shape, inner[1:]):
+            aligned = edge % chunk == 0 or chunk % edge == 0
+            total *= (-(-edge // chunk) + (0 if aligned else 1)) * chunk
+        return total
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
         key = (path, identity)
