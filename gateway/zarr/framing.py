@@ -3,8 +3,9 @@
 Plain chunks and the inner chunks of virtual shards are framed by the same table, so both check
 stored bytes the same way before they leave. A WKW block is checked to decode to exactly its block
 size: not every client's decoder refuses a garbled block (zarrita.js decodes one into garbage
-without an error), so a corrupt block must be refused here. An encoding without a framing is
-refused loudly, never sent as raw bytes.
+without an error), so a corrupt block must be refused here. (A raw LZ4 block carries no checksum: a
+block garbled so that it still decodes to exactly its size cannot be told from a good one.) An
+encoding without a framing is refused loudly, never sent as raw bytes.
 """
 
 from abc import ABC, abstractmethod
