@@ -704,3 +704,36 @@ def test_a_zarr_source_s_gzip_chunks_encode_to_one_body(
     for answer in (get(replicas[0], path), get(replicas[1], path)):
         assert answer.status_code == 200 == first.status_code
         assert (answer.headers["ETag"], answer.content) == (first.headers["ETag"], first.content)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    lengths=st.integers(0, 255),
+    block_type=st.integers(0, 4),
+    voxel_type=st.integers(0, 11),
+    bytes_per_voxel=st.integers(0, 255),
+    payload=st.binary(max_size=4096),
+)
+def test_wkw_headers_of_every_geometry(
+    geometry: Root, lengths: int, block_type: int, voxel_type: int, bytes_per_voxel: int, payload: bytes
+) -> None:
+    """Any header byte values, in header.wkw and in a data file whose body is arbitrary bytes: the layer
+    is served or unusable with a reason, and a chunk is data, absent or a storage fault, never a crash."""
+    import struct
+
+    dataset = geometry.root / "geo" / f"h{next(_examples)}"
+    write_properties(dataset, [wkw_layer("color", "uint8", [0, 0, 0], [64, 64, 64])])
+    header = struct.pack("<3sBBBBBQ", b"WKW", 1, lengths, block_type, voxel_type, bytes_per_voxel, 0)
+    mag = dataset / "color" / "1"
+    (mag / "z0" / "y0").mkdir(parents=True)
+    (mag / "header.wkw").write_bytes(header)
+    data_offset = 16 + (8 * 8 ** (lengths >> 4) if block_type in (2, 3) and lengths >> 4 <= 2 else 0)
+    (mag / "z0" / "y0" / "x0.wkw").write_bytes(header[:8] + struct.pack("<Q", data_offset) + payload)
+    base = f"/data/zarr/geo/{dataset.name}"
+    assert get(geometry.server, "/data/zarr/geo/").status_code == 200
+    for path in (f"{base}/", f"{base}/color/1/.zarray", f"{base}/color/1/0.0.0.0", f"{base}/color/1/0.1.1.1"):
+        response = get(geometry.server, path)
+        assert response.status_code in (200, 404, 500), (path, response.status_code)
+        if response.status_code != 200:
+            assert "internal error" not in response.json()["error"], (path, response.text[:300])
+    assert_no_unexpected_errors(geometry.server)
