@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         ge=1,
         description="threads per worker that read and encode chunks; default: two per core, at least 4",
     )
+    chunk_memory_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="memory that the chunks one worker produces at once may hold (decoded blocks, the chunk, "
+        "its encoded copy); requests beyond it wait their turn, and a chunk larger than it runs alone; 0: no bound",
+    )
     settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
     log_format: Literal["json", "text"] = Field(default="json", description="log lines as JSON objects or text")
     drain_seconds: float = Field(

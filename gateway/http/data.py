@@ -22,6 +22,7 @@ from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
 from .auth import Grant, Tokens
+from .budget import MemoryBudget
 from .errors import HttpError
 from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
 from .messages import Answer, Request
@@ -51,6 +52,7 @@ class Gateway:
         self.shards = shards
         self.previews = previews
         self.limiter = anyio.CapacityLimiter(settings.threads)
+        self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
         self._views: dict[tuple[str, str, str], DatasetView] = {}
@@ -160,9 +162,9 @@ class Gateway:
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
             return self._page(target.base, [Entry(f, False) for f in tree.array_files])
-        return await self._chunk(tree, node, target.key)
+        return await self._chunk(tree, node, target.key, request)
 
-    async def _chunk(self, tree: Tree, node: ArrayNode, key: str) -> Resource:
+    async def _chunk(self, tree: Tree, node: ArrayNode, key: str, request: Request) -> Resource:
         """A chunk or shard: cheap ones on the event loop, the rest in a thread. A file rewritten
         mid-read is tried once more the same way (then the error map answers 503)."""
         index = tree.parse_key(key, node.rank)
@@ -171,13 +173,21 @@ class Gateway:
                 cheap = node.cheap_chunk(index)
                 if cheap is not None:
                     return cheap
-                return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+                if self.chunk_memory.would_wait(node.working_bytes) or self.limiter.available_tokens < 1:
+                    # It will wait in line: if its client leaves meanwhile, it is skipped. (Watching costs
+                    # about as much as a thread hand-off, so a chunk that starts at once is not watched.)
+                    return await request.unless_client_leaves(lambda: self._costly_chunk(node, index))
+                return await self._costly_chunk(node, index)
             except FileUnsettledError:
                 raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    async def _costly_chunk(self, node: ArrayNode, index: tuple[int, ...]) -> Resource:
+        async with self.chunk_memory.hold(node.working_bytes):
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
 
     async def _send(self, request: Request, resource: Resource) -> Answer:
         reader = Reader(resource, self.limiter, request.context)

@@ -45,13 +45,15 @@ class Edge:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self._http(scope, send)
+            await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
-    async def _http(self, scope: Scope, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        request = Request(scope["method"], scope["path"], dict(scope["headers"]), scope.get("query_string", b""))
+        request = Request(
+            scope["method"], scope["path"], dict(scope["headers"]), scope.get("query_string", b""), receive
+        )
         given_id = request.headers.get(b"x-request-id", b"")
         if 0 < len(given_id) <= _MAX_REQUEST_ID and given_id.isascii() and given_id.decode().isprintable():
             request_id = given_id

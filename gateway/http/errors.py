@@ -20,7 +20,7 @@ from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
-from .messages import Answer, raw_headers
+from .messages import Answer, ClientGone, raw_headers
 from .ranges import TooManyRanges
 
 log = logging.getLogger("gateway")
@@ -51,6 +51,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     NodeNotFound: ErrorRule(404),
     NoPreviewError: ErrorRule(404),
     ChunkNotFound: ErrorRule(404),
+    ClientGone: ErrorRule(499),  # nginx's "client closed request": logged as such, sent to nobody
     MalformedKey: ErrorRule(400),
     TooManyRanges: ErrorRule(400),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be

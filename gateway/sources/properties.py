@@ -4,10 +4,13 @@ Unknown keys are kept (``extra="allow"``) so that the rewritten file a client
 reads back carries everything the original said.
 """
 
+import math
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .paths import is_plain_name
 
 Vec3 = tuple[int, int, int]
 
@@ -64,9 +67,14 @@ class VoxelSize(_Model):
     @field_validator("factor")
     @classmethod
     def _positive(cls, factor: tuple[float, float, float]) -> tuple[float, float, float]:
-        if any(f <= 0 for f in factor):
-            raise ValueError("voxel size factors must be positive")
+        if not all(math.isfinite(f) and f > 0 for f in factor):
+            raise ValueError("voxel size factors must be positive finite numbers")
         return factor
+
+
+# webKnossos stores bounding boxes as 32-bit integers; a larger extent is no real dataset, and arrays and
+# coordinates as long as it would be absurd.
+MAX_EXTENT = 2**31 - 1
 
 
 class BoundingBox(_Model):
@@ -74,6 +82,16 @@ class BoundingBox(_Model):
     width: int = Field(ge=0)
     height: int = Field(ge=0)
     depth: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _served_extent(self) -> "BoundingBox":
+        if any(t < 0 for t in self.top_left):
+            raise ValueError(
+                f"topLeft {list(self.top_left)} is negative: a Zarr array starts at voxel 0, so it cannot be served"
+            )
+        if any(e > MAX_EXTENT for e in self.end):
+            raise ValueError(f"the bounding box ends at {list(self.end)}, past the largest extent {MAX_EXTENT}")
+        return self
 
     @property
     def size(self) -> Vec3:
@@ -120,7 +138,7 @@ class DataLayer(_Model):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if "/" in name or "\\" in name or name.startswith("."):
+        if not is_plain_name(name):
             raise ValueError(f"layer name {name!r} must be a plain directory name")
         return name
 
