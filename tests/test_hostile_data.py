@@ -458,7 +458,7 @@ def test_bad_properties_make_the_dataset_unusable_with_a_reason(metadata: Root, 
     assert listing.status_code == 200
     assert dataset in listing.text and all(word in listing.text for word in words)
     for tree, name in (("zarr", ".zattrs"), ("zarr3", "zarr.json"), ("xarray", "zarr.json")):
-        assert_reason(get(metadata.server, f"/data/{tree}/meta/{dataset}/{name}"), 500, "cannot be served", *words)
+        assert_reason(get(metadata.server, f"/data/{tree}/meta/{dataset}/{name}"), 409, "cannot be served", *words)
     assert get(metadata.server, "/data/zarr/meta/good/color/1/0.0.0.0").status_code == 200
     assert_no_unexpected_errors(metadata.server)
 

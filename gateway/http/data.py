@@ -16,7 +16,7 @@ from gateway_storage import ByteLRU, FileChangedError, FileUnsettledError, Store
 
 from ..previews import Previews
 from ..settings import Settings
-from ..sources.catalog import BrokenDataset, Catalog, Dataset
+from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
 from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
@@ -118,7 +118,7 @@ class Gateway:
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):
-            raise HttpError(500, f"dataset {organization}/{name} cannot be served: {dataset.reason}")
+            raise DatasetUnusable(f"dataset {organization}/{name} cannot be served: {dataset.reason}")
         return dataset
 
     async def preview(self, request: Request) -> Answer:

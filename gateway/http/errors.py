@@ -16,6 +16,7 @@ from wkw_adapter import WkwError
 
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
+from ..sources.catalog import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
@@ -53,6 +54,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     ChunkNotFound: ErrorRule(404),
     ClientGone: ErrorRule(499),  # nginx's "client closed request": logged as such, sent to nobody
     MalformedKey: ErrorRule(400),
+    DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
     TooManyRanges: ErrorRule(400),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
         503, "the data file was written moments ago and may still be being written; retry", retry_after="1"

@@ -47,6 +47,14 @@ class Dataset:
     layers: dict[str, Layer]
 
 
+class DatasetUnusable(ValueError):
+    """A request for a dataset whose properties cannot be used; the message says why.
+
+    Not a 404, which a Zarr client would read as "no data" (zeros), and not a 500: the gateway is
+    well, the dataset's metadata is not, and it stays so until someone fixes the file.
+    """
+
+
 @dataclass
 class BrokenDataset:
     """A dataset whose properties cannot be used; it is listed with the reason, never served."""
