@@ -58,6 +58,7 @@ def _run_granian(settings: Settings) -> None:
     worker; it kills a worker that has not finished ``drain_seconds + graceful_timeout`` later.
     """
     from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server import Server
 
     server = Server(
@@ -67,6 +68,11 @@ def _run_granian(settings: Settings) -> None:
         interface=Interfaces.ASGI,
         workers=settings.workers,
         http=HTTPModes.http1,
+        # The limits on request heads, as uvicorn gets them from gateway.serving: a longer head is a 431,
+        # a head not sent within header_timeout closes the connection.
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(settings.header_timeout * 1000)), max_buffer_size=settings.max_header_bytes
+        ),
         websockets=False,
         factory=True,
         log_access=False,  # the gateway writes its own access lines
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument(
         "--settings-file", dest="settings_file", help="JSON or KEY=VALUE file (ZARR_GATEWAY_SETTINGS_FILE)"
     )
-    run.add_argument("--log-format", dest="log_format", help="json or text")
+    run.add_argument("--log-format", dest="log_format", help="auto (text on a terminal, else json), json or text")
     run.add_argument("--drain-seconds", dest="drain_seconds", type=float)
     run.add_argument("--graceful-timeout", dest="graceful_timeout", type=float)
     run.add_argument("--metrics-dir", dest="metrics_dir")

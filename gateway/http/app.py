@@ -13,7 +13,7 @@ log = logging.getLogger("gateway")
 
 def create_app(settings: Settings) -> Edge:
     gateway = Gateway(settings)
-    if gateway.tokens is None:
+    if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
 

@@ -4,7 +4,7 @@ Cheaper than a framework's request and response classes on the chunk path.
 """
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from starlette.types import Send
@@ -23,6 +23,8 @@ class Request:
     path: str
     headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
     query_string: bytes
+    header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
+    client: str = ""  # the peer's address: a proxy's when one is in front
 
     @property
     def context(self) -> str:
@@ -32,6 +34,10 @@ class Request:
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)
         return None if value is None else value.decode("latin-1")
+
+    def header_lines(self, name: bytes) -> list[bytes]:
+        """Every value of header ``name``: where one value must not hide another (tokens)."""
+        return [value for key, value in self.header_list if key == name]
 
     def query(self, name: str) -> str | None:
         if not self.query_string:

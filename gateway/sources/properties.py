@@ -9,6 +9,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .paths import is_plain_name
+
 Vec3 = tuple[int, int, int]
 
 ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
@@ -120,7 +122,7 @@ class DataLayer(_Model):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if "/" in name or "\\" in name or name.startswith("."):
+        if not is_plain_name(name):
             raise ValueError(f"layer name {name!r} must be a plain directory name")
         return name
 
