@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from .errors import HttpError
+from .messages import HttpError
 
 log = logging.getLogger("gateway")
 SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'

@@ -23,20 +23,11 @@ from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
-from .messages import Answer, raw_headers
+from .messages import Answer, HttpError, raw_headers
 from .ranges import TooManyRanges
 
 log = logging.getLogger("gateway")
-
-
-class HttpError(Exception):
-    """An answer other than success decided by the HTTP layer itself, with a message for the JSON body."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+__all__ = ["RULES", "ErrorRule", "HttpError", "error_answer", "hide_roots", "json_error", "record", "relative_paths"]
 
 
 @dataclass(frozen=True, slots=True)

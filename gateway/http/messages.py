@@ -12,6 +12,20 @@ from starlette.types import Send
 RawHeaders = list[tuple[bytes, bytes]]
 
 
+class HttpError(Exception):
+    """An answer other than success decided by the HTTP layer itself, with a message for the JSON body.
+
+    Defined here, beside the plain request and answer, so that deciding one (:mod:`gateway.http.auth`,
+    also used at start-up) imports nothing of the metrics, which must be set up first.
+    """
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
 class ResponseAborted(Exception):
     """A streamed body failed after its first byte: the server must drop the connection, so the
     client sees a short body (an error), never a complete-looking one."""
