@@ -6,6 +6,7 @@ scripts/install-system-packages) in front of two gateway processes on loopback. 
 validated by Debian's docker-compose, which needs no engine.
 """
 
+import functools
 import json
 import os
 import re
@@ -838,6 +839,13 @@ def test_the_health_probe_of_the_image(pair: list[Server]) -> None:
 
 # --- a token is one token, and nothing the client says sets the page's host (issue 16) ------------------
 
+
+@functools.cache
+def _nginx_version() -> tuple[int, ...]:
+    banner = subprocess.run([_tool("nginx"), "-v"], capture_output=True, text=True).stderr
+    return tuple(map(int, re.search(r"nginx/(\d+)\.(\d+)", banner).groups()))  # type: ignore[union-attr]
+
+
 MANY_TOKENS = [
     (f"?token={TOKEN}&token={TOKEN}", []),
     (f"?token=decoy&token={TOKEN}", []),
@@ -861,13 +869,22 @@ def test_more_than_one_token_is_a_400_at_the_proxy(
     lines = "".join(f"X-Auth-Token: {token}\r\n" for token in tokens)
     head = f"GET {path}{query} HTTP/1.1\r\nHost: x\r\n{lines}X-Request-Id: {marker}\r\nConnection: close\r\n\r\n"
     answer = _raw_exchange(proxy.url, head)
-    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
-    assert b"more than one token" in answer
+    if len(tokens) > 1 and _nginx_version() < (1, 23):
+        # This nginx sees only the first of two header lines: the request is refused with that token's
+        # (cached) answer, or, when that one grants, by the gateway's own 400. It is never served.
+        assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), answer[:300]
+    else:
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+        assert b"more than one token" in answer
     time.sleep(0.3)
     # (nginx before 1.23 sees only the first of two header lines: /auth lets the request through, and the
     # gateway refuses it itself)
     lines_seen = [line for s in pair for line in access_lines(s) if line["request_id"] == marker]
     assert [line for line in lines_seen if line["path"] != "/auth" and line["status"] != 400] == [], "none served"
+    # and what the proxy asked about it was cached for nobody: the decoy alone is still refused at the proxy
+    for alone in ({"headers": {"X-Auth-Token": "decoy"}}, {"params": {"token": "decoy"}}):
+        refused = requests.get(proxy.url + path, timeout=10, **alone)  # type: ignore[arg-type]
+        assert refused.status_code == 401 and "a valid token is required" in refused.json()["error"], "by nginx"
 
 
 def test_the_per_token_rate_limit_cannot_be_dodged_with_a_second_token(pair: list[Server], tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ class Request:
         return [value for key, value in self.header_list if key == name]
 
     def query(self, name: str) -> str | None:
+        """The last value of query parameter ``name``; never for the token, which only auth.read_token reads."""
         if not self.query_string:
             return None
         values = parse_qs(self.query_string.decode("latin-1")).get(name)

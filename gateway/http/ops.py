@@ -36,6 +36,7 @@ from .urls import access_names, request_path
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
+LEFT_TO_THE_ROUTES = 202  # /auth: go on, the route itself refuses this request (and no proxy caches a 202)
 
 
 def _json(status: int, document: dict) -> Answer:
@@ -113,8 +114,10 @@ class Ops:
 
         Only 401 and 403 refuse: a proxy's auth subrequest can pass on no other refusal (nginx turns any
         other answer into a 500). What the routes refuse for another reason (more than one token, a
-        malformed path: 400; a path that names nothing: 404) is let through, so that the client gets the
-        gateway's own answer; such a request reaches no data.
+        malformed path: 400; a path that names nothing: 404) is let through with 202, so that the client
+        gets the gateway's own answer; such a request reaches no data. Both shipped proxies cache only
+        204 (and the compose proxy 401/403), so a 202, which decided nothing about the token, is never
+        reused for another request.
         """
         if self.gateway.access.open:
             return Answer(204, [])  # no tokens file: every dataset is readable
@@ -132,9 +135,9 @@ class Ops:
         except HttpError as exc:
             if exc.status in (401, 403):
                 return json_error(exc.status, exc.message, NO_STORE)
-            return Answer(204, [])
+            return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
         except NodeNotFound:
-            return Answer(204, [])
+            return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
         # A grant may be cached by the proxy for as long as it is configured to (no Cache-Control here:
         # no-store would forbid it); refusals are never cached, so a new grant works at once.
         return Answer(204, [])
