@@ -70,6 +70,12 @@ def hostile_root(tmp_path_factory: pytest.TempPathFactory, test_data: conftest.T
     shutil.copytree(source, root / "lab_b" / "private_scan")
     for data_file in (root / "lab_a" / "damaged" / "color_u8" / "1").rglob("x*.wkw"):
         data_file.write_bytes(b"WKW\x01")  # shorter than a header: a storage fault naming the file
+    properties = root / "lab_a" / "damaged" / "datasource-properties.json"
+    document = json.loads(properties.read_text())
+    ghost = {**document["dataLayers"][0], "name": "ghost", "dataFormat": "zarr"}
+    ghost["mags"] = [{"mag": [1, 1, 1], "path": str(root / "lab_a" / "damaged" / "ghost" / "1")}]
+    (root / "lab_a" / "damaged" / "ghost" / "1").mkdir(parents=True)  # a layer without a Zarr array
+    properties.write_text(json.dumps({**document, "dataLayers": [*document["dataLayers"], ghost]}))
     return root
 
 
@@ -253,9 +259,16 @@ def test_error_bodies_and_pages_name_no_server_path(lab: Server, hostile_root: P
     assert chunk.status_code == 500
     message = chunk.json()["error"]
     assert "lab_a/damaged/color_u8/1/" in message, "the file is named, relative to the data root"
+    page = requests.get(lab.url + "/data/zarr/lab_a/damaged/", headers={"X-Auth-Token": TOKEN}, timeout=10)
+    assert page.status_code == 200
+    [reason] = re.findall(r"<li>ghost/ &mdash; unavailable: ([^<]*)</li>", page.text)
+    assert "lab_a/damaged/ghost/1" in reason, reason
+    ghost = requests.get(lab.url + "/data/zarr/lab_a/damaged/ghost/1/.zarray", headers={"X-Auth-Token": TOKEN})
+    assert ghost.status_code == 404 and "lab_a/damaged/ghost/1" in ghost.json()["error"]
     for location in {str(hostile_root), os.path.realpath(hostile_root)}:
-        assert location not in chunk.text
-        assert location.lstrip("/") not in chunk.text
+        for answer in (chunk, page, ghost):
+            assert location not in answer.text
+            assert location.lstrip("/") not in answer.text
 
 
 def test_every_answer_sends_no_referrer_and_a_token_page_says_its_links_carry_the_token(edge: Server) -> None:
