@@ -66,6 +66,7 @@ def _run_granian(settings: Settings) -> None:
     """
     GRANIAN.require("server=granian")
     from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server import Server
 
     server = Server(
@@ -75,6 +76,11 @@ def _run_granian(settings: Settings) -> None:
         interface=Interfaces.ASGI,
         workers=settings.workers,
         http=HTTPModes.http1,
+        # The limits on request heads, as uvicorn gets them from gateway.serving: a longer head is a 431,
+        # a head not sent within header_timeout closes the connection.
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(settings.header_timeout * 1000)), max_buffer_size=settings.max_header_bytes
+        ),
         websockets=False,
         factory=True,
         log_access=False,  # the gateway writes its own access lines

@@ -317,18 +317,20 @@ def test_neuroglancer_dimensions_follow_the_unit(unit: str, meters: float) -> No
 
 
 def test_public_base_is_the_url_the_client_used() -> None:
-    assert public_base({"host": "127.0.0.1:8000"}) == "http://127.0.0.1:8000"
+    """With ``forwarded`` (the peer is a trusted proxy) X-Forwarded-*; without, only the Host header."""
+    assert public_base({"host": "127.0.0.1:8000"}, forwarded=True) == "http://127.0.0.1:8000"
+    forwarded = {"Host": "inner:8000", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "zarr.example.org"}
+    assert public_base(forwarded, forwarded=True) == "https://zarr.example.org"
+    assert public_base(forwarded, forwarded=False) == "http://inner:8000"
     assert public_base(
-        {"Host": "inner:8000", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "zarr.example.org"}
-    ) == ("https://zarr.example.org")
-    assert public_base({"host": "inner", "x-forwarded-proto": "https, http", "x-forwarded-host": "a.org, b"}) == (
-        "https://a.org"
-    )
-    assert public_base({"host": "inner", "x-forwarded-host": 'evil"/><script>'}) == "http://inner"
-    assert public_base({"host": "inner", "x-forwarded-proto": "javascript"}) == "http://inner"
-    assert public_base({}) == "http://localhost"
+        {"host": "inner", "x-forwarded-proto": "https, http", "x-forwarded-host": "a.org, b"}, forwarded=True
+    ) == ("https://a.org")
+    assert public_base({"host": "inner", "x-forwarded-host": 'evil"/><script>'}, forwarded=True) == "http://inner"
+    assert public_base({"host": "inner", "x-forwarded-proto": "javascript"}, forwarded=True) == "http://inner"
+    assert public_base({}, forwarded=True) == "http://localhost"
     scope_headers = {b"host": b"inner:1", b"x-forwarded-host": b"zarr.example.org:8443", b"x-forwarded-proto": b"https"}
-    assert public_base(scope_headers) == "https://zarr.example.org:8443"
+    assert public_base(scope_headers, forwarded=True) == "https://zarr.example.org:8443"
+    assert public_base(scope_headers, forwarded=False) == "http://inner:1"
 
 
 # --- snippets ---------------------------------------------------------------------------------------------------

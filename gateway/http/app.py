@@ -28,7 +28,7 @@ def create_app(settings: Settings) -> Edge:
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
     gateway = Gateway(settings, store, catalog, shards, Previews(settings.cache_bytes // 16))
-    if gateway.tokens is None:
+    if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
 

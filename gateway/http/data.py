@@ -21,19 +21,17 @@ from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
-from .auth import Grant, Tokens
+from .auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_organization, granted_names, read_token
 from .budget import MemoryBudget
-from .errors import HttpError
-from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
+from .errors import HttpError, hide_roots, relative_paths
+from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
-from .urls import DataTarget, Level
+from .urls import DataTarget, Level, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 HTML = "text/html; charset=utf-8"
-PREVIEW_PREFIX = "/preview/"
-TOKEN_HEADER = b"x-auth-token"
 
 
 class Gateway:
@@ -46,9 +44,11 @@ class Gateway:
         self, settings: Settings, storage: Store, catalog: Catalog, shards: ShardPlans, previews: Previews
     ) -> None:
         self.settings = settings
+        hide_roots(settings.root, settings.extra_roots)
         self.storage = storage
         self.catalog = catalog
-        self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
+        self.access = Access(settings.tokens_file, settings.tokens_reload_seconds)
+        self.origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
         self.shards = shards
         self.previews = previews
         self.limiter = anyio.CapacityLimiter(settings.threads)
@@ -59,16 +59,20 @@ class Gateway:
 
     # --- access -------------------------------------------------------------------------------
 
-    def authenticate(self, request: Request) -> Grant | None:
-        """The caller's grant; None when the gateway is open (no tokens file)."""
-        if self.tokens is None:
-            return None
-        token = request.header(TOKEN_HEADER) or request.query("token")
-        if not token:
-            raise HttpError(401, "a token is required: send it as the X-Auth-Token header or the token query parameter")
-        grant = self.tokens.grant(token)
-        if grant is None:
-            raise HttpError(401, "the token is not valid")
+    @staticmethod
+    def token(request: Request) -> Token | None:
+        """The request's one token (400 for more): every route that reads a token reads it here."""
+        return read_token(request.header_lines(TOKEN_HEADER), request.query_string)
+
+    async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
+        """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
+        point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
+        None when the gateway is open."""
+        grant = self.access.grant(token)
+        if len(names) >= 2:
+            check_dataset(grant, names[0], names[1])
+        elif names and grant is not None:
+            check_organization(grant, names[0], await self._storage_call(self._dataset_names, names[0]))
         return grant
 
     def caches_by_name(self) -> dict[str, ByteLRU]:
@@ -92,28 +96,26 @@ class Gateway:
     # --- the pipeline -------------------------------------------------------------------------
 
     async def handle(self, target: DataTarget, request: Request) -> Answer:
-        grant = self.authenticate(request)
+        token = self.token(request)
+        grant = await self.authorize(token, target.names[:2])
         if target.level == Level.TREE:
             _check_placed(target)
             organizations = await self._storage_call(self._organizations, grant)
             return await self._listing(request, target.base, organizations)
         organization = target.organization
         if target.level == Level.ORGANIZATION:
-            if grant is not None and not grant.allows_organization(organization):
-                raise HttpError(403, f"the token does not grant access to organization {organization}")
             if organization not in await self._storage_call(self.catalog.organizations):
                 raise HttpError(404, f"no organization {organization!r}")
             _check_placed(target)
             datasets = await self._storage_call(self._datasets, grant, organization)
             return await self._listing(request, target.base, datasets)
-        dataset = await self._dataset(grant, organization, target.dataset)
+        dataset = await self._dataset(organization, target.dataset)
         view = self.view(dataset, target.tree)
-        resource = await self._in_dataset(target, view, request)
+        page_token = token.value if token is not None and token.in_query else None
+        resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
 
-    async def _dataset(self, grant: Grant | None, organization: str, name: str) -> Dataset:
-        if grant is not None and not grant.allows(organization, name):
-            raise HttpError(403, f"the token does not grant access to {organization}/{name}")
+    async def _dataset(self, organization: str, name: str) -> Dataset:
         dataset = await self._storage_call(self.catalog.dataset, organization, name)
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
@@ -123,13 +125,10 @@ class Gateway:
 
     async def preview(self, request: Request) -> Answer:
         """``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
-        parts = request.path.removeprefix(PREVIEW_PREFIX).split("/")
-        if len(parts) != 3 or not parts[2].endswith(".png") or not all(parts):
-            raise HttpError(404, f"a preview is at {PREVIEW_PREFIX}{{organization}}/{{dataset}}/{{layer}}.png")
-        organization, name, image = parts
-        grant = self.authenticate(request)
-        dataset = await self._dataset(grant, organization, name)
-        layer_name = image.removesuffix(".png")
+        target = parse_preview_path(request.path)
+        await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset)
+        layer_name = target.layer
         layer = dataset.layers.get(layer_name)
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {layer_name!r}; there are {', '.join(dataset.layers)}")
@@ -138,7 +137,9 @@ class Gateway:
         )
         return await self._send(request, resource)
 
-    async def _in_dataset(self, target: DataTarget, view: DatasetView, request: Request) -> Resource:
+    async def _in_dataset(
+        self, target: DataTarget, view: DatasetView, request: Request, page_token: str | None
+    ) -> Resource:
         tree, file = target.tree, target.file
         if target.level == Level.DATASET:
             _check_placed(target)
@@ -146,8 +147,8 @@ class Gateway:
                 return view.document((file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
-            entries += [Entry(name, True, reason) for name, reason in view.unusable.items()]
-            return self._dataset_page(target, view, request, entries)
+            entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
+            return self._dataset_page(target, view, request, entries, page_token)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -196,28 +197,37 @@ class Gateway:
     # --- listings -----------------------------------------------------------------------------
 
     def _organizations(self, grant: Grant | None) -> list[Entry]:
-        return [
-            Entry(org, True) for org in self.catalog.organizations() if grant is None or grant.allows_organization(org)
-        ]
+        """The organizations where ``grant`` covers at least one dataset (every one when open)."""
+        organizations = self.catalog.organizations()
+        if grant is None:
+            return [Entry(org, True) for org in organizations]
+        return [Entry(org, True) for org in organizations if granted_names(grant, org, self._dataset_names(org))]
+
+    def _dataset_names(self, organization: str) -> list[str]:
+        return [dataset.name for dataset in self.catalog.datasets(organization)]
 
     def _datasets(self, grant: Grant | None, organization: str) -> list[Entry]:
         entries = []
         for dataset in self.catalog.datasets(organization):
             if grant is not None and not grant.allows(organization, dataset.name):
                 continue
-            note = dataset.reason if isinstance(dataset, BrokenDataset) else None
+            note = relative_paths(dataset.reason) if isinstance(dataset, BrokenDataset) else None
             entries.append(Entry(dataset.name, True, note))
         return entries
 
-    def _dataset_page(self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry]) -> Resource:
+    def _dataset_page(
+        self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry], page_token: str | None
+    ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
+        base, root_path = self.origin.of(request.headers, request.client)
         page = build_dataset_page(
             view.dataset,
             target.tree.name,
-            public_base(request.headers),
-            request.query("token"),
+            base,
+            page_token,
             self.settings.neuroglancer_url,
-            self.tokens is not None,
+            not self.access.open,
+            root_path,
         )
         return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 

@@ -8,11 +8,12 @@ dataset's tree, previews live under ``/preview/``, the Neuroglancer state is per
 URLs in the text are written with ``//`` as character references (rendered and copied unchanged).
 """
 
+import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from html import escape
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ..sources.catalog import Dataset
 from ..sources.properties import mag_name
@@ -93,6 +94,7 @@ class DatasetPage:
     name: str
     layers: tuple[LayerCard, ...]
     snippets: tuple[Snippet, ...]
+    carries_token: bool = False  # the page was asked for with ?token=, and its links carry the token on
 
 
 def render_listing(base_path: str, entries: list[Entry]) -> bytes:
@@ -125,17 +127,47 @@ def _listing_items(base_path: str, entries: list[Entry]) -> list[str]:
 # --- the dataset page ------------------------------------------------------------------------------------------
 
 
-def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
-    """``scheme://host`` as the client sees it: X-Forwarded-Proto/-Host when a proxy set them, else Host.
+class PublicOrigin:
+    """Where clients reach the gateway, for the absolute URLs of a page (snippets, Neuroglancer sources).
+
+    ``public_url`` (a setting) when the operator gave one; else the request's own Host, and
+    X-Forwarded-Proto/-Host only when the peer is one of the ``trusted_proxies`` (addresses or networks):
+    anyone else's forwarded headers are the client's own words and must not set the host of a page.
+    """
+
+    def __init__(self, public_url: str | None, trusted_proxies: Iterable[str]) -> None:
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.root_path = urlsplit(self.public_url).path if self.public_url else ""
+        self.trusted = tuple(ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies)
+
+    def of(self, headers: Mapping[bytes, bytes], client: str) -> tuple[str, str]:
+        """The public base (``scheme://host`` and any root path) and the root path alone."""
+        if self.public_url is not None:
+            return self.public_url, self.root_path
+        return public_base(headers, forwarded=self._trusts(client)), ""
+
+    def _trusts(self, client: str) -> bool:
+        if not self.trusted or not client:
+            return False
+        try:
+            address = ipaddress.ip_address(client)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted)
+
+
+def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes], forwarded: bool) -> str:
+    """``scheme://host`` as the client sees it: Host, or X-Forwarded-Proto/-Host when ``forwarded`` (the peer
+    is a trusted proxy, which sets them itself).
 
     ``headers`` as Starlette gives them (str) or as the ASGI scope holds them (bytes). A value that is not a
     plain host (or http/https) is ignored, so a forged header cannot inject markup or a path into the page's URLs.
     """
     lowered = {_latin1(name).lower(): _latin1(value) for name, value in headers.items()}
-    scheme = _first(lowered.get("x-forwarded-proto")).lower()
+    scheme = _first(lowered.get("x-forwarded-proto")).lower() if forwarded else "http"
     if scheme not in ("http", "https"):
         scheme = "http"
-    host = _first(lowered.get("x-forwarded-host"))
+    host = _first(lowered.get("x-forwarded-host")) if forwarded else ""
     if not _is_host(host):
         host = lowered.get("host", "").strip()
     if not _is_host(host):
@@ -331,7 +363,7 @@ def build_dataset_page(
     if cards:
         first = cards[0]
         code = snippets(base, dataset.organization, dataset.name, first.name, first.mags[0], needs_token)
-    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code)
+    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code, token is not None)
 
 
 def _text(value: str) -> str:
@@ -361,7 +393,8 @@ def _card(card: LayerCard) -> str:
         f'<section class="layer" id="layer-{name}" data-layer="{name}">\n<h2>{name}</h2>\n<div class="card">\n'
         f'<img class="preview" src="{escape(card.preview_url)}" alt="preview of {name}">\n'
         f'<div class="about">\n<dl class="facts">\n{rows}\n</dl>\n'
-        f'<p><a class="open-neuroglancer" href="{escape(card.neuroglancer_url)}" target="_blank" rel="noopener">'
+        f'<p><a class="open-neuroglancer" href="{escape(card.neuroglancer_url)}" target="_blank" '
+        'rel="noopener noreferrer">'
         "Open in Neuroglancer</a></p>\n</div>\n</div>\n</section>"
     )
 
@@ -390,6 +423,7 @@ a.open-neuroglancer { display: inline-block; padding: 0.3em 0.8em; border-radius
 .snippet-box { position: relative; margin: 1em 0; } .snippet-box h3 { font-size: 1em; margin: 0 0 0.3em; }
 pre.snippet { background: #f4f4f4; border: 1px solid #ddd; border-radius: 4px; padding: 0.8em; overflow-x: auto; }
 button.copy { position: absolute; right: 0.5em; top: 2em; }
+p.token-note { background: #fff4d6; border: 1px solid #e0b84c; border-radius: 4px; padding: 0.6em 0.8em; }
 """
 
 # Copies the snippet's text; navigator.clipboard needs a secure context, so plain http pages select and copy.
@@ -422,6 +456,14 @@ document.addEventListener("click", function (event) {
 """
 
 
+_TOKEN_NOTE = (
+    '<p class="token-note" role="note"><strong>This page was opened with a token in its address.</strong> '
+    "Its preview images and Neuroglancer links carry that token: whoever gets a link copied from this page, "
+    "or this page's address, reads what the token grants. Share links without the token, and let each "
+    "person use their own.</p>\n"
+)
+
+
 def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage) -> bytes:
     """The dataset's listing (the same links as ``render_listing``) with its layer cards and snippets."""
     title = escape(f"{page.organization}/{page.name}")
@@ -436,8 +478,10 @@ def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
         f"<title>{title}</title>\n<style>{_STYLE}</style></head>\n<body>\n"
         f"<h1>{title}<small>Index of {_text(base_path)}</small></h1>\n"
+        f"{_TOKEN_NOTE if page.carries_token else ''}"
         '<ul class="children">\n' + "\n".join(_listing_items(base_path, entries)) + "\n</ul>\n"
         f"{cards}\n{code}<script>{_SCRIPT}</script>\n</body></html>\n"
     ).encode()

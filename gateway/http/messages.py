@@ -4,7 +4,7 @@ Cheaper than a framework's request and response classes on the chunk path.
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -23,6 +23,20 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready: the work it waited for was skipped."""
 
 
+class HttpError(Exception):
+    """An answer other than success decided by the HTTP layer itself, with a message for the JSON body.
+
+    Defined here, beside the plain request and answer, so that deciding one (:mod:`gateway.http.auth`,
+    also used at start-up) imports nothing of the metrics, which must be set up first.
+    """
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
 class ResponseAborted(Exception):
     """A streamed body failed after its first byte: the server must drop the connection, so the
     client sees a short body (an error), never a complete-looking one."""
@@ -35,6 +49,8 @@ class Request:
     headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
     query_string: bytes
     receive: Receive | None = None  # the ASGI channel that says when the client disconnects
+    header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
+    client: str = ""  # the peer's address: a proxy's when one is in front
 
     @property
     def context(self) -> str:
@@ -45,7 +61,12 @@ class Request:
         value = self.headers.get(name)
         return None if value is None else value.decode("latin-1")
 
+    def header_lines(self, name: bytes) -> list[bytes]:
+        """Every value of header ``name``: where one value must not hide another (tokens)."""
+        return [value for key, value in self.header_list if key == name]
+
     def query(self, name: str) -> str | None:
+        """The last value of query parameter ``name``; never for the token, which only auth.read_token reads."""
         if not self.query_string:
             return None
         values = parse_qs(self.query_string.decode("latin-1")).get(name)
