@@ -1,4 +1,4 @@
-"""``zarr-gateway serve`` and ``zarr-gateway make-sample``."""
+"""``zarr-gateway serve``, ``zarr-gateway make-sample`` and ``zarr-gateway index-segments``."""
 
 import argparse
 import asyncio
@@ -147,6 +147,31 @@ def make_sample(args: argparse.Namespace) -> None:
     print(f"sample dataset written to {path}")
 
 
+def index_segments(args: argparse.Namespace) -> None:
+    """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
+    from wkw_adapter import ByteLRU, WkwFileCache
+
+    from .http.listing import meters_per_unit
+    from .meshes.build import index_layer
+    from .meshes.service import MeshService
+    from .sources.catalog import BrokenDataset, Catalog
+    from .storage import open_storage
+
+    organization, _, name = args.dataset.partition("/")
+    index_dir = Path(args.segment_index_dir) if args.segment_index_dir else None
+    storage = open_storage(args.root)
+    catalog = Catalog(storage, WkwFileCache(storage, max_bytes=64 << 20), ByteLRU(64 << 20))
+    dataset = catalog.dataset(organization, name)
+    if dataset is None or isinstance(dataset, BrokenDataset):
+        sys.exit(f"no servable dataset {args.dataset!r} under {args.root}" + (f": {dataset.reason}" if dataset else ""))
+    service = MeshService(storage, index_dir, 64 << 20, meters_per_unit)
+    built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
+    print(
+        f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
+        f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.path}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="zarr-gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -173,9 +198,23 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--tokens-reload-seconds", dest="tokens_reload_seconds", type=float)
     run.add_argument("--settle-seconds", dest="settle_seconds", type=float)
     run.add_argument("--extra-roots", dest="extra_roots", help="trusted directories besides the root, dir:dir")
+    run.add_argument("--segment-index-dir", dest="segment_index_dir", help="directory of segment indexes")
     run.set_defaults(func=serve)
     sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
     sample.add_argument("directory")
     sample.set_defaults(func=make_sample)
+    index = commands.add_parser(
+        "index-segments", help="index which cubes hold each segment of a segmentation layer, for its meshes"
+    )
+    index.add_argument("root", help="data root (a directory)")
+    index.add_argument("dataset", help="ORGANIZATION/DATASET")
+    index.add_argument("layer", help="the segmentation layer")
+    index.add_argument(
+        "--segment-index-dir",
+        dest="segment_index_dir",
+        default=os.environ.get("ZARR_GATEWAY_SEGMENT_INDEX_DIR") or None,
+        help="write into this directory instead of beside the layer (ZARR_GATEWAY_SEGMENT_INDEX_DIR)",
+    )
+    index.set_defaults(func=index_segments)
     args = parser.parse_args(argv)
     args.func(args)

@@ -17,7 +17,7 @@ LAYERS = [
     (0, ("gateway.logs", "gateway.metrics", "gateway.probe")),  # leaves: import nothing of the project
     (1, ("gateway.storage",)),
     (2, ("gateway.sources",)),
-    (3, ("gateway.zarr",)),
+    (3, ("gateway.zarr", "gateway.meshes")),  # protocols over the sources, side by side
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),

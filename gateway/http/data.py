@@ -14,6 +14,7 @@ import anyio
 
 from wkw_adapter import ByteLRU, FileChangedError, FileUnsettledError, WkwFileCache
 
+from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
@@ -24,7 +25,7 @@ from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
 from .auth import Grant, Tokens
 from .errors import HttpError
-from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
+from .listing import Entry, build_dataset_page, meters_per_unit, public_base, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
 from .urls import DataTarget, Level
@@ -33,6 +34,7 @@ log = logging.getLogger("gateway")
 T = TypeVar("T")
 HTML = "text/html; charset=utf-8"
 PREVIEW_PREFIX = "/preview/"
+MESH_PREFIX = "/data/meshes/"
 TOKEN_HEADER = b"x-auth-token"
 
 
@@ -47,6 +49,7 @@ class Gateway:
         self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
         self.shards = ShardPlans(settings.cache_bytes // 2)
         self.previews = Previews(settings.cache_bytes // 16)
+        self.meshes = MeshService(self.storage, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
@@ -74,6 +77,7 @@ class Gateway:
             "shards": self.shards.lru,
             "indexes": self.catalog.index_cache,
             "previews": self.previews.cache,
+            "meshes": self.meshes.cache,
         }
 
     def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
@@ -138,6 +142,22 @@ class Gateway:
         )
         return await self._send(request, resource)
 
+    async def mesh(self, request: Request) -> Answer:
+        """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a precomputed mesh
+        source of a segmentation layer (:mod:`gateway.meshes`), made in a thread."""
+        parts = request.path.removeprefix(MESH_PREFIX).split("/", 4)
+        if len(parts) < 5 or not all(parts[:4]) or not parts[4]:
+            raise HttpError(
+                404, f"a mesh file is at {MESH_PREFIX}{{organization}}/{{dataset}}/{{layer}}/{{format}}/{{file}}"
+            )
+        organization, name, layer, kind, file = parts
+        if any(segment in (".", "..") for segment in file.split("/")):
+            raise HttpError(400, "path segments '.' and '..' are not allowed")
+        grant = self.authenticate(request)
+        dataset = await self._dataset(grant, organization, name)
+        found = await anyio.to_thread.run_sync(self.meshes.file, dataset, layer, kind, file, limiter=self.limiter)
+        return await self._send(request, bytes_resource(found.body, found.media_type))
+
     async def _in_dataset(self, target: DataTarget, view: DatasetView, request: Request) -> Resource:
         tree, file = target.tree, target.file
         if target.level == Level.DATASET:
@@ -147,7 +167,8 @@ class Gateway:
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
             entries += [Entry(name, True, reason) for name, reason in view.unusable.items()]
-            return self._dataset_page(target, view, request, entries)
+            largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
+            return self._dataset_page(target, view, request, entries, largest)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -201,7 +222,22 @@ class Gateway:
             entries.append(Entry(dataset.name, True, note))
         return entries
 
-    def _dataset_page(self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry]) -> Resource:
+    def _largest_segments(self, dataset: Dataset) -> dict[str, list[int]]:
+        """A few of the largest segments of each segmentation layer, for the viewer link (from its index or a scan)."""
+        return {
+            name: self.meshes.largest_segments(dataset, name)
+            for name, layer in dataset.layers.items()
+            if layer.properties.category == "segmentation" and layer.mags
+        }
+
+    def _dataset_page(
+        self,
+        target: DataTarget,
+        view: DatasetView,
+        request: Request,
+        entries: list[Entry],
+        largest: dict[str, list[int]],
+    ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
         page = build_dataset_page(
             view.dataset,
@@ -210,6 +246,7 @@ class Gateway:
             request.query("token"),
             self.settings.neuroglancer_url,
             self.tokens is not None,
+            largest=largest,
         )
         return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 

@@ -17,7 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..logs import access_log
 from ..metrics import STATS
-from .data import HTML, PREVIEW_PREFIX, Gateway, index_page
+from .data import HTML, MESH_PREFIX, PREVIEW_PREFIX, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Request
 from .ops import Ops
@@ -89,6 +89,9 @@ class Edge:
                 return "preflight", _options(request)
             if method not in ("GET", "HEAD"):
                 return route, json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS})
+            if path.startswith(MESH_PREFIX):
+                route = "mesh"
+                return route, await self.gateway.mesh(request)
             if path.startswith(DATA_PREFIX):
                 target = parse_data_path(path)
                 route = target.route
