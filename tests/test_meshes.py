@@ -554,6 +554,6 @@ def test_the_neuroglancer_link_opens_image_and_segmentation_with_meshes(server: 
     layers = {layer["name"]: layer for layer in state["layers"]}
     assert layers["color"]["type"] == "image" and layers["segmentation"]["type"] == "segmentation"
     sources = layers["segmentation"]["source"]
-    assert sources[0].startswith("zarr3://") and sources[1].startswith("precomputed://")
-    assert f"{mesh_base()}?token={MESH_TOKEN}" in sources[1]
+    assert sources[0].startswith("zarr3://")
+    assert sources[1] == f"{server.url}{mesh_base()}?token={MESH_TOKEN}|neuroglancer-precomputed:"
     assert [int(s) for s in layers["segmentation"]["segments"]] == largest(labels, 3)

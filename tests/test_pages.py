@@ -303,7 +303,7 @@ def test_neuroglancer_state_names_the_layer_source(dataset: Dataset, tree: str, 
             "type": "segmentation",
             "source": [
                 source.format(layer=name),
-                f"precomputed://{PUBLIC}/data/meshes/{ORG}/{DATASET}/{name}/multires/{query}",
+                f"{PUBLIC}/data/meshes/{ORG}/{DATASET}/{name}/multires/{query}|neuroglancer-precomputed:",
             ],
             "name": name,
         }

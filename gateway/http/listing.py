@@ -177,8 +177,10 @@ def meters_per_unit(unit: str) -> float:
 
 
 def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
-    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`), as Neuroglancer names a precomputed source."""
-    return _with_token(f"precomputed://{base}/data/meshes/{_path(organization, dataset, layer)}/multires/", token)
+    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, which
+    keeps a token in the query on every request (``precomputed://URL?token=`` is refused by Neuroglancer)."""
+    url = _with_token(f"{base}/data/meshes/{_path(organization, dataset, layer)}/multires/", token)
+    return f"{url}|neuroglancer-precomputed:"
 
 
 def neuroglancer_layer(
