@@ -23,7 +23,7 @@ class DataChangedWhileIndexing(RuntimeError):
 class BuiltIndex:
     path: Path
     index: SegmentIndex
-    voxels: int
+    voxels: int  # of the layer's bounding box at the finest mag (the cubes read hold a margin more)
     seconds: float
 
     @property
@@ -72,4 +72,4 @@ def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bo
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return BuiltIndex(path, index, total, seconds)
+    return BuiltIndex(path, index, grid.voxels, seconds)
