@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 import requests
 import wkw
-from conftest import Server
+import zarr
+from conftest import Server, free_port, stop_process
 from scipy import ndimage
 
 from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
@@ -356,15 +357,16 @@ def test_replicas_answer_byte_identical_meshes_and_etags(
 
 
 def write_layer_properties(dataset: Path, layers: dict[str, tuple[str, str, tuple[int, int, int]]]) -> None:
-    """``layers``: name -> (category, elementClass, size); every layer at mag 1 from the origin."""
+    """``layers``: name -> (category, elementClass, size); every layer at mag 1 from the origin, WKW unless
+    its name starts with ``zarr``."""
     data_layers = [
         {
             "name": name,
             "category": category,
             "elementClass": element_class,
-            "dataFormat": "wkw",
+            "dataFormat": "zarr3" if name.startswith("zarr") else "wkw",
             "boundingBox": {"topLeft": [0, 0, 0], "width": size[0], "height": size[1], "depth": size[2]},
-            "mags": [{"mag": [1, 1, 1]}],
+            "mags": [{"mag": [1, 1, 1], **({"path": f"./{name}/1"} if name.startswith("zarr") else {})}],
             **({"largestSegmentId": 10} if category == "segmentation" else {}),
         }
         for name, (category, element_class, size) in layers.items()
@@ -394,6 +396,7 @@ def synthetic_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         dataset,
         {
             "labels": ("segmentation", "uint32", shape),
+            "zarr_labels": ("segmentation", "uint32", shape),  # the same voxels as a Zarr v3 layer
             "float_labels": ("segmentation", "float", shape),
             "big": ("segmentation", "uint32", (2048, 2048, 24)),  # 96 Mi voxels, one file written
         },
@@ -401,6 +404,16 @@ def synthetic_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, dtype in (("labels", "uint32"), ("float_labels", "float32")):
         write_file(dataset / name / "1", ball(FILE_SHAPE, 30, 7, dtype))
     write_file(dataset / "big" / "1", ball(FILE_SHAPE, 10, 3, "uint32", (70, 60, 12)))
+    array = zarr.create_array(
+        str(dataset / "zarr_labels" / "1"),
+        zarr_format=3,
+        shape=(1, *shape),
+        chunks=(1, 32, 32, 32),
+        dtype="uint32",
+        fill_value=0,
+        dimension_names=["c", "x", "y", "z"],
+    )
+    array[...] = ball(shape, 30, 7, "uint32")[None]
     return root
 
 
@@ -431,6 +444,49 @@ def index_segments(root: Path, layer: str, *extra: str) -> subprocess.CompletedP
         timeout=600,
         env={k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")},
     )
+
+
+def test_a_zarr_layer_has_the_same_meshes_as_a_wkw_layer_of_the_same_voxels(
+    synthetic_root: Path, mesh_tokens: Path, server_factory: Callable[..., Server]
+) -> None:
+    server = server_factory(synthetic_root, tokens_file=mesh_tokens)
+    for name, kind in (("7.index", "multires"), ("7", "multires"), ("7:0", "legacy"), ("7:0:1_0_0", "legacy")):
+        wkw_file = get(server, synthetic_base("labels", kind) + name)
+        zarr_file = get(server, synthetic_base("zarr_labels", kind) + name)
+        assert wkw_file.status_code == zarr_file.status_code == 200, (name, zarr_file.text[:200])
+        assert len(wkw_file.content) > 40 and wkw_file.content == zarr_file.content, name
+    ball_fragments = read_multires(server, 7, synthetic_base("zarr_labels"))
+    vertices, faces = merged([f for f in ball_fragments if f.lod == 0])
+    assert open_edges(faces) == 0
+    radius_nm = np.linalg.norm((vertices - np.asarray(BALL_CENTRE) * [4, 4, 8] - [2, 2, 4]) / [4, 4, 8], axis=1)
+    assert np.all(np.abs(radius_nm - 30) < 1.5), (radius_nm.min(), radius_nm.max())
+
+
+def test_without_the_meshes_extra_a_mesh_is_a_501_that_names_it(synthetic_root: Path, tmp_path: Path) -> None:
+    """A gateway installed without ``zarr-gateway[meshes]`` (zmesh and DracoPy unimportable) serves its data
+    and answers mesh files with a message that says what to install."""
+    port = free_port()
+    blocked = "import sys; sys.modules['zmesh'] = None; sys.modules['DracoPy'] = None; from gateway.cli import main; "
+    flags = ["serve", "--root", str(synthetic_root), "--port", str(port), "--workers", "1", "--settle-seconds", "0"]
+    command = f"{blocked}main({flags!r})"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
+    with open(tmp_path / "gateway.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", command], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                requests.get(url + "/", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        assert requests.get(f"{url}/data/zarr3/synthetic/balls/labels/1/zarr.json", timeout=30).status_code == 200
+        for name, kind in (("7.index", "multires"), ("7:0:1_0_0", "legacy")):
+            response = requests.get(url + synthetic_base(kind=kind) + name, timeout=60)
+            assert response.status_code == 501, response.text
+            assert "zarr-gateway[meshes]" in response.json()["error"]
+    finally:
+        stop_process(process)
 
 
 def test_a_float_segmentation_is_a_400(

@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in figures.items():
         ordered = sorted(values)
         p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-        print(f"| first fragment, {name} | {len(segments)} | {statistics.median(values) * 1000:.1f} | {p90 * 1000:.1f} |")
+        median = statistics.median(values)
+        print(f"| first fragment, {name} | {len(segments)} | {median * 1000:.1f} | {p90 * 1000:.1f} |")
     print()
     print(json.dumps({"index_seconds": index_seconds, "scan_seconds": scan_seconds}))
     return 0
