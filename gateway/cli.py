@@ -145,6 +145,12 @@ def make_sample(args: argparse.Namespace) -> None:
 
     path = write_sample(Path(args.directory))
     print(f"sample dataset written to {path}")
+    # Its segment index, so that the dataset page opens Neuroglancer with the largest cells selected.
+    index_segments(
+        argparse.Namespace(
+            root=args.directory, dataset=f"{path.parent.name}/{path.name}", layer="segmentation", segment_index_dir=None
+        )
+    )
 
 
 def index_segments(args: argparse.Namespace) -> None:

@@ -125,6 +125,8 @@ class SegmentIndex:
             and starts.shape == (n + 1,)
             and cubes.ndim == 2
             and cubes.shape[1] == 3
+            and cubes.dtype.kind == "i"
+            and (cubes.size == 0 or int(cubes.min()) >= 0)
             and (
                 n == 0 or (int(starts[0]) == 0 and int(starts[-1]) == len(cubes) and bool(np.all(np.diff(starts) >= 0)))
             )
@@ -176,6 +178,7 @@ def build_index(
     mag = np.asarray(source.mag, dtype=np.int64)
     members: list[np.ndarray] = []  # per cube: its ids
     member_cubes: list[np.ndarray] = []
+    member_keys: list[np.ndarray] = []  # the cube's Z-curve index, per member
     found_ids: list[np.ndarray] = []
     found_counts: list[np.ndarray] = []
     found_lo: list[np.ndarray] = []
@@ -189,6 +192,7 @@ def build_index(
         if len(present):
             members.append(present)
             member_cubes.append(np.tile(np.asarray(cube, dtype=np.int32), (len(present), 1)))
+            member_keys.append(np.full(len(present), morton_key(cube), dtype=np.uint64))
             inner = window[1:, 1:, 1:]
             values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
             keep = values > 0
@@ -210,6 +214,7 @@ def build_index(
         },
         members,
         member_cubes,
+        member_keys,
         found_ids,
         found_counts,
         found_lo,
@@ -234,6 +239,7 @@ def _assemble(
     meta: dict,
     members: list[np.ndarray],
     member_cubes: list[np.ndarray],
+    member_keys: list[np.ndarray],
     found_ids: list[np.ndarray],
     found_counts: list[np.ndarray],
     found_lo: list[np.ndarray],
@@ -246,7 +252,7 @@ def _assemble(
         )
     pair_ids = np.concatenate(members)
     pair_cubes = np.concatenate(member_cubes)
-    keys = np.array([morton_key((int(x), int(y), int(z))) for x, y, z in pair_cubes], dtype=np.uint64)
+    keys = np.concatenate(member_keys)
     order = np.lexsort((keys, pair_ids))
     pair_ids, pair_cubes = pair_ids[order], pair_cubes[order]
     ids, starts = np.unique(pair_ids, return_index=True)

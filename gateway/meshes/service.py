@@ -205,10 +205,11 @@ class MeshService:
         return True
 
     def largest_segments(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> list[int]:
-        """A few of the largest segments, for a viewer link; none when the layer cannot say cheaply."""
+        """A few of the largest segments, for a viewer link: from a current index or a scan made already,
+        never from a new scan (listings are read by every client that opens the dataset), else none."""
         try:
             meshes = self.layer(dataset, layer)
-            return self.segments(meshes).largest(count)
+            return self.segments(meshes, scan=False).largest(count)
         except (SegmentIndexRequired, MeshInputError, MeshNotFound):
             return []
         except (OSError, WkwError) as exc:  # a page must not fail for a fault in one layer's data
@@ -219,15 +220,17 @@ class MeshService:
         """``compute()`` cached under ``key``; concurrent requests for the same key wait for the first."""
         with self._lock:
             lock = self._pending.setdefault(key, threading.Lock())
-        with lock:
-            cached = self.cache.get(key)
-            if cached is not None:
-                return cached
-            value = compute()
-            self.cache.put(key, value, size(value))
-        with self._lock:
-            self._pending.pop(key, None)
-        return value
+        try:
+            with lock:
+                cached = self.cache.get(key)
+                if cached is not None:
+                    return cached
+                value = compute()
+                self.cache.put(key, value, size(value))
+                return value
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
 
     # --- files ---------------------------------------------------------------------------------
 
