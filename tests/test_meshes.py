@@ -540,6 +540,14 @@ def test_an_index_older_than_the_data_is_not_used(
     built = index_segments(synthetic_copy, "labels")
     assert built.returncode == 0, built.stderr
     assert "1 segments" in built.stdout
+    truth = ball(FILE_SHAPE, 30, 7, "uint32")[:128, :128, :80]
+    with np.load(synthetic_copy / "synthetic" / "balls" / "labels.segment-index.npz") as index:
+        assert index["ids"].tolist() == [7]
+        assert index["voxels"].tolist() == [int(np.count_nonzero(truth == 7))]
+        lo, hi = segment_box(truth, 7)
+        assert index["bboxes"].tolist() == [[*lo.tolist(), *hi.tolist()]]
+        cubes = {tuple(c) for c in index["cubes"].tolist()}
+        assert cubes == {(x, y, z) for x in (0, 1) for y in (0, 1) for z in (0, 1)}  # the ball crosses 64 on all axes
     server = server_factory(synthetic_copy, tokens_file=mesh_tokens)
     before = get(server, synthetic_base() + "segment_properties/info").json()
     assert before["inline"]["ids"] == ["7"]

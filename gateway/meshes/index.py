@@ -187,14 +187,15 @@ def build_index(
         lo, hi = level.box(cube)
         window_lo, window_hi = window_of(lo, hi)
         window = source.read_box(window_lo, window_hi).data[0]
-        present = np.unique(window)
+        inner = window[1:, 1:, 1:]
+        values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
+        margins = np.concatenate([window[0].ravel(), window[:, 0].ravel(), window[:, :, 0].ravel()])
+        present = np.union1d(values, np.unique(margins))
         present = present[present > 0].astype(np.uint64)
         if len(present):
             members.append(present)
             member_cubes.append(np.tile(np.asarray(cube, dtype=np.int32), (len(present), 1)))
             member_keys.append(np.full(len(present), morton_key(cube), dtype=np.uint64))
-            inner = window[1:, 1:, 1:]
-            values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
             keep = values > 0
             if keep.any():
                 box_lo, box_hi = _label_boxes(inverse.reshape(inner.shape), len(values))
@@ -223,15 +224,20 @@ def build_index(
 
 
 def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per label ``0..count-1`` of an ``(x, y, z)`` array: the lowest and one past the highest index on each axis."""
-    lo = np.full((count, 3), np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full((count, 3), -1, dtype=np.int64)
+    """Per label ``0..count-1`` of an ``(x, y, z)`` array: the lowest and one past the highest index on each axis,
+    from a table of which labels occur in which plane across each axis."""
+    lo = np.empty((count, 3), dtype=np.int64)
+    hi = np.empty((count, 3), dtype=np.int64)
+    flat = labels.ravel()
     for axis in range(3):
-        # Which labels occur in each plane across this axis: planes are few, voxels many.
-        for plane in range(labels.shape[axis]):
-            present = np.unique(np.take(labels, plane, axis=axis))
-            lo[present, axis] = np.minimum(lo[present, axis], plane)
-            hi[present, axis] = np.maximum(hi[present, axis], plane + 1)
+        planes = labels.shape[axis]
+        shape = [1, 1, 1]
+        shape[axis] = planes
+        plane_of = np.broadcast_to(np.arange(planes).reshape(shape), labels.shape).ravel()
+        present = np.zeros((count, planes), dtype=bool)
+        present[flat, plane_of] = True
+        lo[:, axis] = present.argmax(axis=1)
+        hi[:, axis] = planes - present[:, ::-1].argmax(axis=1)
     return lo, hi
 
 
