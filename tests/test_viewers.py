@@ -494,9 +494,16 @@ def test_dataset_page_in_the_browser(
         assert facts["Mags"] == "1, 2-2-1, 4-4-2"
         (link,) = section["neuroglancer"]
         state = neuroglancer_state(link, neuroglancer_url)
-        (layer_state,) = state["layers"]
-        assert layer_state["source"] == f"zarr3://{dataset_url}/{layer}/"
-        assert layer_state["type"] == ("image" if category == "color" else "segmentation")
+        assert state["selectedLayer"] == {"layer": layer}  # every link opens every layer, its own selected
+        layer_states = {s["name"]: s for s in state["layers"]}
+        assert list(layer_states) == ["color", "segmentation"]  # the image under the segmentation
+        sources = layer_states[layer]["source"]
+        volume = sources if category == "color" else sources[0]
+        assert volume == f"zarr3://{dataset_url}/{layer}/"
+        if category == "segmentation":
+            meshes = f"{page_gateway.url}/data/meshes/{ORGANIZATION}/{DATASET}/{layer}/multires/"
+            assert sources[1] == f"{meshes}|neuroglancer-precomputed:"
+        assert layer_states[layer]["type"] == ("image" if category == "color" else "segmentation")
 
     snippets = content["snippets"]
     assert set(snippets) >= set(SNIPPET_URLS), snippets
@@ -524,10 +531,11 @@ def test_dataset_page_in_the_browser(
 def test_dataset_page_link_opens_in_neuroglancer(
     browser: Browser, page_gateway: Server, neuroglancer_url: str, tmp_path: Path
 ) -> None:
-    """The page's "Open in Neuroglancer" link, followed in the browser, loads the layer from the gateway."""
+    """The page's "Open in Neuroglancer" link, followed in the browser, loads every layer from the gateway,
+    the segmentation's mesh source included."""
     html = requests.get(f"{page_gateway.url}/data/zarr/{ORGANIZATION}/{DATASET}/", timeout=30).text
     links = {
-        neuroglancer_state(href, neuroglancer_url)["layers"][0]["source"].rstrip("/").rsplit("/", 1)[-1]: href
+        neuroglancer_state(href, neuroglancer_url)["selectedLayer"]["layer"]: href
         for href in _hrefs(html)
         if href.startswith(neuroglancer_url)
     }
@@ -540,7 +548,7 @@ def test_dataset_page_link_opens_in_neuroglancer(
         final = wait_until_drawn(page)
         settled_screenshot(page, tmp_path / "from-page-link.png")
     sources = [s for layer in final["layers"] for s in layer["sources"]]
-    assert sources and all(s["state"] == "loaded" for s in sources), final
+    assert len(sources) == 3 and all(s["state"] == "loaded" for s in sources), final  # image, labels, meshes
     time.sleep(0.5)
     assert_chunks_answered(access_lines(page_gateway, start))
 
@@ -561,8 +569,16 @@ def test_dataset_page_with_a_token(browser: Browser, gateway: Server, test_data:
         assert preview["complete"] and preview["width"] > 0, f"preview did not load: {preview}"
     for section in content["sections"]:
         (link,) = section["neuroglancer"]
-        (layer_state,) = json.loads(unquote(link.partition("#!")[2]))["layers"]
-        assert layer_state["source"] == f"zarr3://{dataset_url}/{section['layer']}/?token={TOKEN}"
+        state = json.loads(unquote(link.partition("#!")[2]))
+        assert state["selectedLayer"] == {"layer": section["layer"]}
+        for layer_state in state["layers"]:
+            name = layer_state["name"]
+            sources = layer_state["source"] if isinstance(layer_state["source"], list) else [layer_state["source"]]
+            assert sources[0] == f"zarr3://{dataset_url}/{name}/?token={TOKEN}"
+            meshes = f"{gateway.url}/data/meshes/{ORG}/{test_data.dataset}/{name}/multires/?token={TOKEN}"
+            assert sources[1:] == (
+                [f"{meshes}|neuroglancer-precomputed:"] if layer_state["type"] == "segmentation" else []
+            )
     assert content["snippets"], "no snippets"
     for client, text in content["snippets"].items():
         assert TOKEN not in text, f"the {client} snippet shows the real token"
