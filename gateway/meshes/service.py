@@ -265,10 +265,12 @@ class MeshService:
 
     def _properties(self, meshes: LayerMeshes) -> bytes:
         index = self.segments(meshes)
-        key = ("properties", meshes.key, index.stamp, id(index))
-        labels = self._labels(meshes)
+        labels_path = self.storage.join(meshes.dataset.directory, f"{meshes.name}{LABELS_SUFFIX}")
+        labels_version = getattr(self.storage.identity(labels_path), "version", None)
+        key = ("properties", meshes.key, index.stamp, id(index), labels_version)
 
         def render() -> bytes:
+            labels = self._labels(meshes, labels_path)
             ids, voxels = index.ids, index.voxels
             if len(ids) > MAX_LISTED_SEGMENTS:
                 keep = np.sort(np.lexsort((ids, -voxels.astype(np.int64)))[:MAX_LISTED_SEGMENTS])
@@ -277,13 +279,14 @@ class MeshService:
 
         return self._once(key, render, len)
 
-    def _labels(self, meshes: LayerMeshes) -> dict[int, str]:
-        """Names of segments, where the dataset has them: ``{layer}.segment-labels.json`` beside the layer,
-        a JSON object from id to name. A file that is not one is ignored, and said so in the log."""
-        location = self.index_location(meshes.dataset, meshes.name).removesuffix(INDEX_SUFFIX) + LABELS_SUFFIX
-        data = self._read_beside(location)
-        if data is None:
+    def _labels(self, meshes: LayerMeshes, path: str) -> dict[int, str]:
+        """Names of segments, where the dataset has them: ``{layer}.segment-labels.json`` beside the layer (part
+        of the dataset, wherever the index lives), a JSON object from id to name. A file that is not one is
+        ignored, and said so in the log."""
+        found = self.storage.read_whole(path)
+        if found is None:
             return {}
+        data = found[0]
         try:
             document = json.loads(data)
             return {parse_segment_id(str(k)): str(v) for k, v in document.items()}
