@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,6 @@ from .surfaces import Surface, segment_surface, window_of
 log = logging.getLogger("gateway.meshes")
 T = TypeVar("T")
 
-FORMATS = ("multires", "legacy")
 PROPERTIES_DIRECTORY = "segment_properties"
 PROPERTIES_INFO = f"{PROPERTIES_DIRECTORY}/info"
 INDEX_SUFFIX = ".segment-index.npz"
@@ -191,7 +191,7 @@ class MeshService:
         def scan_layer() -> SegmentIndex:
             return build_index(meshes.grid, meshes.name, stamp)
 
-        index = self._once(key, scan_layer, lambda i: i.nbytes)
+        index = self.cached(key, scan_layer, lambda i: i.nbytes)
         return index
 
     def can_list(self, meshes: LayerMeshes) -> bool:
@@ -216,7 +216,7 @@ class MeshService:
             log.warning("segments of layer %s of %s/%s: %s", layer, dataset.organization, dataset.name, exc)
             return []
 
-    def _once(self, key: Hashable, compute: Callable[[], T], size: Callable[[T], int]) -> T:
+    def cached(self, key: Hashable, compute: Callable[[], T], size: Callable[[T], int]) -> T:
         """``compute()`` cached under ``key``; concurrent requests for the same key wait for the first."""
         with self._lock:
             lock = self._pending.setdefault(key, threading.Lock())
@@ -235,33 +235,17 @@ class MeshService:
     # --- files ---------------------------------------------------------------------------------
 
     def file(self, dataset: Dataset, layer: str, kind: str, name: str) -> MeshFile:
-        """The file ``name`` of source ``kind`` (``multires`` or ``legacy``) of a layer."""
-        if kind not in FORMATS:
-            raise MeshNotFound(f"no mesh source {kind!r}; there are {', '.join(FORMATS)}")
+        """The file ``name`` of mesh source ``kind`` (``multires`` or ``legacy``) of a layer."""
+        source = MESH_SOURCES.get(kind)
+        if source is None:
+            raise MeshNotFound(f"no mesh source {kind!r}; there are {', '.join(MESH_SOURCES)}")
         meshes = self.layer(dataset, layer)
         if name == "info":
             properties = PROPERTIES_DIRECTORY if self.can_list(meshes) else None
-            info = multires_info(meshes.voxel_nm, properties) if kind == "multires" else legacy_info(properties)
-            return MeshFile(json_bytes(info), JSON)
+            return MeshFile(json_bytes(source.info(meshes, properties)), JSON)
         if name == PROPERTIES_INFO:
             return MeshFile(self._properties(meshes), JSON)
-        if kind == "multires":
-            if name.endswith(".index"):
-                return MeshFile(self._multires(meshes, parse_segment_id(name.removesuffix(".index")))[0], OCTET_STREAM)
-            return MeshFile(self._multires(meshes, parse_segment_id(name))[1], OCTET_STREAM)
-        segment_text, sep, rest = name.partition(":")
-        if sep != ":" or not (rest == "0" or rest.startswith("0:")):
-            raise MeshInputError(
-                f"{name!r} is not a legacy mesh file: they are {{id}}:0 and {{id}}:0:{{x}}_{{y}}_{{z}}"
-            )
-        segment = parse_segment_id(segment_text)
-        if rest == "0":
-            return MeshFile(self._legacy_manifest(meshes, segment), JSON)
-        match = _CUBE.fullmatch(rest[2:])
-        if match is None:
-            raise MeshInputError(f"{name!r} is not a legacy fragment: they are {{id}}:0:{{x}}_{{y}}_{{z}}")
-        cube = (int(match[1]), int(match[2]), int(match[3]))
-        return MeshFile(self._legacy_fragment(meshes, segment, cube), OCTET_STREAM)
+        return source.file(self, meshes, name)
 
     def _properties(self, meshes: LayerMeshes) -> bytes:
         index = self.segments(meshes)
@@ -277,7 +261,7 @@ class MeshService:
                 ids, voxels = ids[keep], voxels[keep]
             return json_bytes(segment_properties(ids, voxels, labels))
 
-        return self._once(key, render, len)
+        return self.cached(key, render, len)
 
     def _labels(self, meshes: LayerMeshes, path: str) -> dict[int, str]:
         """Names of segments, where the dataset has them: ``{layer}.segment-labels.json`` beside the layer (part
@@ -294,19 +278,49 @@ class MeshService:
             log.warning("segment labels of layer %s are not a JSON object of id to name: %s", meshes.name, exc)
             return {}
 
-    def _multires(self, meshes: LayerMeshes, segment: int) -> tuple[bytes, bytes]:
-        index = self.segments(meshes)
+
+class MeshSource(ABC):
+    """One precomputed mesh format: its ``info`` and the files below it (``info`` and the segment properties
+    are the service's, the same for both)."""
+
+    name: str
+
+    @abstractmethod
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+        """The source's ``info`` document."""
+
+    @abstractmethod
+    def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
+        """Any other file of the source; a 400 for a name it cannot have."""
+
+
+class MultiresSource(MeshSource):
+    """``neuroglancer_multilod_draco``: ``{id}.index`` and ``{id}``, made together (the manifest holds every
+    fragment's size) and cached; one level of detail per mag."""
+
+    name = "multires"
+
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+        return multires_info(meshes.voxel_nm, properties)
+
+    def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
+        manifest, data = self._files(service, meshes, parse_segment_id(name.removesuffix(".index")))
+        return MeshFile(manifest if name.endswith(".index") else data, OCTET_STREAM)
+
+    def _files(self, service: MeshService, meshes: LayerMeshes, segment: int) -> tuple[bytes, bytes]:
+        index = service.segments(meshes)
         entry = index.lookup(segment)
         if entry is None:
             return empty_manifest(meshes.grid.chunk_shape), b""
         key = ("multires", meshes.key, index.stamp, segment)
 
         def make() -> tuple[bytes, bytes]:
-            return self._make_multires(meshes, segment, entry.cubes)
+            return self._make(meshes, segment, entry.cubes)
 
-        return self._once(key, make, lambda files: len(files[0]) + len(files[1]) + 64)
+        return service.cached(key, make, lambda files: len(files[0]) + len(files[1]) + 64)
 
-    def _make_multires(self, meshes: LayerMeshes, segment: int, cubes: list[Vec3]) -> tuple[bytes, bytes]:
+    @staticmethod
+    def _make(meshes: LayerMeshes, segment: int, cubes: list[Vec3]) -> tuple[bytes, bytes]:
         grid = meshes.grid
         plans = []
         work = 0
@@ -332,23 +346,46 @@ class MeshService:
         manifest = multires_manifest(grid.chunk_shape, levels)
         return manifest, b"".join(f for lf in levels for f in lf.fragments)
 
-    def _legacy_manifest(self, meshes: LayerMeshes, segment: int) -> bytes:
-        entry = self.segments(meshes).lookup(segment)
-        cubes = [] if entry is None else entry.cubes
-        return json_bytes({"fragments": [f"{segment}:0:{x}_{y}_{z}" for x, y, z in cubes]})
 
-    def _legacy_fragment(self, meshes: LayerMeshes, segment: int, cube: Vec3) -> bytes:
-        grid = meshes.grid
-        level = grid.levels[0]
+class LegacySource(MeshSource):
+    """``neuroglancer_legacy_mesh``: ``{id}:0`` lists the segment's level-0 cubes, ``{id}:0:{x}_{y}_{z}`` is one
+    of them, meshed when asked for (at the finest mag)."""
+
+    name = "legacy"
+
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+        return legacy_info(properties)
+
+    def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
+        segment_text, sep, rest = name.partition(":")
+        if sep != ":" or not (rest == "0" or rest.startswith("0:")):
+            raise MeshInputError(
+                f"{name!r} is not a legacy mesh file: they are {{id}}:0 and {{id}}:0:{{x}}_{{y}}_{{z}}"
+            )
+        segment = parse_segment_id(segment_text)
+        if rest == "0":
+            entry = service.segments(meshes).lookup(segment)
+            cubes = [] if entry is None else entry.cubes
+            return MeshFile(json_bytes({"fragments": [f"{segment}:0:{x}_{y}_{z}" for x, y, z in cubes]}), JSON)
+        match = _CUBE.fullmatch(rest[2:])
+        if match is None:
+            raise MeshInputError(f"{name!r} is not a legacy fragment: they are {{id}}:0:{{x}}_{{y}}_{{z}}")
+        cube = (int(match[1]), int(match[2]), int(match[3]))
+        return MeshFile(self._fragment(service, meshes, segment, cube), OCTET_STREAM)
+
+    @staticmethod
+    def _fragment(service: MeshService, meshes: LayerMeshes, segment: int, cube: Vec3) -> bytes:
+        level = meshes.grid.levels[0]
         lo, hi = level.box(cube)
         window_lo, _ = window_of(lo, hi)
         if any(w >= b for w, b in zip(window_lo, level.source.bbox_hi)):
             raise MeshNotFound(f"cube {cube} lies outside layer {meshes.name!r}")
-        stamp = meshes.stamp(self.storage.is_local)
-        key = ("legacy", meshes.key, stamp, segment, cube)
+        key = ("legacy", meshes.key, meshes.stamp(service.storage.is_local), segment, cube)
 
         def make() -> bytes:
-            surface = segment_surface(level.source, segment, lo, hi)
-            return legacy_fragment(surface, level.mag, meshes.voxel_nm)
+            return legacy_fragment(segment_surface(level.source, segment, lo, hi), level.mag, meshes.voxel_nm)
 
-        return self._once(key, make, len)
+        return service.cached(key, make, len)
+
+
+MESH_SOURCES: dict[str, MeshSource] = {source.name: source for source in (MultiresSource(), LegacySource())}
