@@ -63,7 +63,9 @@ def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surf
     voxel centres on integers, so its face coordinate is ``lo - 0.5 + v``.
     """
     window_lo, window_hi = window_of(lo, hi)
-    voxels = source.read_box(window_lo, window_hi).data[0]
+    voxels = source.read_box(window_lo, window_hi).data[0]  # read first: a storage fault is never "no mesh"
+    if segment > np.iinfo(voxels.dtype).max:
+        return EMPTY  # an id the layer's type cannot hold (say 300 in a uint8 layer)
     mask = voxels == voxels.dtype.type(segment)
     if not mask.any():
         return EMPTY
