@@ -4,10 +4,12 @@ The sample's segmentation is opened with its mesh source (the multi-resolution o
 in a 3-D view with an orthographic projection down the z axis, against a gateway that requires a token:
 the token travels only in the sources' query strings, so a mesh request that dropped it would fail. With
 a segment selected the panel shows a surface whose silhouette is the segment's voxels projected along z;
-with none selected it shows nothing; no mesh request fails.
+with none selected it shows nothing; no mesh request fails; from afar only coarse levels of detail are
+fetched, close up the finest too.
 """
 
 import json
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
+import requests
 import wkw
 from browser import Browser
 from conftest import Server
@@ -211,3 +214,43 @@ def test_an_empty_selection_draws_nothing(
     assert all(s["state"] == "loaded" for layer in layers for s in layer["sources"]), console[-10:]
     assert drawn_pixels(panel).mean() < 0.001 and silhouette(panel).sum() < 200  # at most the axis labels
     assert not [line for line in access if line.status >= 400]
+
+
+def fragment_sizes_by_level(server: Server, segment: int) -> dict[int, set[int]]:
+    """The byte size of each fragment per level of detail, from the manifest (layout: meshes.md)."""
+    url = f"{server.url}/data/meshes/{ORGANIZATION}/{DATASET}/segmentation/multires/{segment}.index"
+    raw = requests.get(url, params={"token": TOKEN}, timeout=120).content
+    (levels,) = struct.unpack_from("<I", raw, 24)
+    counts = struct.unpack_from(f"<{levels}I", raw, 28 + 16 * levels)  # after scales (4 B) and offsets (12 B)
+    offset = 28 + 20 * levels
+    sizes = {}
+    for level, count in enumerate(counts):
+        offset += 12 * count  # the fragment positions
+        sizes[level] = set(struct.unpack_from(f"<{count}I", raw, offset)) - {0}
+        offset += 4 * count
+    return sizes
+
+
+def test_a_segment_draws_coarse_from_afar_and_fine_up_close(
+    browser: Browser,  # noqa: F811
+    neuroglancer_url: str,  # noqa: F811
+    server: Server,
+    labels: np.ndarray,
+    tmp_path: Path,
+) -> None:
+    """Levels of detail come from the mags: from afar Neuroglancer fetches only coarse fragments, close up
+    the finest ones too (fragments are told apart by their byte sizes, which the access log records)."""
+    segment = largest_interior_segment(labels)
+    sizes = fragment_sizes_by_level(server, segment)
+    coarse = sizes[1] | sizes[2]
+    finest_only = sizes[0] - coarse
+    assert len(finest_only) >= len(sizes[0]) // 2
+    fetched = {}
+    for scale in (10 * PANEL_VOXELS, PANEL_VOXELS):
+        view = {**state(server, "multires", [segment]), "projectionScale": scale}
+        start = len(server.access_lines())
+        open_mesh_view(browser, neuroglancer_url, server, f"lod-at-{scale}", view, tmp_path)
+        fetched[scale] = {line["bytes"] for line in server.access_lines()[start:] if line["status"] == 206}
+    afar, close = fetched[10 * PANEL_VOXELS], fetched[PANEL_VOXELS]
+    assert afar and afar <= coarse, (afar, sizes)
+    assert finest_only <= close, (close, sizes)
