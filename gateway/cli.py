@@ -158,7 +158,8 @@ def index_segments(args: argparse.Namespace) -> None:
     from wkw_adapter import ByteLRU, WkwFileCache
 
     from .http.listing import meters_per_unit
-    from .meshes.build import index_layer
+    from .meshes.build import DataChangedWhileIndexing, index_layer
+    from .meshes.errors import MeshInputError, MeshNotFound
     from .meshes.service import MeshService
     from .sources.catalog import BrokenDataset, Catalog
     from .storage import open_storage
@@ -171,7 +172,10 @@ def index_segments(args: argparse.Namespace) -> None:
     if dataset is None or isinstance(dataset, BrokenDataset):
         sys.exit(f"no servable dataset {args.dataset!r} under {args.root}" + (f": {dataset.reason}" if dataset else ""))
     service = MeshService(storage, index_dir, 64 << 20, meters_per_unit)
-    built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
+    try:
+        built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
+    except (MeshInputError, MeshNotFound, DataChangedWhileIndexing) as exc:
+        sys.exit(f"index-segments: {exc}")
     print(
         f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
         f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.path}"

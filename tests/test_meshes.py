@@ -597,6 +597,12 @@ def test_a_large_layer_without_an_index_says_so_then_works_with_one(
     assert response.status_code == 409 and "older than its data" in response.json()["error"], response.text
 
 
+def test_index_segments_says_what_is_wrong(synthetic_root: Path) -> None:
+    for layer, message in (("float_labels", "float32"), ("nope", "no layer 'nope'")):
+        done = index_segments(synthetic_root, layer)
+        assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_segment_labels_where_the_dataset_has_them(
     synthetic_copy: Path, mesh_tokens: Path, server_factory: Callable[..., Server]
 ) -> None:
