@@ -118,6 +118,11 @@ class Settings(BaseSettings):
         description="further directories that layers of a local data root may be symlinked to (other volumes); "
         "absolute paths separated by ':' or a JSON list",
     )
+    segment_index_dir: Path | None = Field(
+        default=None,
+        description="directory of the segment indexes that index-segments writes, as <org>/<dataset>/<layer>"
+        ".segment-index.npz; unset: beside each layer (<dataset>/<layer>.segment-index.npz), for a writable root",
+    )
 
     @field_validator("chunk_edge")
     @classmethod

@@ -293,16 +293,29 @@ def test_names_are_escaped_everywhere() -> None:
     ],
 )
 def test_neuroglancer_state_names_the_layer_source(dataset: Dataset, tree: str, token: str | None, source: str) -> None:
+    """Every card opens every layer (images under the segmentation, which also has its mesh source), its own
+    layer selected."""
     document = parse(page_of(dataset, tree, token))
-    for name, *_, category in LAYERS:
+    query = "" if token is None else "?token=page%20token%2F%2B%26"
+    images = [
+        {"type": "image", "source": source.format(layer=name), "name": name} for name, *_, c in LAYERS if c == "color"
+    ]
+    segmentations = [
+        {
+            "type": "segmentation",
+            "source": [
+                source.format(layer=name),
+                f"{PUBLIC}/data/meshes/{ORG}/{DATASET}/{name}/multires/{query}|neuroglancer-precomputed:",
+            ],
+            "name": name,
+        }
+        for name, *_, category in LAYERS
+        if category == "segmentation"
+    ]
+    for name, *_ in LAYERS:
         state = neuroglancer_state(card(document, name))
-        assert state["layers"] == [
-            {
-                "type": "segmentation" if category == "segmentation" else "image",
-                "source": source.format(layer=name),
-                "name": name,
-            }
-        ]
+        assert state["layers"] == images + segmentations
+        assert state["selectedLayer"] == {"layer": name}
         assert state["dimensions"] == {"x": [11.24e-9, "m"], "y": [11.24e-9, "m"], "z": [28e-9, "m"]}
 
 

@@ -14,6 +14,7 @@ import anyio
 
 from gateway_storage import ByteLRU, FileChangedError, FileUnsettledError, Store
 
+from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
@@ -27,7 +28,7 @@ from .errors import HttpError, hide_roots, relative_paths
 from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
-from .urls import DataTarget, Level, parse_preview_path
+from .urls import DataTarget, Level, parse_mesh_path, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -41,7 +42,13 @@ class Gateway:
     """
 
     def __init__(
-        self, settings: Settings, storage: Store, catalog: Catalog, shards: ShardPlans, previews: Previews
+        self,
+        settings: Settings,
+        storage: Store,
+        catalog: Catalog,
+        shards: ShardPlans,
+        previews: Previews,
+        meshes: MeshService,
     ) -> None:
         self.settings = settings
         hide_roots(settings.root, settings.extra_roots)
@@ -51,6 +58,7 @@ class Gateway:
         self.origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
         self.shards = shards
         self.previews = previews
+        self.meshes = meshes
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
@@ -77,8 +85,13 @@ class Gateway:
 
     def caches_by_name(self) -> dict[str, ByteLRU]:
         """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
-        indexes), shard plans, previews."""
-        return {**self.catalog.formats.caches, "shards": self.shards.lru, "previews": self.previews.cache}
+        indexes), shard plans, previews, meshes."""
+        return {
+            **self.catalog.formats.caches,
+            "shards": self.shards.lru,
+            "previews": self.previews.cache,
+            "meshes": self.meshes.cache,
+        }
 
     def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
         key = (dataset.organization, dataset.name, tree.name)
@@ -137,6 +150,17 @@ class Gateway:
         )
         return await self._send(request, resource)
 
+    async def mesh(self, request: Request) -> Answer:
+        """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a precomputed mesh
+        source of a segmentation layer (:mod:`gateway.meshes`), made in a thread."""
+        target = parse_mesh_path(request.path)
+        await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset)
+        found = await anyio.to_thread.run_sync(
+            self.meshes.file, dataset, target.layer, target.kind, target.file, limiter=self.limiter
+        )
+        return await self._send(request, bytes_resource(found.body, found.media_type))
+
     async def _in_dataset(
         self, target: DataTarget, view: DatasetView, request: Request, page_token: str | None
     ) -> Resource:
@@ -148,7 +172,8 @@ class Gateway:
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
             entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
-            return self._dataset_page(target, view, request, entries, page_token)
+            largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
+            return self._dataset_page(target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -215,8 +240,22 @@ class Gateway:
             entries.append(Entry(dataset.name, True, note))
         return entries
 
+    def _largest_segments(self, dataset: Dataset) -> dict[str, list[int]]:
+        """A few of the largest segments of each segmentation layer, for the viewer link (from its index or a scan)."""
+        return {
+            name: self.meshes.largest_segments(dataset, name)
+            for name, layer in dataset.layers.items()
+            if layer.properties.category == "segmentation" and layer.mags
+        }
+
     def _dataset_page(
-        self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry], page_token: str | None
+        self,
+        target: DataTarget,
+        view: DatasetView,
+        request: Request,
+        entries: list[Entry],
+        page_token: str | None,
+        largest: dict[str, list[int]],
     ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
         base, root_path = self.origin.of(request.headers, request.client)
@@ -228,6 +267,7 @@ class Gateway:
             self.settings.neuroglancer_url,
             not self.access.open,
             root_path,
+            largest=largest,
         )
         return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 

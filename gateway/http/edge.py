@@ -20,7 +20,7 @@ from .data import HTML, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import DATA_PREFIX, PREVIEW_PREFIX, parse_data_path
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, parse_data_path
 
 log = logging.getLogger("gateway")
 
@@ -102,6 +102,9 @@ class Edge:
                 return "preflight", _options(request)
             if method not in ("GET", "HEAD"):
                 return route, json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS})
+            if path.startswith(MESH_PREFIX):
+                route = "mesh"
+                return route, await self.gateway.mesh(request)
             if path.startswith(DATA_PREFIX):
                 target = parse_data_path(path)
                 route = target.route

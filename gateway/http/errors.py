@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from gateway_storage import FileChangedError, FileUnsettledError, StorageError, StoreUnavailableError
 from wkw_adapter import WkwError
 
+from ..meshes.errors import MeshExtraMissing, MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
+from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
 from ..sources.catalog import DatasetUnusable
@@ -51,6 +53,12 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MalformedKey: ErrorRule(400),
     DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
     TooManyRanges: ErrorRule(400),
+    MeshNotFound: ErrorRule(404),
+    MeshInputError: ErrorRule(400),
+    SegmentIndexRequired: ErrorRule(409),
+    MeshTooLarge: ErrorRule(413),
+    MeshExtraMissing: ErrorRule(501, logged=True),
+    SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
         503, "the data file was written moments ago and may still be being written; retry", retry_after="1"
     ),

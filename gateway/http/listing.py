@@ -10,7 +10,7 @@ URLs in the text are written with ``//`` as character references (rendered and c
 
 import ipaddress
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote, urlsplit
@@ -208,6 +208,25 @@ def meters_per_unit(unit: str) -> float:
     return _METERS_PER_UNIT.get(unit.strip(), _METERS_PER_UNIT.get(unit.strip().lower(), 1e-9))
 
 
+def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
+    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, which
+    keeps a token in the query on every request (``precomputed://URL?token=`` is refused by Neuroglancer)."""
+    url = _with_token(f"{base}/data/meshes/{_path(organization, dataset, layer)}/multires/", token)
+    return f"{url}|neuroglancer-precomputed:"
+
+
+def neuroglancer_layer(
+    source: str, name: str, category: str, meshes: str | None = None, segments: Sequence[int] = ()
+) -> dict:
+    """One layer of a Neuroglancer state; a segmentation with its mesh source and the segments to show."""
+    if category != "segmentation":
+        return {"type": "image", "source": source, "name": name}
+    layer: dict = {"type": "segmentation", "source": source if meshes is None else [source, meshes], "name": name}
+    if segments:
+        layer["segments"] = [str(segment) for segment in segments]
+    return layer
+
+
 def neuroglancer_link(
     neuroglancer_url: str,
     source_url: str,
@@ -215,8 +234,10 @@ def neuroglancer_link(
     category: str,
     voxel_size: tuple[float, float, float],
     unit: str,
+    layers: Sequence[dict] = (),
 ) -> str:
-    """A link that opens Neuroglancer on one layer, its x, y, z dimensions the dataset's voxel size.
+    """A link that opens Neuroglancer on ``layers`` (by default the one layer), ``layer_name`` selected, its
+    x, y, z dimensions the dataset's voxel size.
 
     Neuroglancer's state holds scales in meters; giving them keeps anisotropic data from looking squashed.
     The JSON is percent-encoded whole, so no URL appears literally in the page.
@@ -224,13 +245,7 @@ def neuroglancer_link(
     meters = meters_per_unit(unit)
     state = {
         "dimensions": {axis: [float(f"{size * meters:.12g}"), "m"] for axis, size in zip("xyz", voxel_size)},
-        "layers": [
-            {
-                "type": "segmentation" if category == "segmentation" else "image",
-                "source": source_url,
-                "name": layer_name,
-            }
-        ],
+        "layers": list(layers) or [neuroglancer_layer(source_url, layer_name, category)],
         "selectedLayer": {"layer": layer_name},
         "layout": "4panel",
     }
@@ -326,22 +341,39 @@ def build_dataset_page(
     neuroglancer_url: str,
     needs_token: bool,
     root_path: str = "",
+    largest: Mapping[str, Sequence[int]] | None = None,
 ) -> DatasetPage:
     """The page of a dataset as tree ``tree`` lists it.
 
     ``base`` is the public ``scheme://host`` (see ``public_base``) followed by any root path; ``token`` is the
     one the page was requested with in its query (it goes into image and viewer URLs, which cannot send
-    headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder).
+    headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder);
+    ``largest`` names a few of the largest segments of segmentation layers, for the viewer to select.
     """
     scale = dataset.properties.scale
+    servable = {name: layer for name, layer in dataset.layers.items() if layer.mags}  # the others get no card
+    sources = {
+        name: neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token) for name in servable
+    }
+    # Every link opens every layer, images under segmentations, each segmentation with its meshes and a few of
+    # its largest segments selected, so that the 3-D view shows something at once.
+    viewer_layers = [
+        neuroglancer_layer(
+            sources[name],
+            name,
+            layer.properties.category,
+            mesh_source(base, dataset.organization, dataset.name, name, token)
+            if layer.properties.dtype.kind in "ui"
+            else None,
+            (largest or {}).get(name, ()),
+        )
+        for name, layer in sorted(servable.items(), key=lambda item: item[1].properties.category == "segmentation")
+    ]
     cards = []
-    for name, layer in dataset.layers.items():
-        if not layer.mags:
-            continue  # listed with its reason, no card
+    for name, layer in servable.items():
         properties = layer.properties
         bbox = properties.bounding_box
         preview = f"{root_path}/preview/{_path(dataset.organization, dataset.name, name)}.png"
-        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token)
         cards.append(
             LayerCard(
                 name=name,
@@ -355,7 +387,7 @@ def build_dataset_page(
                 mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
                 preview_url=_with_token(preview, token),
                 neuroglancer_url=neuroglancer_link(
-                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit
+                    neuroglancer_url, sources[name], name, properties.category, scale.factor, scale.unit, viewer_layers
                 ),
             )
         )

@@ -16,6 +16,7 @@ from .errors import HttpError
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
+MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 
 
 class Level(enum.IntEnum):
@@ -143,6 +144,28 @@ def parse_preview_path(path: str) -> PreviewTarget:
     return PreviewTarget(parts[0], parts[1], parts[2].removesuffix(".png"))
 
 
+@dataclass(frozen=True, slots=True)
+class MeshTarget:
+    """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a file of a layer's mesh source."""
+
+    organization: str
+    dataset: str
+    layer: str
+    kind: str
+    file: str
+
+
+def parse_mesh_path(path: str) -> MeshTarget:
+    rest = path[len(MESH_PREFIX) :]
+    parts = rest.split("/", 4)
+    if len(parts) < 5 or not all(parts[:4]) or not parts[4]:
+        raise HttpError(
+            404, f"a mesh file is at {MESH_PREFIX}{{organization}}/{{dataset}}/{{layer}}/{{multires|legacy}}/{{file}}"
+        )
+    _segments(rest)
+    return MeshTarget(*parts)
+
+
 def request_path(raw_path: str) -> str:
     """A raw (percent-encoded) request path as the server decodes it for the routes: what ``/auth`` parses."""
     return unquote(raw_path) if "%" in raw_path else raw_path
@@ -154,6 +177,9 @@ def access_names(path: str) -> tuple[str, ...]:
     Parsed as the routes parse it, so the proxy's ``/auth`` and the routes decide on the same names.
     Raises what the routes raise for a path they refuse (a 400, or :class:`NodeNotFound`).
     """
+    if path.startswith(MESH_PREFIX):
+        mesh = parse_mesh_path(path)
+        return mesh.organization, mesh.dataset
     if path.startswith(DATA_PREFIX):
         return parse_data_path(path).names[:2]
     if path.startswith(PREVIEW_PREFIX):
