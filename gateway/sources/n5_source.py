@@ -8,9 +8,9 @@ the block's voxels, big-endian and first dimension fastest, through the dataset'
 A default-mode block of the full ``blockSize`` is, once its header is stripped, exactly a Zarr chunk
 whose metadata says: that chunk shape, a big-endian dtype, Fortran order over the N5 dimensions
 (a transpose in v3), and the compression as a compressor (``raw``: none, ``gzip``: gzip, or zlib for
-``useZlib``, ``blosc``: blosc, whose chunks carry their own typesize and shuffle). Any other block (cut
-short at the array's edge, in varlength mode, or at the bounding box) is read as voxels and encoded
-in that same encoding.
+``useZlib``, ``zstd``: zstd, ``blosc``: blosc, whose chunks carry their own typesize and shuffle).
+Any other block (cut short at the array's edge, in varlength mode, or at the bounding box) is read
+as voxels and encoded in that same encoding.
 """
 
 import itertools
@@ -56,6 +56,12 @@ def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict | None
         return True, None
     if kind == "gzip":
         return True, {"id": "zlib" if compression.get("useZlib") is True else "gzip", "level": level}
+    if kind == "zstd":
+        zstd_level = compression.get("level")
+        return True, {
+            "id": "zstd",
+            "level": zstd_level if isinstance(zstd_level, int) and -7 <= zstd_level <= 22 else 3,
+        }
     if kind == "blosc":
         config = {key: compression.get(key) for key in ("cname", "clevel", "shuffle", "blocksize")}
         if not isinstance(config["cname"], str) or not all(
@@ -69,7 +75,7 @@ def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict | None
             "shuffle": config["shuffle"] if config["shuffle"] is not None else 1,
             "blocksize": config["blocksize"] or 0,
         }
-    return False, None  # bzip2, xz, zstd...: tensorstore decodes them (or refuses the mag when it opens)
+    return False, None  # bzip2, xz...: tensorstore decodes them (or refuses the mag when it opens)
 
 
 class N5MagSource(MagSource):
