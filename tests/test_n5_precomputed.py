@@ -73,8 +73,12 @@ LAYERS = [
     LayerSpec("n5_raw", "n5", "uint16", compression={"type": "raw"}),
     LayerSpec("n5_gzip", "n5", "uint8", compression={"type": "gzip"}),
     LayerSpec("n5_blosc", "n5", "uint32", compression={"type": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}),
+    LayerSpec("n5_zlib", "n5", "uint16", compression={"type": "gzip", "useZlib": True}),
+    LayerSpec("n5_zstd", "n5", "int16", compression={"type": "zstd", "level": 3}),
+    LayerSpec("n5_bzip2", "n5", "uint16", compression={"type": "bzip2"}),
     LayerSpec("pc_raw", "neuroglancerPrecomputed", "uint8"),
     LayerSpec("pc_jpeg", "neuroglancerPrecomputed", "uint8", encoding="jpeg"),
+    LayerSpec("pc_png", "neuroglancerPrecomputed", "uint16", encoding="png"),
     LayerSpec("pc_rgb", "neuroglancerPrecomputed", "uint8", channels=3),
     LayerSpec("pc_sharded", "neuroglancerPrecomputed", "uint16", sharding=("identity", "murmurhash3_x86_128")),
     LayerSpec(
@@ -94,12 +98,12 @@ def _voxels(spec: LayerSpec, shape: tuple[int, ...], rng: np.random.Generator) -
         coarse = rng.integers(0, 2**31, size=tuple(-(-s // 4) for s in shape), dtype=np.uint32)
         full = coarse.repeat(4, 0).repeat(4, 1).repeat(4, 2)
         return full[tuple(slice(0, s) for s in shape)].astype(spec.dtype)
-    if spec.encoding == "jpeg":  # smooth, so the lossy encoding still holds something like the data
+    if spec.encoding in ("jpeg", "png"):  # smooth: what images are, and a lossy encoding keeps something of it
         x, y, z = np.meshgrid(*(np.arange(s) for s in shape[:3]), indexing="ij")
         smooth = ((x * 2 + y * 3 + z) % 256).astype(spec.dtype)
         return np.broadcast_to(smooth[..., None], shape).copy()
     info = np.iinfo(spec.dtype)
-    return rng.integers(1, min(info.max, 2**31), size=shape, dtype=spec.dtype)
+    return rng.integers(max(info.min, -(2**31)), min(info.max, 2**31), size=shape, dtype=spec.dtype, endpoint=True)
 
 
 def _sharding(hash_name: str) -> dict:
@@ -314,9 +318,10 @@ def test_webknossos_libs_reads_every_layer_and_mag(plain: Server, expected: dict
 # --- N5 blocks pass through; precomputed chunks are re-encoded -----------------------------------------
 
 
-@pytest.mark.parametrize("layer", ["n5_raw", "n5_gzip", "n5_blosc"])
+@pytest.mark.parametrize("layer", ["n5_raw", "n5_gzip", "n5_blosc", "n5_zlib", "n5_zstd"])
 def test_a_full_n5_block_inside_the_box_is_its_stored_payload(root: Path, plain: Server, layer: str) -> None:
-    """The block file without its header, in both trees, and metadata that says how to read it exactly."""
+    """The block file without its header, in both trees (zlib: v2 only, v3 has no zlib codec), and metadata that
+    says how to read it exactly."""
     block = (1, 1, 1)  # voxels [32, 64) x [32, 64) x [16, 32): inside the box and the array
     stored = (root / ORG / DATASET / layer / "1" / "1" / "1" / "1").read_bytes()
     assert int.from_bytes(stored[:2], "big") == 0 and int.from_bytes(stored[2:4], "big") == 3
@@ -329,10 +334,19 @@ def test_a_full_n5_block_inside_the_box_is_its_stored_payload(root: Path, plain:
     assert _get(plain, f"{base}/0.{'.'.join(map(str, block))}").content == payload
     v3 = f"/data/zarr3/{ORG}/{DATASET}/{layer}/1"
     document = _get(plain, f"{v3}/zarr.json").json()
+    if layer == "n5_zlib":
+        assert zarray["compressor"]["id"] == "zlib"
+        assert document["chunk_grid"]["configuration"]["chunk_shape"] == [1, 32, 32, 32]  # re-encoded in v3
+        return
     assert {"name": "bytes", "configuration": {"endian": "big"}} in document["codecs"] or BY_NAME[
         layer
     ].dtype == "uint8"
     assert _get(plain, f"{v3}/c/0/{'/'.join(map(str, block))}").content == payload
+
+
+def test_an_n5_compression_zarr_cannot_name_is_decoded_and_re_encoded(plain: Server) -> None:
+    zarray = _get(plain, f"/data/zarr/{ORG}/{DATASET}/n5_bzip2/1/.zarray").json()
+    assert zarray["chunks"] == [1, 32, 32, 32] and zarray["dtype"] == "<u2"
 
 
 @pytest.mark.parametrize("layer", ["pc_raw", "pc_segmentation", "pc_sharded"])
@@ -382,6 +396,7 @@ HOSTILE_LAYERS = [
     LayerSpec("linked_pc", "neuroglancerPrecomputed", "uint8"),
     LayerSpec("linked_pc_info", "neuroglancerPrecomputed", "uint8"),
     LayerSpec("missing_n5", "n5", "uint8", compression={"type": "gzip"}),
+    LayerSpec("short_edge_n5", "n5", "uint16", compression={"type": "raw"}),
 ]
 INSIDE_BLOCK = (1, 1, 1)  # an N5 block wholly inside the box: passed through
 STRADDLING_BLOCK = (0, 0, 0)  # an N5 block across the box's low faces: read and encoded
@@ -401,6 +416,14 @@ def _pc_chunk_file(layer_dir: Path, position: tuple[int, int, int]) -> Path:
     starts = [o + p * c for o, p, c in zip(lo, position, PC_CHUNK)]
     ends = [min(s + c, h) for s, c, h in zip(starts, PC_CHUNK, hi)]
     return layer_dir / "1" / "_".join(f"{s}-{e}" for s, e in zip(starts, ends))
+
+
+def _cut_to_the_array(block: Path, shape: tuple[int, int, int], dtype: np.dtype) -> None:
+    """Rewrite a raw N5 block as its first ``shape`` voxels, with a header that says so."""
+    data = block.read_bytes()
+    voxels = np.frombuffer(data[16:], dtype=dtype).reshape(N5_BLOCK, order="F")
+    header = (0).to_bytes(2, "big") + (3).to_bytes(2, "big") + b"".join(n.to_bytes(4, "big") for n in shape)
+    block.write_bytes(header + voxels[: shape[0], : shape[1], : shape[2]].tobytes(order="F"))
 
 
 @pytest.fixture(scope="module")
@@ -447,6 +470,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     shutil.copy(info_path, where.outside / "info")
     info_path.unlink()
     info_path.symlink_to(where.outside / "info")
+    # A block at the array's edge cut short to the array, as N5's own (Java) writers store it.
+    _cut_to_the_array(where.layer("short_edge_n5") / "1" / "3" / "1" / "1", (8, 32, 16), np.dtype(">u2"))
     # A missing block inside the box reads as the fill value, as in Zarr.
     (where.layer("missing_n5") / "1" / "1" / "1" / "1").unlink()
     return where
@@ -548,3 +573,15 @@ def test_a_gzip_minishard_index_is_read_as_written(root: Path) -> None:
     entries = np.frombuffer(shard[: 16 * 4], dtype="<u8").reshape(-1, 2)
     start, end = next((int(a), int(b)) for a, b in entries if b > a)
     assert gzip.decompress(shard[64 + start : 64 + end])
+
+
+@pytest.mark.parametrize("tree", ["zarr", "zarr3"])
+def test_an_n5_block_cut_short_at_the_array_s_edge_reads_as_tensorstore_reads_it(
+    hostile: Hostile, hostile_gateway: Server, tree: str
+) -> None:
+    want = source_array(hostile.root, HOSTILE, BY_NAME_HOSTILE["short_edge_n5"], (1, 1, 1))
+    assert want[0, 96:104, 32:64, 16:32].any()
+    served = _read(
+        "zarr-python", f"{hostile_gateway.url}/data/{tree}/{ORG}/{HOSTILE}/short_edge_n5/1", 2 if tree == "zarr" else 3
+    )
+    np.testing.assert_array_equal(served, want)
