@@ -8,10 +8,25 @@ skip the version check; through this path every byte has passed the store's chec
 """
 
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
+
+from gateway_storage import Store
+
+_FETCHES = ThreadPoolExecutor(8, thread_name_prefix="chunk-fetch")  # chunk reads from object storage, in parallel
+Item = TypeVar("Item")
+Found = TypeVar("Found")
+
+
+def fetch_all(store: Store, fetch: Callable[[Item], Found], items: list[Item]) -> list[Found]:
+    """``fetch`` of every item, in order: one after the other from local files (a page-cache read each), several
+    at a time from object storage (a request each)."""
+    if store.is_local or len(items) <= 1:
+        return [fetch(item) for item in items]
+    return list(_FETCHES.map(fetch, items))
 
 
 class ChunkDecodeError(OSError):

@@ -21,7 +21,7 @@ import numpy as np
 from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store
 
 from .axes import AxisMap, axis_names
-from .decoding import ChunkDecodeError, MemoryDecoder
+from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox, DataLayer
@@ -184,12 +184,11 @@ class N5MagSource(MagSource):
         if any(h <= low for low, h in zip(lo, hi)):
             return out, None
         ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
-        chunks: dict[str, bytes] = {}
-        for coords in itertools.product(*ranges):
-            name = self._block_name(coords)
-            found = self.storage.read_whole(self.storage.join(self.location, name))
-            if found is not None:
-                chunks[name] = found[0]
+        names = [self._block_name(coords) for coords in itertools.product(*ranges)]
+        found = fetch_all(
+            self.storage, lambda name: self.storage.read_whole(self.storage.join(self.location, name)), names
+        )
+        chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
         data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
         out[tuple(slice(0, n) for n in data.shape)] = data
         return out, None

@@ -23,7 +23,7 @@ import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OutsideRootError, Store
 
-from .decoding import ChunkDecodeError, MemoryDecoder
+from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import MagSource, SourceError, Vec3
 from .properties import BoundingBox, DataLayer
@@ -228,36 +228,39 @@ class PrecomputedMagSource(MagSource):
         return out, None
 
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
-        chunks = {}
-        for position in positions:
-            found = self.storage.read_whole(self.storage.join(self.location, self._chunk_name(position)))
-            if found is not None:
-                chunks[position] = found[0]
-        return chunks
+        def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
+            return self.storage.read_whole(self.storage.join(self.location, self._chunk_name(position)))
+
+        found = fetch_all(self.storage, fetch, positions)
+        return {position: chunk[0] for position, chunk in zip(positions, found) if chunk is not None}
 
     # --- sharded scales --------------------------------------------------------------------------
 
     def _sharded_chunks(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         sharding = self.sharding
         assert sharding is not None
-        identities: dict[str, FileIdentity | None] = {}
-        chunks = {}
+        where = {}  # position: (chunk id, shard path, minishard)
         for position in positions:
             chunk_id = compressed_morton_code(position, self.grid_shape)
             shard, minishard = sharding.locate(chunk_id)
-            path = self.storage.join(self.location, sharding.shard_name(shard))
-            if path not in identities:
-                identities[path] = self.storage.identity(path)
+            where[position] = (chunk_id, self.storage.join(self.location, sharding.shard_name(shard)), minishard)
+        # each shard looked up once for the whole read
+        identities = {path: self.storage.identity(path) for path in dict.fromkeys(p for _, p, _ in where.values())}
+
+        def fetch(position: tuple[int, ...]) -> bytes | None:
+            chunk_id, path, minishard = where[position]
             identity = identities[path]
             if identity is None:
-                continue  # no shard: its chunks read as the fill value
+                return None  # no shard: its chunks read as the fill value
             located = self._minishard_index(path, identity, minishard).get(chunk_id)
             if located is None:
-                continue
+                return None
             start, nbytes = located
             data = self.storage.read(path, start, nbytes, identity)
-            chunks[position] = _gunzip(data, f"{self.relative(path)}@{start}") if sharding.data_gzip else data
-        return chunks
+            return _gunzip(data, f"{self.relative(path)}@{start}") if sharding.data_gzip else data
+
+        found = fetch_all(self.storage, fetch, positions)
+        return {position: chunk for position, chunk in zip(positions, found) if chunk is not None}
 
     def _minishard_index(self, path: str, identity: FileIdentity, minishard: int) -> dict[int, tuple[int, int]]:
         """Chunk id to (offset in the shard file, size) of one minishard, read once per shard version."""

@@ -3,7 +3,6 @@
 import functools
 import itertools
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,13 +11,12 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .axes import AxisMap, axis_names
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
-from .decoding import MemoryDecoder
+from .decoding import MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
-_FETCHES = ThreadPoolExecutor(8, thread_name_prefix="chunk-fetch")  # chunk reads from object storage, in parallel
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
@@ -285,10 +283,7 @@ class ZarrMagSource(MagSource):
         shards = None
         if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
             shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
-        if self.storage.is_local or len(covered) == 1:
-            stored = [self._stored_bytes(coords, shards) for coords in covered]
-        else:  # object storage: one request per chunk, so several at a time
-            stored = list(_FETCHES.map(functools.partial(self._stored_bytes, shards=shards), covered))
+        stored = fetch_all(self.storage, functools.partial(self._stored_bytes, shards=shards), covered)
         data = self._decode(dict(zip(covered, stored)), lo, hi)
         data = self.axis_map.to_served(data)
         out[tuple(slice(0, n) for n in data.shape)] = data
