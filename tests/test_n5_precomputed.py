@@ -399,6 +399,7 @@ HOSTILE_LAYERS = [
     LayerSpec("linked_pc_info", "neuroglancerPrecomputed", "uint8"),
     LayerSpec("missing_n5", "n5", "uint8", compression={"type": "gzip"}),
     LayerSpec("short_edge_n5", "n5", "uint16", compression={"type": "raw"}),
+    LayerSpec("legacy_n5", "n5", "uint8", compression={"type": "gzip"}),
 ]
 INSIDE_BLOCK = (1, 1, 1)  # an N5 block wholly inside the box: passed through
 STRADDLING_BLOCK = (0, 0, 0)  # an N5 block across the box's low faces: read and encoded
@@ -474,6 +475,12 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     info_path.symlink_to(where.outside / "info")
     # A block at the array's edge cut short to the array, as N5's own (Java) writers store it.
     _cut_to_the_array(where.layer("short_edge_n5") / "1" / "3" / "1" / "1", (8, 32, 16), np.dtype(">u2"))
+    # N5 before version 2 named the compression by its type alone.
+    for mag in MAGS:
+        attributes = where.layer("legacy_n5") / mag_name(mag) / "attributes.json"
+        legacy = json.loads(attributes.read_text())
+        legacy["compressionType"] = legacy.pop("compression")["type"]
+        attributes.write_text(json.dumps(legacy))
     # A missing block inside the box reads as the fill value, as in Zarr.
     (where.layer("missing_n5") / "1" / "1" / "1" / "1").unlink()
     return where
@@ -641,3 +648,19 @@ def test_every_layer_reads_exactly_from_s3(s3_gateway: Server, expected: dict, t
 def test_every_layer_has_a_preview(plain: Server, layer: str) -> None:
     answer = _get(plain, f"/preview/{ORG}/{DATASET}/{layer}.png")
     assert answer.status_code == 200 and answer.content.startswith(b"\x89PNG"), answer.content[:200]
+
+
+def test_an_n5_dataset_of_the_first_version_is_served(
+    hostile: Hostile, hostile_gateway: Server, tmp_path: Path
+) -> None:
+    """``compressionType`` instead of a ``compression`` object: served as the modern form it means."""
+    base = f"{hostile_gateway.url}/data/zarr/{ORG}/{HOSTILE}/legacy_n5/1"
+    assert requests.get(f"{base}/.zarray", timeout=30).json()["compressor"]["id"] == "gzip"
+    modern = tmp_path / ORG / HOSTILE / "legacy_n5" / "1"
+    shutil.copytree(hostile.layer("legacy_n5") / "1", modern)
+    attributes = json.loads((modern / "attributes.json").read_text())
+    attributes["compression"] = {"type": attributes.pop("compressionType")}
+    (modern / "attributes.json").write_text(json.dumps(attributes))
+    want = source_array(tmp_path, HOSTILE, BY_NAME_HOSTILE["legacy_n5"], (1, 1, 1))
+    np.testing.assert_array_equal(_read("zarr-python", base, 2), want)
+    assert want.any()

@@ -98,6 +98,8 @@ class N5MagSource(MagSource):
             raise SourceError(f"{ATTRIBUTES} is not JSON: {exc}") from None
         if not isinstance(document, dict):
             raise SourceError(f"{ATTRIBUTES} is not a JSON object")
+        if "compression" not in document and isinstance(document.get("compressionType"), str):
+            document = {**document, "compression": {"type": document["compressionType"]}}  # N5 before version 2
         dimensions = _int_list(document, "dimensions")
         rank = len(dimensions)
         self.block_shape = tuple(_int_list(document, "blockSize", rank, minimum=1))
