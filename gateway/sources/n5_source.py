@@ -133,6 +133,8 @@ class N5MagSource(MagSource):
 
     def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
         """The payload of a full default-mode block; None for any other block (it is read as voxels)."""
+        if self.native is None:
+            return None  # a compression Zarr cannot name: every block is decoded
         coords = self.axis_map.stored_index(index)
         shape = self.axis_map.shape
         if any(c * b >= s for c, b, s in zip(coords, self.block_shape, shape)):
