@@ -664,3 +664,77 @@ def test_an_n5_dataset_of_the_first_version_is_served(
     want = source_array(tmp_path, HOSTILE, BY_NAME_HOSTILE["legacy_n5"], (1, 1, 1))
     np.testing.assert_array_equal(_read("zarr-python", base, 2), want)
     assert want.any()
+
+
+# --- every malformed field is a reason, never a crash -------------------------------------------------------
+
+_N5_GOOD = {"dimensions": [64, 64, 32], "blockSize": [32, 32, 16], "dataType": "uint8", "compression": {"type": "raw"}}
+N5_BROKEN = {
+    "not JSON": (b"{dimensions", "attributes.json is not JSON"),
+    "a list": (b"[1, 2, 3]", "is not a JSON object"),
+    "dimensions of strings": ({**_N5_GOOD, "dimensions": ["64", "64", "32"]}, "'dimensions' must be"),
+    "a short blockSize": ({**_N5_GOOD, "blockSize": [32, 32]}, "'blockSize' must be 3 integers"),
+    "a zero blockSize": ({**_N5_GOOD, "blockSize": [32, 0, 16]}, "'blockSize' must be 3 integers of at least 1"),
+    "an unknown dataType": ({**_N5_GOOD, "dataType": "complex64"}, "dataType 'complex64' is not one of"),
+    "no compression": ({k: v for k, v in _N5_GOOD.items() if k != "compression"}, "'compression' must be an object"),
+    "a malformed blosc": ({**_N5_GOOD, "compression": {"type": "blosc", "cname": 3}}, "blosc compression"),
+    "an unknown compression": ({**_N5_GOOD, "compression": {"type": "snappy"}}, "tensorstore cannot open"),
+    "too many axes": ({**_N5_GOOD, "dimensions": [4, 4, 4, 4, 4], "blockSize": [4] * 5}, "cannot be mapped"),
+}
+_SCALE = {"key": "1", "size": [64, 64, 32], "voxel_offset": [0, 0, 0], "chunk_sizes": [[32, 32, 16]], "encoding": "raw"}
+_INFO = {"type": "image", "data_type": "uint8", "num_channels": 1, "scales": [{**_SCALE, "resolution": [1, 1, 1]}]}
+PRECOMPUTED_BROKEN = {
+    "not JSON": (b"\x89PNG", "info is not JSON"),
+    "scales not a list": ({**_INFO, "scales": {"1": _SCALE}}, "a list of 'scales'"),
+    "no scale of the key": ({**_INFO, "scales": [{**_SCALE, "key": "2"}]}, "no scale with key '1'"),
+    "an unknown data_type": ({**_INFO, "data_type": "uint128"}, "data_type 'uint128'"),
+    "a size of floats": ({**_INFO, "scales": [{**_SCALE, "size": [64.0, 64, 32]}]}, "size must be 3 integers"),
+    "a boolean voxel_offset": ({**_INFO, "scales": [{**_SCALE, "voxel_offset": [True, 0, 0]}]}, "voxel_offset must"),
+    "no chunk_sizes": ({**_INFO, "scales": [{**_SCALE, "chunk_sizes": []}]}, "chunk_sizes must be a non-empty list"),
+    "a foreign sharding": ({**_INFO, "scales": [{**_SCALE, "sharding": {"@type": "zarr"}}]}, "sharding must be"),
+    "an unknown hash": (
+        {**_INFO, "scales": [{**_SCALE, "sharding": {**_sharding("identity"), "hash": "md5"}}]},
+        "sharding hash 'md5'",
+    ),
+    "an unknown encoding": ({**_INFO, "scales": [{**_SCALE, "encoding": "webp"}]}, "tensorstore cannot open"),
+}
+
+
+def _open_broken(tmp_path: Path, name: str, document: bytes | dict, data_format: str) -> str:
+    from gateway.sources.mag import SourceError
+    from gateway.sources.properties import DataLayer
+    from gateway.sources.registry import SourceFormats
+    from gateway_storage import LocalStore
+
+    mag_dir = tmp_path / "layer" / "1"
+    mag_dir.mkdir(parents=True)
+    body = document if isinstance(document, bytes) else json.dumps(document).encode()
+    (mag_dir / "attributes.json" if data_format == "n5" else mag_dir.parent / "info").write_bytes(body)
+    store = LocalStore(str(tmp_path))
+    source_format = SourceFormats(store, 1 << 20).for_data_format(data_format)
+    assert source_format is not None and source_format.holds_mag(str(mag_dir))
+    layer = DataLayer.model_validate(
+        {
+            "name": "layer",
+            "category": "color",
+            "boundingBox": {"topLeft": [0, 0, 0], "width": 64, "height": 64, "depth": 32},
+            "elementClass": "uint8",
+            "dataFormat": data_format,
+            "mags": [{"mag": [1, 1, 1]}],
+        }
+    )
+    with pytest.raises((SourceError, OSError)) as raised:  # what the catalog lists as the mag's reason
+        source_format.open_mag((1, 1, 1), str(mag_dir), layer, None)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("case", list(N5_BROKEN))
+def test_malformed_n5_attributes_are_a_reason(tmp_path: Path, case: str) -> None:
+    document, reason = N5_BROKEN[case]
+    assert reason in _open_broken(tmp_path, case, document, "n5")
+
+
+@pytest.mark.parametrize("case", list(PRECOMPUTED_BROKEN))
+def test_a_malformed_precomputed_info_is_a_reason(tmp_path: Path, case: str) -> None:
+    document, reason = PRECOMPUTED_BROKEN[case]
+    assert reason in _open_broken(tmp_path, case, document, "neuroglancerPrecomputed")
