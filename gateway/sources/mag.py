@@ -20,6 +20,10 @@ class ChunkNotFound(LookupError):
     """A chunk or shard that is absent by design (outside the bounding box, past the grid, not stored): a 404."""
 
 
+class SourceError(ValueError):
+    """A mag the gateway cannot serve (its metadata is wrong or unsupported); the message is the reason shown."""
+
+
 class StoredEncoding(enum.Enum):
     """How stored bytes are encoded, so the Zarr layer knows how to frame them."""
 

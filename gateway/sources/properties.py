@@ -129,7 +129,7 @@ class DataLayer(_Model):
     category: Literal["color", "segmentation"]
     bounding_box: BoundingBox = Field(alias="boundingBox")
     element_class: Literal[tuple(ELEMENT_CLASSES)] = Field(alias="elementClass")  # type: ignore[valid-type]
-    data_format: Literal["wkw", "zarr", "zarr3"] = Field(alias="dataFormat")
+    data_format: Literal["wkw", "zarr", "zarr3", "n5", "neuroglancerPrecomputed"] = Field(alias="dataFormat")
     num_channels: int | None = Field(default=None, alias="numChannels", ge=1)
     mags: list[MagEntry] | None = None
     wkw_resolutions: list[WkwResolution] | None = Field(default=None, alias="wkwResolutions")

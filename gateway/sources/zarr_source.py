@@ -3,8 +3,6 @@
 import functools
 import itertools
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,14 +10,15 @@ import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
+from .axes import AxisMap, axis_names
+from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
+from .decoding import MemoryDecoder, fetch_all
 from .documents import load_json
 from .formats import SourceFormat
-from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding, Vec3
+from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
-SERVED_AXES = ("c", "x", "y", "z")
-_FETCHES = ThreadPoolExecutor(8, thread_name_prefix="chunk-fetch")  # chunk reads from object storage, in parallel
 # Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
 # whole, and a shard index is read whole. Zarr writers use chunks of a few MiB at most (webknossos-libs:
 # 32^3 voxels in shards of 32^3 chunks); metadata past these bounds is refused with the reason.
@@ -27,10 +26,6 @@ MAX_CHUNK_BYTES = 128 << 20
 MAX_CHUNKS_PER_SHARD = 1 << 18
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
-
-
-class SourceError(ValueError):
-    """A Zarr array the gateway cannot serve; the message is the reason shown to users."""
 
 
 def _mapping(value: Any, what: str) -> dict:
@@ -79,24 +74,6 @@ class _Sharding:
     @property
     def index_size(self) -> int:
         return index_nbytes(self.chunks, self.index_checksum)
-
-
-def _axes(document: dict, rank: int, axis_order: dict[str, int] | None) -> list[str]:
-    names = document.get("dimension_names")
-    if names and all(isinstance(n, str) for n in names):
-        axes = [n.lower() for n in names]
-    elif axis_order:
-        axes = [""] * rank
-        for name, position in axis_order.items():
-            if 0 <= position < rank:
-                axes[position] = name.lower()
-    elif rank in (3, 4):
-        axes = list(SERVED_AXES[4 - rank :])
-    else:
-        raise SourceError(f"a {rank}-dimensional array without axis names cannot be mapped to c, x, y, z")
-    if sorted(a for a in axes if a != "c") != ["x", "y", "z"] or len(axes) != rank or axes.count("c") > 1:
-        raise SourceError(f"axes {axes} cannot be mapped to c, x, y, z (need x, y, z and at most one c)")
-    return axes
 
 
 def _v3_codec_chain(codecs: list[dict], rank: int) -> tuple[list[int] | None, str, tuple[dict, ...]]:
@@ -155,7 +132,6 @@ class ZarrMagSource(MagSource):
             # Every field's type is checked above where it matters; this catches what is left, so that
             # malformed metadata makes the mag unusable with a reason instead of failing its requests.
             raise SourceError(f"malformed Zarr metadata ({type(exc).__name__}: {exc})") from None
-        self._store: Any = None
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
         shape = document.get("shape")
@@ -163,16 +139,15 @@ class ZarrMagSource(MagSource):
             raise SourceError(f"shape must be a JSON array, not {json_type(shape)}")
         rank = len(shape)
         self.source_shape = _lengths(shape, rank, "shape", 0)
-        self.axes = _axes(document, rank, axis_order)
-        # served axis of each source dimension
-        self.served_axis = [SERVED_AXES.index(a) for a in self.axes]
-        channels = self.source_shape[self.axes.index("c")] if "c" in self.axes else 1
+        self.axis_map = AxisMap(tuple(axis_names(document.get("dimension_names"), rank, axis_order)), self.source_shape)
+        channels = self.axis_map.channels
         dtype, fill_value = self._dtype_and_fill(document)
         super().__init__(mag, bbox, dtype, channels, fill_value)
         self.sharding: _Sharding | None = None
         self.native = self._native_encoding(document, dtype)
-        self._metadata_file = self._decoding_metadata(document)
-        self._decoders = threading.local()
+        name, metadata = self._decoding_metadata(document)
+        driver = "zarr3" if self.zarr_format == 3 else "zarr"
+        self._decoder = MemoryDecoder({"driver": driver}, {name: metadata}, self.location_key)
         self._check_bounds(dtype)
 
     def _check_bounds(self, dtype: np.dtype) -> None:
@@ -208,13 +183,6 @@ class ZarrMagSource(MagSource):
             raise SourceError(f"unsupported fill value {fill!r}")
         return dtype, fill
 
-    def _permutation(self, stored_order: list[int]) -> tuple[int, ...]:
-        """Served-axis permutation whose C order is the stored byte order."""
-        order = [self.served_axis[d] for d in stored_order]
-        if "c" not in self.axes:
-            order = [0, *order]  # a channel axis of length 1 may sit anywhere
-        return tuple(order)
-
     def _native_encoding(self, document: dict, dtype: np.dtype) -> NativeEncoding | None:
         rank = len(self.source_shape)
         if self.zarr_format == 2:
@@ -232,7 +200,9 @@ class ZarrMagSource(MagSource):
             if order not in ("C", "F"):
                 raise SourceError(f"order {order!r} is neither 'C' nor 'F'")
             stored = list(range(rank)) if order == "C" else list(range(rank))[::-1]
-            return NativeEncoding(2, self._served_chunk(self.chunks), self._permutation(stored), dtype, compressor)
+            return NativeEncoding(
+                2, self.axis_map.served_chunk(self.chunks), self.axis_map.permutation(stored), dtype, compressor
+            )
         grid = _mapping(document.get("chunk_grid"), "chunk_grid")
         if grid.get("name") != "regular":
             raise SourceError(f"chunk grid {grid.get('name')!r} is not regular")
@@ -270,18 +240,14 @@ class ZarrMagSource(MagSource):
         self.inner_chunks = inner_chunks
         stored_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
         stored = order if order is not None else list(range(rank))
-        return NativeEncoding(3, self._served_chunk(inner_chunks), self._permutation(stored), stored_dtype, None, rest)
-
-    def _served_chunk(self, chunks: tuple[int, ...]) -> tuple[int, int, int, int]:
-        served = [1, 1, 1, 1]
-        for d, size in enumerate(chunks):
-            served[self.served_axis[d]] = size
-        return tuple(served)  # type: ignore[return-value]
+        return NativeEncoding(
+            3, self.axis_map.served_chunk(inner_chunks), self.axis_map.permutation(stored), stored_dtype, None, rest
+        )
 
     # --- stored chunks -------------------------------------------------------------------------
 
     def _source_coords(self, index: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(index[self.served_axis[d]] for d in range(len(self.source_shape)))
+        return self.axis_map.stored_index(index)
 
     def _chunk_name(self, coords: tuple[int, ...]) -> str:
         parts = [self.key_prefix] if self.key_prefix else []
@@ -308,7 +274,7 @@ class ZarrMagSource(MagSource):
 
     def decoded_bytes(self, shape: Vec3) -> int:
         """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
-        inner = self._served_chunk(self._inner())
+        inner = self.axis_map.served_chunk(self._inner())
         total = self.dtype.itemsize * -(-self.channels // inner[0]) * inner[0]
         for edge, chunk in zip(shape, inner[1:]):
             aligned = edge % chunk == 0 or chunk % edge == 0
@@ -392,10 +358,7 @@ class ZarrMagSource(MagSource):
         checks.
         """
         out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
-        served_lo = (0, *offset)
-        served_hi = (self.channels, *(o + s for o, s in zip(offset, shape)))
-        lo = [served_lo[a] for a in self.served_axis]
-        hi = [min(served_hi[a], n) for a, n in zip(self.served_axis, self.source_shape)]
+        lo, hi = self.axis_map.stored_box(offset, shape)
         if any(h <= low for low, h in zip(lo, hi)):
             return out, None
         grid = self._inner()
@@ -403,60 +366,17 @@ class ZarrMagSource(MagSource):
         shards = None
         if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
             shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
-        if self.storage.is_local or len(covered) == 1:
-            stored = [self._stored_bytes(coords, shards) for coords in covered]
-        else:  # object storage: one request per chunk, so several at a time
-            stored = list(_FETCHES.map(functools.partial(self._stored_bytes, shards=shards), covered))
-        try:
-            data = self._decode(dict(zip(covered, stored)), lo, hi)
-        except ValueError as exc:
-            raise ChunkDecodeError(f"{self.location_key}: {exc}") from None
-        order = sorted(range(len(self.axes)), key=lambda d: self.served_axis[d])
-        data = np.transpose(data, order)
-        if "c" not in self.axes:
-            data = data[None]
+        stored = fetch_all(self.storage, functools.partial(self._stored_bytes, shards=shards), covered)
+        data = self._decode(dict(zip(covered, stored)), lo, hi)
+        data = self.axis_map.to_served(data)
         out[tuple(slice(0, n) for n in data.shape)] = data
         return out, None
 
     def _decode(
         self, stored: dict[tuple[int, ...], tuple[bytes, str, FileIdentity] | None], lo: list[int], hi: list[int]
     ) -> np.ndarray:
-        memory, array = self._decoder()
-        keys = [self._decoding_key(coords) for coords, found in stored.items() if found is not None]
-        try:
-            for key, found in zip(keys, (f for f in stored.values() if f is not None)):
-                memory[key] = found[0]
-            window = array[tuple(slice(a, b) for a, b in zip(lo, hi))]
-            return window.read(order="F").result()  # Fortran order, as ``out`` is: the copy into it is cheaper
-        finally:
-            for key in keys:  # the store holds exactly the chunks of one read: absent ones read as the fill value
-                del memory[key]
-
-    def _decoder(self) -> tuple[Any, Any]:
-        """This thread's in-memory store and the array tensorstore decodes from it (opened once: 0.1 ms).
-
-        One per thread, so each read sees only its own chunks; the context keeps no chunk cache, so
-        nothing of an earlier read is ever decoded again.
-        """
-        found: tuple[Any, Any] | None = getattr(self._decoders, "opened", None)
-        if found is None:
-            import tensorstore as ts
-
-            context = ts.Context()
-            memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
-            name, metadata = self._metadata_file
-            memory[name] = metadata
-            driver = "zarr3" if self.zarr_format == 3 else "zarr"
-            array = ts.open({"driver": driver, "kvstore": {"driver": "memory"}}, context=context, read=True).result()
-            found = self._decoders.opened = (memory, array)
-        return found
-
-
-class ChunkDecodeError(OSError):
-    """Stored chunks that tensorstore cannot decode: the bytes are wrong (a storage fault, never absent data).
-
-    Tensorstore only decodes here, from memory: store faults were raised by the store before it ran.
-    """
+        chunks = {self._decoding_key(coords): found[0] for coords, found in stored.items() if found is not None}
+        return self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi)))
 
 
 class ZarrFormat(SourceFormat):
