@@ -18,7 +18,7 @@ import numpy as np
 from ..sources.mag import MagSource
 from .errors import MeshInputError
 from .geometry import MeshGrid, Vec3, morton_key
-from .surfaces import window_of
+from .surfaces import read_window, window_of
 
 FORMAT = "zarr-gateway-segment-index"
 VERSION = 1
@@ -185,8 +185,7 @@ def build_index(
     found_hi: list[np.ndarray] = []
     for cube in grid.cubes_of_finest():
         lo, hi = level.box(cube)
-        window_lo, window_hi = window_of(lo, hi)
-        window = source.read_box(window_lo, window_hi).data[0]
+        window = read_window(source, *window_of(lo, hi))
         inner = window[1:, 1:, 1:]
         values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
         margins = np.concatenate([window[0].ravel(), window[:, 0].ravel(), window[:, :, 0].ravel()])

@@ -11,6 +11,7 @@ import numpy as np
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .axes import AxisMap, axis_names
+from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, chunked_decoded_bytes, json_type
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
 from .decoding import MemoryDecoder, fetch_all
 from .documents import load_json
@@ -19,11 +20,6 @@ from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredCh
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
-# Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
-# whole, and a shard index is read whole. Zarr writers use chunks of a few MiB at most (webknossos-libs:
-# 32^3 voxels in shards of 32^3 chunks); metadata past these bounds is refused with the reason.
-MAX_CHUNK_BYTES = 128 << 20
-MAX_CHUNKS_PER_SHARD = 1 << 18
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
@@ -53,12 +49,6 @@ def _lengths(value: Any, rank: int, what: str, least: int) -> tuple[int, ...]:
     ):
         raise SourceError(f"{what} must be {rank} integers of at least {least}, not {json_type(value)} {value!r:.80}")
     return tuple(value)
-
-
-def json_type(value: Any) -> str:
-    """The JSON type of a parsed value, for messages."""
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +141,7 @@ class ZarrMagSource(MagSource):
         self._check_bounds(dtype)
 
     def _check_bounds(self, dtype: np.dtype) -> None:
-        chunk_bytes = int(np.prod(self._inner(), dtype=object)) * dtype.itemsize
-        if chunk_bytes > MAX_CHUNK_BYTES:
-            raise SourceError(f"a chunk of {self._inner()} decodes to {chunk_bytes} bytes, more than {MAX_CHUNK_BYTES}")
+        check_chunk_bytes(self._inner(), dtype.itemsize)
         if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
             raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
 
@@ -275,11 +263,7 @@ class ZarrMagSource(MagSource):
     def decoded_bytes(self, shape: Vec3) -> int:
         """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
         inner = self.axis_map.served_chunk(self._inner())
-        total = self.dtype.itemsize * -(-self.channels // inner[0]) * inner[0]
-        for edge, chunk in zip(shape, inner[1:]):
-            aligned = edge % chunk == 0 or chunk % edge == 0
-            total *= (-(-edge // chunk) + (0 if aligned else 1)) * chunk
-        return total
+        return chunked_decoded_bytes(inner, self.dtype.itemsize, self.channels, shape)
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
         key = (path, identity)
