@@ -10,6 +10,9 @@ budget, follow from it); and a mesh read decodes no more than its bound.
 import gzip
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,3 +377,15 @@ def test_a_mesh_read_that_would_decode_past_its_bound_is_refused_with_the_reason
     assert mesh.status_code == 200 and int.from_bytes(mesh.content[:4], "little") > 0  # vertices of the cube
     assert get(meshes.server, f"{base}/labels/multires/7.index").status_code == 200
     assert_no_unexpected_errors(meshes.server)
+
+
+def test_index_segments_of_a_layer_too_large_to_mesh_says_why(meshes: Root) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "index-segments", str(meshes.root), f"{ORG}/segments", "big_chunks"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")},
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot be indexed" in done.stderr and "too large to mesh" in done.stderr, done.stderr

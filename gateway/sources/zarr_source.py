@@ -11,10 +11,16 @@ import numpy as np
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .axes import AxisMap, axis_names
-from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, chunked_decoded_bytes, json_type
+from .bounds import (
+    MAX_CHUNKS_PER_SHARD,
+    check_chunk_bytes,
+    chunked_decoded_bytes,
+    json_type,
+    malformed_metadata,
+    read_document,
+)
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
 from .decoding import MemoryDecoder, fetch_all
-from .documents import load_json
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
 from .properties import BoundingBox, DataLayer
@@ -114,14 +120,8 @@ class ZarrMagSource(MagSource):
         self.root = storage.root_of(directory)  # the root it lies under: replicas agree on relative paths
         self.index_cache = index_cache
         document, self.zarr_format, self.version = self._read_metadata(directory)
-        try:
+        with malformed_metadata("Zarr metadata"):  # every field's type is checked where it matters; this is the rest
             self._parse(mag, bbox, document, axis_order)
-        except SourceError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            # Every field's type is checked above where it matters; this catches what is left, so that
-            # malformed metadata makes the mag unusable with a reason instead of failing its requests.
-            raise SourceError(f"malformed Zarr metadata ({type(exc).__name__}: {exc})") from None
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
         shape = document.get("shape")
@@ -147,16 +147,12 @@ class ZarrMagSource(MagSource):
 
     def _read_metadata(self, directory: str) -> tuple[dict, int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
-            found = self.storage.read_whole(self.storage.join(directory, name))
+            found = read_document(self.storage, self.storage.join(directory, name), name)
             if found is not None:
-                try:
-                    document = load_json(found[0])
-                except ValueError as exc:
-                    raise SourceError(f"{name} is not usable: {exc}") from None
-                _mapping(document, name)
+                document, identity = found
                 if version == 3 and document.get("node_type") != "array":
                     raise SourceError("zarr.json does not describe an array")
-                return document, version, found[1].version
+                return document, version, identity.version
         raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
 
     def _dtype_and_fill(self, document: dict) -> tuple[np.dtype, float]:
