@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,16 +351,17 @@ def meshes(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..
     zarray = {"zarr_format": 2, "shape": [1, *SIZE], "chunks": [1, 512, 512, 512], "dtype": "|u1"}
     zarray.update(compressor={"id": "zstd", "level": 1}, fill_value=0, order="C", filters=None)
     (big / ".zarray").write_text(json.dumps(zarray))
-    write_properties(
-        dataset,
-        [
-            layer_entry("labels", "wkw", "segmentation"),
-            {
-                **layer_entry("big_chunks", "zarr", "segmentation"),
-                "mags": [{"mag": [1, 1, 1], "path": "./big_chunks/1"}],
-            },
-        ],
-    )
+    # a layer whose index beside it is a zip bomb: arrays of 1.1 GiB in a file of about a MiB
+    (dataset / "bombed").mkdir()
+    (dataset / "bombed" / "1").symlink_to(dataset / "labels" / "1")
+    bomb = zipfile.ZipFile(dataset / "bombed.segment-index.npz", "w", zipfile.ZIP_DEFLATED, compresslevel=1)
+    with bomb, bomb.open("ids.npy", "w", force_zip64=True) as member:
+        for _ in range(18):
+            member.write(bytes(64 << 20))
+    # segment labels nested deeper than any parser's recursion
+    (dataset / "labels.segment-labels.json").write_text("[" * 100_000 + "]" * 100_000)
+    layers = [layer_entry(name, "wkw", "segmentation") for name in ("labels", "bombed")]
+    write_properties(dataset, [*layers, layer_entry("big_chunks", "zarr", "segmentation")])
     return Root(server_factory(root), root)
 
 
@@ -389,3 +391,22 @@ def test_index_segments_of_a_layer_too_large_to_mesh_says_why(meshes: Root) -> N
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "cannot be indexed" in done.stderr and "too large to mesh" in done.stderr, done.stderr
+
+
+def test_a_segment_index_that_unpacks_past_its_bound_is_a_storage_fault(meshes: Root) -> None:
+    from gateway.meshes.index import MAX_INDEX_BYTES
+
+    assert (meshes.root / ORG / "segments" / "bombed.segment-index.npz").stat().st_size < MAX_INDEX_BYTES // 100
+    answer = get(meshes.server, f"/data/meshes/{ORG}/segments/bombed/legacy/7:0")
+    assert_reason(answer, 500, "segment index fault", f"unpacks to more than {MAX_INDEX_BYTES} bytes")
+    assert get(meshes.server, f"/data/meshes/{ORG}/segments/labels/legacy/7:0").status_code == 200
+    assert_no_unexpected_errors(meshes.server)
+
+
+def test_segment_labels_nested_past_the_bound_are_ignored(meshes: Root) -> None:
+    answer = get(meshes.server, f"/data/meshes/{ORG}/segments/labels/multires/segment_properties/info")
+    assert answer.status_code == 200, answer.text[:300]
+    properties = answer.json()["inline"]["properties"]
+    assert not [p for p in properties if p["type"] == "label"], properties
+    assert "nests deeper than" in meshes.server.log()
+    assert_no_unexpected_errors(meshes.server)

@@ -10,6 +10,7 @@ modification time), and an index whose stamp is not the data's is never used.
 import io
 import json
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ VERSION = 1
 # Without an index, a layer whose finest mag holds at most this many voxels is scanned on demand (once per
 # data version per worker, in a thread); a larger one answers 409 until `zarr-gateway index-segments` ran.
 SCAN_VOXELS = 64 << 20
+# An index file lies beside the layer, where anyone who writes datasets can put one: it is refused (a
+# storage fault) if it, or its arrays unpacked, hold more than this, rather than unpacked into memory.
+MAX_INDEX_BYTES = 1 << 30
 
 
 class SegmentIndexCorrupt(OSError):
@@ -108,6 +112,13 @@ class SegmentIndex:
     @classmethod
     def from_bytes(cls, data: bytes, origin: str) -> "SegmentIndex":
         """An index read back; anything that is not a consistent index raises :class:`SegmentIndexCorrupt`."""
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                unpacked = len(data) + sum(member.file_size for member in archive.infolist())
+        except (zipfile.BadZipFile, ValueError, OSError) as exc:
+            raise SegmentIndexCorrupt(f"segment index {origin} is unreadable: {exc}") from None
+        if unpacked > MAX_INDEX_BYTES:
+            raise SegmentIndexCorrupt(f"segment index {origin} unpacks to more than {MAX_INDEX_BYTES} bytes")
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
                 meta = json.loads(arrays["meta"].tobytes())
