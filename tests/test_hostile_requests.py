@@ -306,3 +306,5 @@ def test_every_generated_request_gets_a_documented_well_formed_answer_that_leaks
     target = quote(path, safe="/%:;~.-_") + ("?" + "&".join(parameters) if parameters else "")
     lines = [*headers, *(("X-Auth-Token", value) for where, value in tokens if where == "header")]
     check(planted, method, target, lines)
+    log = planted.server.log()
+    assert "unexpected error" not in log and "Traceback" not in log, log[-3000:]
