@@ -5,7 +5,9 @@ store, the storage errors and a byte-bounded cache. It imports nothing of the re
 formats (``wkw_adapter``) and sources (``gateway.sources``) are built on it.
 """
 
+import importlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .cache import ByteLRU
 from .errors import (
@@ -18,22 +20,72 @@ from .errors import (
 )
 from .identity import FileIdentity, FileSource
 from .local import LocalStore, resolve_inside
-from .store import Store, is_listed
+from .routed import RoutedStore
+from .store import Store, is_absolute_location, is_listed
 
 
-def open_store(root: str, extra_roots: Sequence[str] = (), settle_seconds: float = 0.0) -> Store:
-    """A local path or ``file://`` URL (with its extra trusted roots), or an ``s3://bucket/prefix`` URL.
+@dataclass(frozen=True, slots=True)
+class StoreKind:
+    """A kind of network store: the class that reads it and the pip extra of the library it needs."""
 
-    Objects in a bucket are replaced whole and read with If-Match, so neither option applies there.
+    module: str  # below this package; imported only when such a store is opened
+    class_name: str
+    extra: str  # as in ``pip install 'zarr-gateway[extra]'``
+
+    def open(self, url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
+        kind: type = getattr(importlib.import_module(self.module, __name__), self.class_name)
+        store: Store = kind(url, timeout=timeout, max_attempts=max_attempts)
+        return store
+
+
+# Every store that is not a local directory, by the scheme of its URL: the one table to add a store to.
+STORE_KINDS: dict[str, StoreKind] = {
+    "s3": StoreKind(".s3", "S3Store", "s3"),
+    "gs": StoreKind(".remote", "GCSStore", "gcs"),
+    "az": StoreKind(".remote", "AzureStore", "azure"),
+    "https": StoreKind(".remote", "HTTPSStore", "https"),
+}
+
+
+def store_kind(url: str) -> StoreKind | None:
+    """The kind of network store a URL names, or None for a local path (or ``file://`` URL)."""
+    scheme, separator, _ = url.partition("://")
+    return STORE_KINDS.get(scheme) if separator else None
+
+
+def open_store(
+    root: str,
+    extra_roots: Sequence[str] = (),
+    settle_seconds: float = 0.0,
+    remote_roots: Sequence[str] = (),
+    timeout: float = 10.0,
+    max_attempts: int = 4,
+) -> Store:
+    """The data root (a local path or ``file://`` URL with its extra trusted roots, or a store URL of
+    :data:`STORE_KINDS`) and the remote roots mag paths may name.
+
+    Objects in a bucket are replaced whole and read by version, so neither extra roots nor the settle
+    time apply there.
     """
-    if root.startswith("s3://"):
-        from .s3 import S3Store  # boto3 is only needed, and only imported, for a bucket
+    kind = store_kind(root)
+    main = (
+        kind.open(root, timeout, max_attempts)
+        if kind is not None
+        else LocalStore(root.removeprefix("file://"), extra_roots, settle_seconds)
+    )
+    remotes = [open_remote_root(url, timeout, max_attempts) for url in remote_roots]
+    return RoutedStore(main, remotes) if remotes else main
 
-        return S3Store(root)
-    return LocalStore(root.removeprefix("file://"), extra_roots, settle_seconds)
+
+def open_remote_root(url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
+    kind = store_kind(url)
+    if kind is None:
+        raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in STORE_KINDS)}")
+    return kind.open(url, timeout, max_attempts)
 
 
 __all__ = [
+    "STORE_KINDS",
     "ByteLRU",
     "FileChangedError",
     "FileIdentity",
@@ -41,11 +93,16 @@ __all__ = [
     "FileUnsettledError",
     "LocalStore",
     "OutsideRootError",
+    "RoutedStore",
     "StorageError",
     "Store",
+    "StoreKind",
     "StoreUnavailableError",
     "TruncatedFileError",
+    "is_absolute_location",
     "is_listed",
+    "open_remote_root",
     "open_store",
     "resolve_inside",
+    "store_kind",
 ]

@@ -55,6 +55,10 @@ class S3Store(Store):
     def root_of(self, path: str) -> str:
         return self.root
 
+    def locate(self, location: str) -> str | None:
+        bucket, _, key = location.removeprefix("s3://").partition("/")
+        return key if location.startswith("s3://") and bucket == self.bucket else None
+
     def _check_inside(self, path: str) -> None:
         """Keys are names, not links: a key is inside the root exactly when it is below the prefix."""
         if self.resolve(path) != path:
