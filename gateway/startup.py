@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .extras import S3, MissingExtraError
+from .extras import EXTRAS, MissingExtraError
 from .logs import configure_logging
 from .settings import ENV_PREFIX, Settings
 
@@ -48,25 +48,31 @@ def check_tokens(settings: Settings) -> None:
 
 
 def check_root(settings: Settings) -> None:
-    """Say at start-up whether the data root answers and whether it holds any organization yet.
+    """Say at start-up whether the data root and each remote root answer, and whether the root holds datasets.
 
-    Neither stops start-up: an empty root may be filled and a store may come back (as it may go
-    away later); until a store answers, /readyz reports not ready and data requests answer 503.
+    A store whose extra is not installed, or a URL it cannot be opened from, stops start-up naming it.
+    Neither an empty root nor a silent store does: an empty root may be filled and a store may come
+    back (as it may go away later); until the data root answers, /readyz reports not ready and data
+    requests answer 503.
     """
-    from gateway_storage import Store, open_store
-    from gateway_storage.s3 import S3Store
+    from gateway_storage import LocalStore, Store, store_kind
 
-    try:
-        if settings.root.startswith("s3://"):
-            S3.require("an s3:// data root")
-        storage: Store = (
-            S3Store(settings.root, timeout=5.0, max_attempts=1)
-            if settings.root.startswith("s3://")
-            else open_store(settings.root)
-        )
-    except (ValueError, MissingExtraError) as exc:
-        sys.exit(f"zarr-gateway: data root: {exc}")
-    endpoint = f" (endpoint {getattr(storage, 'endpoint_url', None) or 'AWS default'})" if not storage.is_local else ""
+    def opened(url: str, what: str) -> Store:
+        kind = store_kind(url)
+        try:
+            if kind is None:
+                return LocalStore(url.removeprefix("file://"))
+            EXTRAS[kind.extra].require(f"the {what} {url}")
+            return kind.open(url, timeout=5.0, max_attempts=1)
+        except MissingExtraError as exc:
+            sys.exit(f"zarr-gateway: {exc}")
+        except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors
+            sys.exit(f"zarr-gateway: {what} {url}: {exc}")
+
+    storage = opened(settings.root, "data root")
+    remotes = [opened(url, "remote root") for url in settings.remote_roots]
+    named = getattr(storage, "endpoint_url", None)  # an S3 endpoint other than AWS's, where one is set
+    endpoint = f" (endpoint {named})" if named else ""
     try:
         organizations = storage.list_directories(storage.root)
     except Exception as exc:
@@ -76,11 +82,18 @@ def check_root(settings: Settings) -> None:
             endpoint,
             exc,
         )
-        return
-    if organizations:
-        log.info("data root %s answers%s: %d organizations", settings.root, endpoint, len(organizations))
     else:
-        log.warning("data root %s%s holds no datasets yet (no organization directories)", settings.root, endpoint)
+        if organizations:
+            log.info("data root %s answers%s: %d organizations", settings.root, endpoint, len(organizations))
+        else:
+            log.warning("data root %s%s holds no datasets yet (no organization directories)", settings.root, endpoint)
+    for url, remote in zip(settings.remote_roots, remotes, strict=True):
+        try:
+            remote.is_directory(remote.root)
+        except Exception as exc:
+            log.error("remote root %s cannot be reached: %s; its layers answer 503 until it does", url, exc)
+        else:
+            log.info("remote root %s answers: mag and layer paths below it are served", url)
 
 
 def prepare(settings: Settings) -> Callable[[], None]:

@@ -31,6 +31,7 @@ class StoreKind:
     module: str  # below this package; imported only when such a store is opened
     class_name: str
     extra: str  # as in ``pip install 'zarr-gateway[extra]'``
+    remote: bool  # its paths are URLs, so it can be a remote root beside the data root (RoutedStore)
 
     def open(self, url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
         kind: type = getattr(importlib.import_module(self.module, __name__), self.class_name)
@@ -40,10 +41,10 @@ class StoreKind:
 
 # Every store that is not a local directory, by the scheme of its URL: the one table to add a store to.
 STORE_KINDS: dict[str, StoreKind] = {
-    "s3": StoreKind(".s3", "S3Store", "s3"),
-    "gs": StoreKind(".remote", "GCSStore", "gcs"),
-    "az": StoreKind(".remote", "AzureStore", "azure"),
-    "https": StoreKind(".remote", "HTTPSStore", "https"),
+    "s3": StoreKind(".s3", "S3Store", "s3", remote=False),  # paths are keys: a data root only
+    "gs": StoreKind(".remote", "GCSStore", "gcs", remote=True),
+    "az": StoreKind(".remote", "AzureStore", "azure", remote=True),
+    "https": StoreKind(".remote", "HTTPSStore", "https", remote=True),
 }
 
 
@@ -77,10 +78,14 @@ def open_store(
     return RoutedStore(main, remotes) if remotes else main
 
 
+def remote_schemes() -> list[str]:
+    return [scheme for scheme, kind in STORE_KINDS.items() if kind.remote]
+
+
 def open_remote_root(url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
     kind = store_kind(url)
-    if kind is None:
-        raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in STORE_KINDS)}")
+    if kind is None or not kind.remote:
+        raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in remote_schemes())}")
     return kind.open(url, timeout, max_attempts)
 
 
@@ -103,6 +108,7 @@ __all__ = [
     "is_listed",
     "open_remote_root",
     "open_store",
+    "remote_schemes",
     "resolve_inside",
     "store_kind",
 ]

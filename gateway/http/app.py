@@ -24,7 +24,7 @@ log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
-    store = open_store(settings.root, settings.extra_roots, settings.settle_seconds)
+    store = open_store(settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots)
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
     gateway = Gateway(settings, store, catalog, shards, Previews(settings.cache_bytes // 16))
