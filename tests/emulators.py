@@ -115,7 +115,9 @@ def _fake_gcs_binary() -> Path:
     return found[0]
 
 
-def start_fake_gcs(log_path: Path) -> FakeGcs:
+def start_fake_gcs(log_path: Path, public_host: str | None = None) -> FakeGcs:
+    """``public_host``: the ``host:port`` its XML API is reached at, when that is a proxy in front of it
+    (it tells path-style requests from virtual-host ones by the Host header)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     command = [str(_fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
@@ -123,7 +125,7 @@ def start_fake_gcs(log_path: Path) -> FakeGcs:
         "-backend",
         "memory",
         "-public-host",
-        f"127.0.0.1:{port}",
+        public_host or f"127.0.0.1:{port}",
         "-external-url",
         endpoint,
         "-log-level",

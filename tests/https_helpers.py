@@ -14,9 +14,12 @@ import os
 import socket
 import ssl
 import threading
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
@@ -88,11 +91,36 @@ def _free_port() -> int:
 
 
 def _etag(stat: os.stat_result) -> str:
-    return f'"{stat.st_ino:x}-{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+    """Modification time and size, as nginx makes it: a copy that keeps its mtime keeps its ETag."""
+    return f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
 
 
 class _QuietServer(ThreadingHTTPServer):
+    """Keeps its open connections, so that stopping it also drops the ones a client holds open."""
+
     daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        with self.connections_lock:
+            open_now = list(self.connections)
+        for connection in open_now:
+            with suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass
@@ -108,6 +136,9 @@ class FileServer:
         self.port = _free_port()
         self.mode = "forward"
         self.requests: list[tuple[str, str, str | None]] = []
+        # Called with the file's path after each HEAD is answered, until it returns True (then cleared):
+        # to replace a file between the moment a reader learned its version and its read.
+        self.after_head: Callable[[Path], bool] | None = None
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -189,6 +220,9 @@ class FileServer:
                     headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
                     self._reply(206, data[start : end + 1], headers)
                     return
+                hook = files.after_head
+                if self.command == "HEAD" and hook is not None and hook(path):
+                    files.after_head = None  # replaced before the answer, which still names the old version
                 self._reply(200, data, headers)
 
             do_HEAD = do_GET
@@ -241,6 +275,7 @@ class FileServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.drop_connections()
             self._server = None
         if self._thread is not None:
             self._thread.join(10)
