@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         "layer paths in datasource-properties.json may point below, read with the gateway's credentials; "
         "a path to any other URL is refused; separated by ',' or a JSON list",
     )
+    store_headers_file: Path | None = Field(
+        default=None,
+        description='JSON file of HTTP headers for stores by URL prefix, {"https://host/prefix": '
+        '{"Authorization": "Bearer ..."}}: a store whose root lies below a prefix sends its headers',
+    )
 
     @field_validator("chunk_edge")
     @classmethod

@@ -55,7 +55,12 @@ def check_root(settings: Settings) -> None:
     back (as it may go away later); until the data root answers, /readyz reports not ready and data
     requests answer 503.
     """
-    from gateway_storage import LocalStore, Store, store_kind
+    from gateway_storage import LocalStore, Store, headers_for, read_headers_file, store_kind
+
+    try:
+        headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    except ValueError as exc:
+        sys.exit(f"zarr-gateway: store_headers_file: {exc}")
 
     def opened(url: str, what: str) -> Store:
         kind = store_kind(url)
@@ -63,7 +68,7 @@ def check_root(settings: Settings) -> None:
             if kind is None:
                 return LocalStore(url.removeprefix("file://"))
             EXTRAS[kind.extra].require(f"the {what} {url}")
-            return kind.open(url, timeout=5.0, max_attempts=1)
+            return kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
         except MissingExtraError as exc:
             sys.exit(f"zarr-gateway: {exc}")
         except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors

@@ -6,7 +6,8 @@ formats (``wkw_adapter``) and sources (``gateway.sources``) are built on it.
 """
 
 import importlib
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .cache import ByteLRU
@@ -33,9 +34,11 @@ class StoreKind:
     extra: str  # as in ``pip install 'zarr-gateway[extra]'``
     remote: bool  # its paths are URLs, so it can be a remote root beside the data root (RoutedStore)
 
-    def open(self, url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
+    def open(
+        self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
+    ) -> Store:
         kind: type = getattr(importlib.import_module(self.module, __name__), self.class_name)
-        store: Store = kind(url, timeout=timeout, max_attempts=max_attempts)
+        store: Store = kind(url, timeout=timeout, max_attempts=max_attempts, headers=headers)
         return store
 
 
@@ -54,6 +57,41 @@ def store_kind(url: str) -> StoreKind | None:
     return STORE_KINDS.get(scheme) if separator else None
 
 
+def headers_for(url: str, headers: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The HTTP headers a store at ``url`` sends: those of every URL prefix (a key) its root lies below.
+
+    Below means at a path boundary: headers meant for ``https://host`` never reach ``https://host.evil``.
+    """
+    found: dict[str, str] = {}
+    for prefix in sorted(headers, key=len):
+        if url == prefix.rstrip("/") or url.startswith(prefix.rstrip("/") + "/"):
+            found.update(headers[prefix])
+    return found
+
+
+def read_headers_file(path: str) -> dict[str, dict[str, str]]:
+    """``{"<URL prefix>": {"<header>": "<value>"}}`` from a JSON file; ValueError naming what is wrong."""
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except OSError as exc:
+        raise ValueError(f"headers file {path!r} cannot be read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"headers file {path!r} is not JSON: {exc}") from None
+    if not isinstance(document, dict) or not all(
+        isinstance(prefix, str)
+        and store_kind(prefix) is not None
+        and isinstance(headers, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+        for prefix, headers in document.items()
+    ):
+        raise ValueError(
+            f"headers file {path!r} must hold a JSON object of store URL prefixes, each an object of header "
+            'names and string values: {"https://host/prefix": {"Authorization": "Bearer ..."}}'
+        )
+    return document
+
+
 def open_store(
     root: str,
     extra_roots: Sequence[str] = (),
@@ -61,20 +99,22 @@ def open_store(
     remote_roots: Sequence[str] = (),
     timeout: float = 10.0,
     max_attempts: int = 4,
+    headers: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Store:
     """The data root (a local path or ``file://`` URL with its extra trusted roots, or a store URL of
-    :data:`STORE_KINDS`) and the remote roots mag paths may name.
+    :data:`STORE_KINDS`) and the remote roots mag paths may name; ``headers`` by URL prefix (see
+    :func:`headers_for`).
 
     Objects in a bucket are replaced whole and read by version, so neither extra roots nor the settle
     time apply there.
     """
     kind = store_kind(root)
     main = (
-        kind.open(root, timeout, max_attempts)
+        kind.open(root, timeout, max_attempts, headers_for(root, headers or {}))
         if kind is not None
         else LocalStore(root.removeprefix("file://"), extra_roots, settle_seconds)
     )
-    remotes = [open_remote_root(url, timeout, max_attempts) for url in remote_roots]
+    remotes = [open_remote_root(url, timeout, max_attempts, headers_for(url, headers or {})) for url in remote_roots]
     return RoutedStore(main, remotes) if remotes else main
 
 
@@ -82,11 +122,13 @@ def remote_schemes() -> list[str]:
     return [scheme for scheme, kind in STORE_KINDS.items() if kind.remote]
 
 
-def open_remote_root(url: str, timeout: float = 10.0, max_attempts: int = 4) -> Store:
+def open_remote_root(
+    url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
+) -> Store:
     kind = store_kind(url)
     if kind is None or not kind.remote:
         raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in remote_schemes())}")
-    return kind.open(url, timeout, max_attempts)
+    return kind.open(url, timeout, max_attempts, headers)
 
 
 __all__ = [
@@ -104,10 +146,12 @@ __all__ = [
     "StoreKind",
     "StoreUnavailableError",
     "TruncatedFileError",
+    "headers_for",
     "is_absolute_location",
     "is_listed",
     "open_remote_root",
     "open_store",
+    "read_headers_file",
     "remote_schemes",
     "resolve_inside",
     "store_kind",

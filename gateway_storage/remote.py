@@ -34,7 +34,9 @@ class ObjectStore(Store):
     is_local = False
     scheme: str  # the URL scheme this kind of store is opened for
 
-    def __init__(self, url: str, timeout: float = 10.0, max_attempts: int = 4) -> None:
+    def __init__(
+        self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != self.scheme or not parts.netloc or parts.query or parts.fragment:
             raise ValueError(f"{url!r} is not a {self.scheme}://{self._netloc_name()}/prefix URL")
@@ -44,7 +46,7 @@ class ObjectStore(Store):
         self.timeout = timeout
         self.client: Any = self._client(
             parts.netloc,
-            client_options=self._client_options(timeout),
+            client_options=self._client_options(timeout, headers or {}),
             retry_config={
                 "max_retries": max(max_attempts - 1, 0),
                 "retry_timeout": timedelta(seconds=timeout * max_attempts),
@@ -66,8 +68,10 @@ class ObjectStore(Store):
         """The obstore client over the whole bucket (container, server): keys are given in full."""
         raise NotImplementedError
 
-    def _client_options(self, timeout: float) -> dict[str, Any]:
+    def _client_options(self, timeout: float, headers: Mapping[str, str]) -> dict[str, Any]:
         options: dict[str, Any] = {"connect_timeout": timedelta(seconds=timeout), "timeout": timedelta(seconds=timeout)}
+        if headers:
+            options["default_headers"] = dict(headers)  # an HTTPS server's token, a proxy's header
         bundle = os.environ.get(CA_BUNDLE_ENV)
         if bundle:
             with open(bundle) as handle:

@@ -129,8 +129,11 @@ class _QuietServer(ThreadingHTTPServer):
 class FileServer:
     """HTTPS over ``root`` on a loopback port; ``mode`` is ``"forward"``, ``"error"`` or ``"close"``."""
 
-    def __init__(self, root: Path, certificate: Certificate, listing: bool = True) -> None:
+    def __init__(
+        self, root: Path, certificate: Certificate, listing: bool = True, required: dict[str, str] | None = None
+    ) -> None:
         self.root = root
+        self.required = required or {}  # headers every request must carry, or it is answered 401
         self.certificate = certificate
         self.listing = listing
         self.port = _free_port()
@@ -180,6 +183,9 @@ class FileServer:
             def _fault(self) -> bool:
                 with files._lock:
                     files.requests.append((self.command, self.path, self.headers.get("Range")))
+                if any(self.headers.get(name) != value for name, value in files.required.items()):
+                    self._reply(401, b"unauthorized", {"WWW-Authenticate": "Bearer"})
+                    return True
                 if files.mode == "close":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)

@@ -407,3 +407,32 @@ def test_bad_credentials_are_503_naming_the_store(
     ready = get(gateway, "/readyz")
     assert ready.status_code == 503
     assert f"az://{BUCKET}" in gateway.log()
+
+
+def test_a_remote_root_that_wants_a_token_gets_it_from_the_headers_file(
+    tree: Tree, certificate: Certificate, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    token = {"Authorization": "Bearer lab-token"}
+    server = FileServer(tree.root.parent, certificate, required=token)
+    server.start()
+    try:
+        base = f"{server.url}/{PREFIX}"
+        root = _local_root(tmp_path / "local", _remote_dataset(tree.root, base))
+        headers_file = tmp_path / "headers.json"
+        headers_file.write_text(json.dumps({base: token}))
+        gateway = server_factory(root, remote_roots=base, store_headers_file=headers_file)
+        array = next(a for a in tree.arrays.values() if a.dataset == ZP_DATASET)
+        check_array(gateway.url, array, "zarr3", "tensorstore")
+        without = server_factory(root, remote_roots=base)
+        response = get(without, f"/data/zarr/{ZARR_ORG}/{ZP_DATASET}/{array.layer}/1/.zarray")
+        assert response.status_code == 503, (response.status_code, response.text)
+        assert "credentials" in response.json()["error"] and server.url in response.json()["error"]
+    finally:
+        server.stop()
+
+
+def test_a_bad_headers_file_stops_start_up_naming_it(server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    headers_file = tmp_path / "headers.json"
+    headers_file.write_text('{"https://host/x": "not an object of headers"}')
+    with pytest.raises(RuntimeError, match="store_headers_file: headers file"):
+        server_factory(tmp_path, store_headers_file=headers_file)

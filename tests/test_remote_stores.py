@@ -7,6 +7,7 @@ lookup and the read, refused credentials) are checked at the store here and thro
 ``test_remote_roots``.
 """
 
+import json
 import os
 import shutil
 import time
@@ -27,7 +28,9 @@ from gateway_storage import (
     Store,
     StoreUnavailableError,
     TruncatedFileError,
+    headers_for,
     open_store,
+    read_headers_file,
 )
 from gateway_storage.remote import AzureStore, GCSStore, HTTPSStore
 from gateway_storage.store import is_absolute_location
@@ -230,6 +233,43 @@ class TestHTTPSStore(UnreachableStoreContract):
             store = HTTPSStore(https.url, timeout=2.0, max_attempts=1)
         with pytest.raises(StoreUnavailableError, match=r"127\.0\.0\.1"):
             store.identity(store.join(store.root, "x.bin"))
+
+
+def test_headers_reach_only_the_stores_below_their_prefix(certificate: Certificate, tmp_path: Path) -> None:
+    """An HTTPS server that wants a token: sent by the store whose root lies below the headers' prefix."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "file.bin").write_bytes(DATA)
+    token = {"Authorization": "Bearer lab-token"}
+    server = FileServer(tmp_path, certificate, required=token)
+    server.start()
+    try:
+        headers = {server.url + "/data": token, "https://127.0.0.1": {"X-Wrong": "no"}}
+        assert headers_for(server.url + "/data/x", headers) == token
+        assert headers_for(server.url + "/database", headers) == {}  # a prefix ends at a path boundary
+        assert headers_for(server.url, {server.url + "/": token}) == token
+        store = open_store(server.url + "/data", headers=headers)
+        path = store.join(store.root, "file.bin")
+        identity = store.identity(path)
+        assert identity is not None and store.read(path, 7, 9, identity) == DATA[7:16]
+        without = open_store(server.url + "/data", max_attempts=1)
+        with pytest.raises(StoreUnavailableError, match="credentials") as refused:
+            without.identity(path)
+        assert server.url in str(refused.value)
+    finally:
+        server.stop()
+
+
+def test_a_headers_file_is_checked(tmp_path: Path) -> None:
+    good = tmp_path / "headers.json"
+    good.write_text(json.dumps({"https://host/x": {"Authorization": "Bearer t"}}))
+    assert read_headers_file(str(good)) == {"https://host/x": {"Authorization": "Bearer t"}}
+    for text in ("[]", '{"https://host": "Bearer t"}', '{"ftp://host": {"a": "b"}}', '{"https://h": {"a": 1}}', "{"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match="headers file"):
+            read_headers_file(str(bad))
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_headers_file(str(tmp_path / "absent.json"))
 
 
 # --- faults at the store -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ a sixteenth on top for preview images.
 
 import logging
 
-from gateway_storage import open_store
+from gateway_storage import open_store, read_headers_file
 
 from ..logs import configure_logging
 from ..previews import Previews
@@ -24,7 +24,10 @@ log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
-    store = open_store(settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots)
+    headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    store = open_store(
+        settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
+    )
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
     gateway = Gateway(settings, store, catalog, shards, Previews(settings.cache_bytes // 16))
