@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_store_contract
 from emulators import Azurite, FakeGcs, environment, start_azurite, start_fake_gcs
 from https_helpers import Certificate, FileServer, make_certificate
 from test_store_contract import DATA, UnreachableStoreContract
@@ -270,6 +271,33 @@ def test_a_headers_file_is_checked(tmp_path: Path) -> None:
             read_headers_file(str(bad))
     with pytest.raises(ValueError, match="cannot be read"):
         read_headers_file(str(tmp_path / "absent.json"))
+
+
+class TestRoutedLocalStore(test_store_contract.TestLocalStore):  # not imported by name: collected once
+    """A local root with a remote root beside it is still a local store, for every local path."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path, https: FileServer) -> Store:
+        (tmp_path / "root").mkdir()
+        return open_store(str(tmp_path / "root"), remote_roots=[f"{https.url}/remote"])
+
+    def replica(self, store: Store) -> Store:
+        copy = Path(store.root).parent / f"replica-{uuid.uuid4().hex}"
+        shutil.copytree(store.root, copy, symlinks=True)
+        return open_store(str(copy), remote_roots=[f"{self_url(store)}/remote"])
+
+
+def self_url(store: Store) -> str:
+    assert isinstance(store, RoutedStore)
+    return store.remotes[0].root.removesuffix("/remote")
+
+
+def test_a_mag_url_in_the_data_roots_own_bucket_is_the_data_roots(gcs: FakeGcs) -> None:
+    store = GCSStore(f"gs://{BUCKET}/shared/root")
+    inside, other_prefix = f"gs://{BUCKET}/shared/root/org/ds/color/1", f"gs://{BUCKET}/shared/other/x"
+    assert store.locate(inside) == inside and store.resolve(inside) == inside
+    assert store.locate(other_prefix) == other_prefix and store.resolve(other_prefix) is None  # located, refused
+    assert store.locate("gs://another-bucket/x") is None and store.locate("/local/path") is None
 
 
 # --- faults at the store -------------------------------------------------------------------------------
