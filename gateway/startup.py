@@ -7,11 +7,13 @@ cannot be used.
 
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,51 +56,74 @@ def check_root(settings: Settings) -> None:
     Neither an empty root nor a silent store does: an empty root may be filled and a store may come
     back (as it may go away later); until the data root answers, /readyz reports not ready and data
     requests answer 503.
+
+    Network stores are asked in a spawned process: obstore's runtime, once it has sent a request,
+    leaves a forked child (a Granian worker) hanging on its first one.
     """
-    from gateway_storage import LocalStore, Store, headers_for, read_headers_file, store_kind
+    from gateway_storage import read_headers_file, store_kind
 
     try:
         headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
     except ValueError as exc:
         sys.exit(f"zarr-gateway: store_headers_file: {exc}")
+    roots = [(settings.root, "data root"), *((url, "remote root") for url in settings.remote_roots)]
+    for url, what in roots:
+        kind = store_kind(url)
+        if kind is not None:
+            try:
+                EXTRAS[kind.extra].require(f"the {what} {url}")
+            except MissingExtraError as exc:
+                sys.exit(f"zarr-gateway: {exc}")
+    if all(store_kind(url) is None for url, _ in roots):
+        said = probe_roots(roots, headers)
+    else:
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as probe:
+            said = probe.submit(probe_roots, roots, headers).result()
+    for level, message in said:
+        if level == "exit":
+            sys.exit(message)
+        log.log(logging.getLevelName(level), "%s", message)
 
-    def opened(url: str, what: str) -> Store:
+
+def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    """Open each root's store and ask it once: what start-up says, as (level, message); "exit" stops it."""
+    from gateway_storage import LocalStore, Store, headers_for, store_kind
+
+    said: list[tuple[str, str]] = []
+    stores: list[tuple[str, str, Store]] = []
+    for url, what in roots:
         kind = store_kind(url)
         try:
-            if kind is None:
-                return LocalStore(url.removeprefix("file://"))
-            EXTRAS[kind.extra].require(f"the {what} {url}")
-            return kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
-        except MissingExtraError as exc:
-            sys.exit(f"zarr-gateway: {exc}")
+            store = (
+                LocalStore(url.removeprefix("file://"))
+                if kind is None
+                else kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
+            )
         except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors
-            sys.exit(f"zarr-gateway: {what} {url}: {exc}")
-
-    storage = opened(settings.root, "data root")
-    remotes = [opened(url, "remote root") for url in settings.remote_roots]
-    named = getattr(storage, "endpoint_url", None)  # an S3 endpoint other than AWS's, where one is set
-    endpoint = f" (endpoint {named})" if named else ""
-    try:
-        organizations = storage.list_directories(storage.root)
-    except Exception as exc:
-        log.error(
-            "data root %s cannot be reached%s: %s; serving anyway, not ready until it answers",
-            settings.root,
-            endpoint,
-            exc,
-        )
-    else:
-        if organizations:
-            log.info("data root %s answers%s: %d organizations", settings.root, endpoint, len(organizations))
-        else:
-            log.warning("data root %s%s holds no datasets yet (no organization directories)", settings.root, endpoint)
-    for url, remote in zip(settings.remote_roots, remotes, strict=True):
+            return [("exit", f"zarr-gateway: {what} {url}: {exc}")]
+        stores.append((url, what, store))
+    for url, what, store in stores:
+        named = getattr(store, "endpoint_url", None)  # an S3 endpoint other than AWS's, where one is set
+        endpoint = f" (endpoint {named})" if named else ""
         try:
-            remote.is_directory(remote.root)
+            if what == "remote root":
+                store.is_directory(store.root)
+                said.append(("INFO", f"remote root {url} answers: mag and layer paths below it are served"))
+                continue
+            organizations = store.list_directories(store.root)
         except Exception as exc:
-            log.error("remote root %s cannot be reached: %s; its layers answer 503 until it does", url, exc)
+            then = (
+                "its layers answer 503 until then"
+                if what == "remote root"
+                else "serving anyway, not ready until it answers"
+            )
+            said.append(("ERROR", f"{what} {url} cannot be reached{endpoint}: {exc}; {then}"))
+            continue
+        if organizations:
+            said.append(("INFO", f"data root {url} answers{endpoint}: {len(organizations)} organizations"))
         else:
-            log.info("remote root %s answers: mag and layer paths below it are served", url)
+            said.append(("WARNING", f"data root {url}{endpoint} holds no datasets yet (no organization directories)"))
+    return said
 
 
 def prepare(settings: Settings) -> Callable[[], None]:

@@ -436,3 +436,14 @@ def test_a_bad_headers_file_stops_start_up_naming_it(server_factory: Callable[..
     headers_file.write_text('{"https://host/x": "not an object of headers"}')
     with pytest.raises(RuntimeError, match="store_headers_file: headers file"):
         server_factory(tmp_path, store_headers_file=headers_file)
+
+
+def test_granian_workers_serve_an_https_root(
+    https: FileServer, test_data: TestData, server_factory: Callable[..., Server]
+) -> None:
+    """Granian forks its workers from the process that checked the root at start-up: they must still read."""
+    gateway = server_factory(f"{https.url}/{PREFIX}", server="granian", workers=2)
+    assert get(gateway, "/readyz").status_code == 200
+    for _ in range(4):  # over both workers, most likely
+        url = f"{gateway.url}/data/zarr/{ORG}/{WKW_DATASET}/color_u8/1"
+        np.testing.assert_array_equal(CLIENTS["tensorstore"](url, 2), test_data.expected("color_u8", (1, 1, 1)))
