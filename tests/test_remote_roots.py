@@ -27,7 +27,7 @@ from support.emulators import Azurite, FakeGcs, environment, start_azurite, star
 from support.https import Certificate, FileServer, make_certificate
 from support.s3 import CountingProxy
 from support.servers import Server
-from test_zarr_sources import (
+from support.zarr_datasets import (
     ARRAY_IDS,
     CLIENTS,
     TREES,
