@@ -793,7 +793,7 @@ def test_the_rendered_template_names_every_compose_value() -> None:
     assert "limit_req_zone $zg_limit_per_off " in rendered, "no request rate limit by default"
     assert "limit_conn_zone $zg_limit_per_client " in rendered
     assert "proxy_cache_path /dev/shm/" in rendered, "token checks are cached on a tmpfs"
-    assert "$request_uri" in rendered and "$uri" in rendered, "nginx's own variables are left alone"
+    assert "$request_uri" in rendered and "$request_method" in rendered, "nginx's own variables are left alone"
 
 
 def test_dockerfile_is_slim_non_root_multi_stage_with_a_health_check() -> None:
