@@ -221,7 +221,9 @@ class Catalog:
         """Why a mag directory was not found: a URL the operator did not allow is said to be one."""
         located = self.storage.locate(path) if path is not None and is_absolute_location(path) else None
         if path is not None and "://" in path and (located is None or self.storage.resolve(located) is None):
-            return f"{path} is outside the data root and every remote root the gateway allows (setting remote_roots)"
+            # a local path is not echoed: it would tell every reader where the server's files lie
+            named = "its file:// path" if path.startswith("file://") else path
+            return f"{named} is outside the data root and every remote root the gateway allows (setting remote_roots)"
         return "directory not found or outside the data root"
 
     def _mag_directory(

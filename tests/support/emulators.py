@@ -20,7 +20,7 @@ import requests
 
 from .processes import free_port, stop_process
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def _wait(process: subprocess.Popen[bytes], url: str, log_path: Path, name: str) -> None:
