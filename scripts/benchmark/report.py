@@ -185,6 +185,12 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     )
     if proxy is not None:
         lines.append(f"- Through the proxy: {proxy:.2f} x the requests per second of the gateway with tokens direct.")
+    checked = _ratio(
+        run.results.get(("gateway pass-through", "u8-32")),
+        run.results.get(("gateway pass-through, no block check", "u8-32")),
+    )
+    if checked is not None:
+        lines.append(f"- The block check: the pass-through runs at {checked:.2f} x the requests per second without it.")
     ts_info = run.extras.get("tensorstore", {})
     if "ratio" in ts_info:
         lines.append(
