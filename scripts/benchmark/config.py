@@ -102,6 +102,7 @@ GATEWAYS = {
     "edge128": ["--codec", "blosc-lz4", "--chunk-edge", "128"],
     "auth": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # with a tokens file granting TOKEN
     "unchecked": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # run by benchmark.unchecked: no block check
+    "viewer": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # Neuroglancer's row (benchmark.viewer): no tokens
 }
 UNCHECKED = {"unchecked"}  # configurations run without the block check (benchmark-only, see benchmark.unchecked)
 WITH_TOKENS = {"auth"}
