@@ -12,7 +12,9 @@ from collections.abc import Hashable
 from gateway.zarr import framing
 
 
-def _not_checked(self: framing.Framing, data: bytes, uncompressed_size: int, verdict_key: Hashable | None) -> None:
+def _not_checked(
+    self: framing.Framing, data: framing.Stored, uncompressed_size: int, verdict_key: Hashable | None
+) -> None:
     """Nothing: the block leaves as stored."""
 
 
