@@ -44,7 +44,8 @@ HEADERS = {"X-Auth-Token": TOKEN}
 
 
 def template_names() -> set[str]:
-    return set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", TEMPLATE.read_text()))
+    """The PROXY_* names of every template the proxy renders (nginx.conf and what it includes)."""
+    return {name for path in TEMPLATES.values() for name in re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", path.read_text())}
 
 
 # --- nginx in front of gateways --------------------------------------------------------------------------
