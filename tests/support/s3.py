@@ -1,7 +1,6 @@
 """An S3-protocol server for tests (moto in server mode) and a counting, fault-injecting proxy in front of it."""
 
 import http.client
-import os
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from .emulators import environment
 from .processes import free_port, stop_process, wait_until_answering
 
 CREDENTIALS = {
@@ -27,19 +27,8 @@ _OVERRIDDEN = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PRO
 @contextmanager
 def aws_environment(endpoint: str) -> Iterator[None]:
     """``os.environ`` pointing boto3 (and a gateway started meanwhile) at ``endpoint``; restored afterwards."""
-    saved = {name: os.environ.get(name) for name in (*CREDENTIALS, *_OVERRIDDEN)}
-    for name in _OVERRIDDEN:
-        os.environ.pop(name, None)
-    os.environ.update(CREDENTIALS)
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    try:
+    with environment({**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}, _OVERRIDDEN):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @dataclass
