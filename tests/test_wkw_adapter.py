@@ -7,6 +7,7 @@ written by ``wkw`` and patching their bytes.
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import lz4.block
@@ -621,24 +622,29 @@ def write_jumps(path: Path, jumps: np.ndarray) -> None:
     patch(path, 16, jumps.astype("<u8").tobytes())
 
 
-@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_jump_table_not_increasing(corrupt_copy, block_type: BlockType) -> None:
-    mag_dir, path = corrupt_copy(block_type)
-    jumps = read_jumps(path)
-    jumps[[3, 4]] = jumps[[4, 3]]
-    write_jumps(path, jumps)
-    with pytest.raises(JumpTableError):
-        open_mag(mag_dir).read_block((0, 0, 0))
+def _swap_two_entries(jumps: np.ndarray) -> None:
+    jumps[[3, 4]] = jumps[[4, 3]]  # not increasing
 
 
-@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_jump_table_first_entry_before_data(corrupt_copy, block_type: BlockType) -> None:
-    mag_dir, path = corrupt_copy(block_type)
-    jumps = read_jumps(path)
+def _first_entry_before_data(jumps: np.ndarray) -> None:
     jumps[0] = 40  # inside the jump table
+
+
+@pytest.mark.parametrize(
+    ("edit", "block"),
+    [(_swap_two_entries, (0, 0, 0)), (_first_entry_before_data, (1, 0, 0))],
+    ids=["not_increasing", "first_entry_before_data"],
+)
+@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
+def test_jump_table_out_of_order(
+    corrupt_copy, block_type: BlockType, edit: Callable[[np.ndarray], None], block: tuple[int, int, int]
+) -> None:
+    mag_dir, path = corrupt_copy(block_type)
+    jumps = read_jumps(path)
+    edit(jumps)
     write_jumps(path, jumps)
     with pytest.raises(JumpTableError):
-        open_mag(mag_dir).read_block((1, 0, 0))
+        open_mag(mag_dir).read_block(block)
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
