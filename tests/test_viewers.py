@@ -42,7 +42,7 @@ from support.viewer import (
     wait_until_drawn,
 )
 
-from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM
 
 pytestmark = pytest.mark.browser  # every test drives headless Chromium
 
@@ -71,13 +71,6 @@ class View:
     panel: np.ndarray  # RGB pixels of the rendered data panel
     access: list[AccessLine]
     console: list[str]
-
-
-@pytest.fixture(scope="module")
-def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sample")
-    make_sample(root, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")
