@@ -818,14 +818,22 @@ def test_cache_sees_rewrite_by_write_mag_with_other_block_type(tmp_path: Path) -
     assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), first)
 
 
+def _written_and_read(
+    path: Path, seed: int, dtype: type, extent: tuple[int, int, int], block_type: BlockType
+) -> tuple[np.ndarray, WkwMag]:
+    """One channel of random voxels written at ``path`` (blocks of 8, files of 2 blocks), opened and read once
+    (which fills the cache), with what was written."""
+    data = random_voxels(np.random.default_rng(seed), dtype, (1, *extent))
+    write_mag(str(path), WkwHeader.create(dtype, 1, block_type, 8, 2), data)
+    mag = open_mag(path)
+    assert np.array_equal(mag.read_region((0, 0, 0), extent), data)
+    return data, mag
+
+
 def test_cache_sees_same_size_rewrite_in_place(tmp_path: Path) -> None:
     """An LZ4 file patched in place, keeping its size: the new jump table must be used."""
     path = tmp_path / "mag"
-    data = random_voxels(np.random.default_rng(12), np.uint8, (1, 16, 16, 16))
-    header = WkwHeader.create(np.uint8, 1, BlockType.LZ4, 8, 2)
-    write_mag(str(path), header, data)
-    mag = open_mag(path)
-    assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), data)
+    data, mag = _written_and_read(path, 12, np.uint8, (16, 16, 16), BlockType.LZ4)
 
     # Swap blocks 0 and 1 on disk, with a matching jump table: same size, other content.
     file = data_file(path, (0, 0, 0))
@@ -849,16 +857,12 @@ def test_cache_sees_same_size_rewrite_in_place(tmp_path: Path) -> None:
 
 def test_cache_sees_deleted_and_new_files(tmp_path: Path) -> None:
     path = tmp_path / "mag"
-    data = random_voxels(np.random.default_rng(13), np.int32, (1, 32, 16, 16))
-    header = WkwHeader.create(np.int32, 1, BlockType.LZ4HC, 8, 2)
-    write_mag(str(path), header, data)
-    mag = open_mag(path)
-    assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), data)
+    data, mag = _written_and_read(path, 13, np.int32, (32, 16, 16), BlockType.LZ4HC)
     data_file(path, (1, 0, 0)).unlink()
     expected = data.copy()
     expected[:, 16:] = 0
     assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), expected)
-    write_mag(str(path), header, data)
+    write_mag(str(path), WkwHeader.create(np.int32, 1, BlockType.LZ4HC, 8, 2), data)
     assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), data)
 
 
