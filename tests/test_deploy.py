@@ -10,7 +10,6 @@ import functools
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -21,8 +20,8 @@ import pytest
 import requests
 import yaml
 from support.clients import read_webknossos_mags
-from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name
-from support.processes import free_port, wait_until
+from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name, v2_chunk_paths
+from support.processes import free_port, raw_exchange, wait_until
 from support.proxy import TMPFS, Proxy, address, start_proxy, tool
 from support.servers import Server
 
@@ -164,13 +163,7 @@ def _data_and_auth(servers: list[Server], marker: str) -> tuple[int, int]:
 def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: Path) -> None:
     fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
     cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
-    paths = [
-        f"{DATASET}/{layer}/1/0.{x}.{y}.{z}"
-        for layer in ("color_u8", "rgb")
-        for x in range(1, 6)
-        for y in range(4)
-        for z in range(3)
-    ]
+    paths = v2_chunk_paths(DATASET, ("color_u8", "rgb"))
     started = time.monotonic()
     try:
         with requests.Session() as session:
@@ -469,13 +462,7 @@ SMUGGLED = "GET /data/zarr/other_org/theirs/.zgroup HTTP/1.1\r\nHost: x\r\nX-Req
 
 def _raw_exchange(url: str, raw: str) -> bytes:
     """Send ``raw`` on one connection; everything the proxy answers until it closes the connection."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as connection:
-        connection.sendall(raw.encode())
-        received = b""
-        while chunk := connection.recv(65536):
-            received += chunk
-    return received
+    return raw_exchange(url, raw.encode())
 
 
 @pytest.mark.nginx
