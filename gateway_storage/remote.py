@@ -33,13 +33,14 @@ class ObjectStore(Store):
 
     is_local = False
     scheme: str  # the URL scheme this kind of store is opened for
+    netloc_name = "bucket"  # what the URL's netloc names, for the message that refuses a URL
 
     def __init__(
         self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != self.scheme or not parts.netloc or parts.query or parts.fragment:
-            raise ValueError(f"{url!r} is not a {self.scheme}://{self._netloc_name()}/prefix URL")
+            raise ValueError(f"{url!r} is not a {self.scheme}://{self.netloc_name}/prefix URL")
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.prefix = posixpath.normpath("/" + parts.path).strip("/")
         self.root = self._url(self.prefix)
@@ -59,10 +60,6 @@ class ObjectStore(Store):
         )
 
     # --- what a provider says ------------------------------------------------------------------
-
-    @staticmethod
-    def _netloc_name() -> str:
-        return "bucket"
 
     def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
         """The obstore client over the whole bucket (container, server): keys are given in full."""
@@ -227,9 +224,7 @@ class GCSStore(ObjectStore):
     scheme = "gs"
 
     def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
-        from obstore.store import GCSStore
-
-        client: Any = GCSStore  # its option types are TypedDicts; ours are built as plain dicts
+        client = _obstore_class("GCSStore")
 
         config: dict[str, Any] = {}
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
@@ -257,20 +252,23 @@ class AzureStore(ObjectStore):
 
     scheme = "az"
 
-    @staticmethod
-    def _netloc_name() -> str:
-        return "container"
+    netloc_name = "container"
 
     def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
-        from obstore.store import AzureStore
-
-        client: Any = AzureStore  # its option types are TypedDicts; ours are built as plain dicts
+        client = _obstore_class("AzureStore")
 
         config = connection_string_config(os.environ.get("AZURE_STORAGE_CONNECTION_STRING", ""))
         endpoint = config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT") or ""
         if endpoint.startswith("http://") or os.environ.get("AZURE_STORAGE_USE_EMULATOR", "").lower() == "true":
             client_options = {**client_options, "allow_http": True}
         return client(netloc, config=config, client_options=client_options, retry_config=retry_config)
+
+
+def _obstore_class(name: str) -> Any:
+    """An ``obstore.store`` class, typed loosely: its option types are TypedDicts; ours are built as plain dicts."""
+    import obstore.store
+
+    return getattr(obstore.store, name)
 
 
 def connection_string_config(text: str) -> dict[str, str]:
@@ -294,14 +292,10 @@ class HTTPSStore(ObjectStore):
 
     scheme = "https"
 
-    @staticmethod
-    def _netloc_name() -> str:
-        return "host"
+    netloc_name = "host"
 
     def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
-        from obstore.store import HTTPStore
-
-        client: Any = HTTPStore  # its option types are TypedDicts; ours are built as plain dicts
+        client = _obstore_class("HTTPStore")
 
         return client(self.origin, client_options=client_options, retry_config=retry_config)
 

@@ -14,10 +14,20 @@ from support.processes import free_port
 from support.servers import Server, start_server
 from support.zarr_datasets import build_zarr_root
 
+from gateway.sample import make_sample
+
 
 @pytest.fixture(scope="session")
 def test_data(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
     return write_test_root(tmp_path_factory.mktemp("root"))
+
+
+@pytest.fixture(scope="module")
+def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample dataset that ``scripts/serve-sample`` serves, written once for each module that asks."""
+    root = tmp_path_factory.mktemp("sample")
+    make_sample(root, progress=False)
+    return root
 
 
 @pytest.fixture(scope="session")

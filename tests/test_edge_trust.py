@@ -23,7 +23,7 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
-from support.processes import free_port, stop_process
+from support.processes import free_port, raw_exchange, receive_until_closed, stop_process
 from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
@@ -35,16 +35,8 @@ NOTHING_GRANTED = "token-that-matches-no-dataset"
 
 def exchange(server: Server, head: str | bytes, timeout: float = 15) -> bytes:
     """Send a raw request on a fresh connection; everything the server answers until it closes it."""
-    host, port = server.url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
-        connection.sendall(head if isinstance(head, bytes) else head.encode("latin-1"))
-        received = b""
-        try:
-            while chunk := connection.recv(65536):
-                received += chunk
-        except TimeoutError:
-            pass
-    return received
+    raw = head if isinstance(head, bytes) else head.encode("latin-1")
+    return raw_exchange(server.url, raw, timeout, tolerated=(TimeoutError,))
 
 
 def get(path: str, tokens: list[bytes] | None = None, extra: str = "") -> bytes:
@@ -420,12 +412,7 @@ def test_an_oversized_request_head_is_a_431(limited: Server) -> None:
                 connection.sendall(f"X-Filler-{number}: {'a' * 1000}\r\n".encode())
         except OSError:
             pass  # the server stopped reading: it has answered
-        answer = b""
-        try:
-            while chunk := connection.recv(65536):
-                answer += chunk
-        except OSError:
-            pass
+        answer = receive_until_closed(connection, tolerated=(OSError,))
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
 
 

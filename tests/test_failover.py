@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import requests
 from support.clients import read_tensorstore, read_zarr_python
-from support.datasets import ORG, TOKEN, WrittenDataset
+from support.datasets import ORG, TOKEN, WrittenDataset, v2_chunk_paths
 from support.processes import free_port, wait_until
 from support.proxy import Proxy, address, start_proxy, tool
 from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
@@ -271,13 +271,7 @@ def _expected_answers(server_url: str, paths: list[str]) -> dict[str, bytes]:
 
 
 MIXED_PATHS = [
-    *(
-        f"{DATASET}/{layer}/1/0.{x}.{y}.{z}"
-        for layer in ("color_u8", "segmentation")
-        for x in range(1, 6)
-        for y in range(4)
-        for z in range(3)
-    ),
+    *v2_chunk_paths(DATASET, ("color_u8", "segmentation")),
     f"{DATASET}/color_u8/1/.zarray",
     f"{DATASET}/datasource-properties.json",
     f"/data/zarr3/{ORG}/wk_dataset/color_u16/2-2-1/zarr.json",

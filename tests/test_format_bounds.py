@@ -25,7 +25,7 @@ import tensorstore as ts
 import wkw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.servers import Server
+from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 ORG = "bounds"
 DATASET = "formats"
@@ -103,19 +103,6 @@ def patch_json(path: Path, change: Callable[[dict], None]) -> None:
 
 def get(server: Server, path: str) -> requests.Response:
     return requests.get(server.url + path, timeout=120)
-
-
-def assert_reason(response: requests.Response, status: int, *words: str) -> None:
-    assert response.status_code == status, (response.url, response.status_code, response.text[:400])
-    message = response.json()["error"]
-    assert "internal error" not in message, message
-    for word in words:
-        assert word in message, (word, message)
-
-
-def assert_no_unexpected_errors(server: Server) -> None:
-    log = server.log()
-    assert "unexpected error" not in log and "Traceback" not in log, log[-3000:]
 
 
 # --- the data root ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import wkw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.datasets import ORG, TOKEN, WrittenDataset
-from support.servers import Server
+from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway_storage import LocalStore
 from wkw_adapter import BlockType, WkwFileCache, WkwHeader
@@ -124,22 +124,6 @@ def bytes_read(server: Server) -> int:
 
 def get(server: Server, path: str, **headers: str) -> requests.Response:
     return requests.get(server.url + path, headers=headers, timeout=120)
-
-
-def assert_reason(response: requests.Response, status: int, *words: str) -> str:
-    """A JSON error of ``status`` whose message names every word and is not the internal-error catch-all."""
-    assert response.status_code == status, (response.status_code, response.text[:400])
-    message = response.json()["error"]
-    assert "internal error" not in message
-    for word in words:
-        assert word in message, (word, message)
-    return message
-
-
-def assert_no_unexpected_errors(server: Server) -> None:
-    """Nothing fell through to the catch-all: no 'unexpected error' and no traceback in the log."""
-    log = server.log()
-    assert "unexpected error" not in log and "Traceback" not in log, log[-3000:]
 
 
 # --- 2. geometry no writer produces, and bombs --------------------------------------------------------

@@ -18,9 +18,9 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import requests
-import wkw
 from scipy import ndimage
 from support.browser import Browser
+from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
 from support.viewer import (
     PANEL_RECT_JS,
@@ -30,20 +30,11 @@ from support.viewer import (
     wait_until_drawn,
 )
 
-from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 
 TOKEN = "viewer-mesh-token"
-VOLUME_LO = np.asarray(TOP_LEFT)
-VOLUME_HI = VOLUME_LO + np.asarray(SIZE)
 CENTRE = [float(v) for v in (VOLUME_LO + VOLUME_HI) / 2]
 PANEL_VOXELS = 400  # projectionScale: the 3-D panel's height in voxels (of x and y, which are the same size)
-
-
-@pytest.fixture(scope="module")
-def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("viewer-mesh-sample")
-    make_sample(root, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +48,7 @@ def server(
 
 @pytest.fixture(scope="module")
 def labels(sample_root: Path) -> np.ndarray:
-    with wkw.Dataset.open(str(sample_root / ORGANIZATION / DATASET / "segmentation" / "1")) as ds:
-        data = ds.read((0, 0, 0), tuple(int(v) for v in VOLUME_HI))[0]
-    out = np.zeros_like(data)
-    inside = tuple(slice(a, b) for a, b in zip(VOLUME_LO, VOLUME_HI))
-    out[inside] = data[inside]
-    return out
+    return sample_labels(sample_root)
 
 
 def largest_interior_segment(labels: np.ndarray) -> int:

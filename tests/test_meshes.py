@@ -28,21 +28,13 @@ import wkw
 import zarr
 from scipy import ndimage
 from support.processes import free_port, stop_process
+from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
 
-from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 
 MESH_TOKEN = "mesh-test-token"
 VOXEL = np.asarray(VOXEL_SIZE_NM)
-VOLUME_LO = np.asarray(TOP_LEFT)
-VOLUME_HI = VOLUME_LO + np.asarray(SIZE)
-
-
-@pytest.fixture(scope="module")
-def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("mesh-sample")
-    make_sample(root, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +51,7 @@ def server(sample_root: Path, mesh_tokens: Path, server_factory: Callable[..., S
 
 @pytest.fixture(scope="module")
 def labels(sample_root: Path) -> np.ndarray:
-    """The sample's segmentation at mag 1, ``[x, y, z]`` over ``[0, end)``, as the wkw package reads it."""
-    with wkw.Dataset.open(str(sample_root / ORGANIZATION / DATASET / "segmentation" / "1")) as ds:
-        data = ds.read((0, 0, 0), tuple(int(v) for v in VOLUME_HI))[0]
-    out = np.zeros_like(data)
-    inside = tuple(slice(a, b) for a, b in zip(VOLUME_LO, VOLUME_HI))
-    out[inside] = data[inside]
-    return out
+    return sample_labels(sample_root)
 
 
 def get(server: Server, path: str, **headers: str) -> requests.Response:

@@ -11,9 +11,7 @@ metadata, corrupt, cut-short, missing and symlinked chunks.
 
 import gzip
 import json
-import os
 import shutil
-import socket
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ import pytest
 import requests
 import tensorstore as ts
 import zarr
+from support.s3 import aws_environment, start_moto, upload_tree
 
 from gateway.sources.precomputed_source import Sharding, compressed_morton_code
 
@@ -599,39 +598,21 @@ def test_an_n5_block_cut_short_at_the_array_s_edge_reads_as_tensorstore_reads_it
 # --- from object storage ---------------------------------------------------------------------------------
 
 BUCKET, PREFIX = "formats-data", "root"
-_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-_AWS_ELSEWHERE = ("AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN")
 
 
 @pytest.fixture(scope="module")
-def s3_gateway(root: Path, server_factory: Callable[..., Server]) -> Iterator[Server]:
+def s3_gateway(
+    root: Path, server_factory: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """The same dataset uploaded file by file to moto's real S3 server, served from ``s3://formats-data/root``."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    moto.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = {name: os.environ.get(name) for name in (*_AWS, *_AWS_ELSEWHERE, "AWS_ENDPOINT_URL")}
+    moto = start_moto(tmp_path_factory.mktemp("formats_moto") / "moto.log")
     try:
-        for name in _AWS_ELSEWHERE:
-            os.environ.pop(name, None)
-        os.environ.update({**_AWS, "AWS_ENDPOINT_URL": endpoint})
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=_AWS["AWS_DEFAULT_REGION"])
-        client.create_bucket(Bucket=BUCKET)
-        for path in sorted(root.rglob("*")):
-            if path.is_file():
-                client.upload_file(str(path), BUCKET, f"{PREFIX}/{path.relative_to(root).as_posix()}")
-        yield server_factory(f"s3://{BUCKET}/{PREFIX}")  # the gateway takes the environment as it starts
+        with aws_environment(moto.endpoint):
+            client = moto.client()
+            client.create_bucket(Bucket=BUCKET)
+            upload_tree(client, root, BUCKET, PREFIX)
+            yield server_factory(f"s3://{BUCKET}/{PREFIX}")  # the gateway takes the environment as it starts
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         moto.stop()
 
 

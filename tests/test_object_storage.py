@@ -17,7 +17,7 @@ import requests
 from support.datasets import LAYERS, MAGS, ORG, WrittenDataset, mag_name
 from support.processes import free_port
 from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
-from support.servers import Server
+from support.servers import Server, assert_healed
 from support.zarr_datasets import (
     ARRAY_IDS,
     CLIENTS,
@@ -233,10 +233,7 @@ def _assert_server_errors(
 
 
 def _assert_healed(server: Server, good: dict[str, requests.Response], when: str) -> None:
-    for name, response in _answers(server).items():
-        assert response.status_code == 200, f"{name} after {when}: {response.status_code} {response.text[:200]}"
-        assert response.content == good[name].content, f"{name} after {when}"
-        assert response.headers["etag"] == good[name].headers["etag"], f"{name} after {when}"
+    assert_healed(_answers(server), good, when)
 
 
 @pytest.fixture

@@ -580,21 +580,12 @@ def expected_cutout(test_data: WrittenDataset) -> tuple[np.ndarray, np.ndarray]:
     return full, full[0, x : x + 64, y : y + 64, z]
 
 
+@pytest.mark.parametrize("client", ["zarr-python", "tensorstore"])
 @pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
-def test_the_zarr_python_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
+def test_the_array_snippet_runs(
+    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool, client: str
 ) -> None:
-    namespace = run_snippet(gateway if needs_token else open_gateway, dataset, "zarr-python", needs_token)
-    full, cutout = expected_cutout(test_data)
-    assert namespace["array"].shape == full.shape
-    assert np.array_equal(namespace["cutout"], cutout)
-
-
-@pytest.mark.parametrize("needs_token", [True, False], ids=["token", "open"])
-def test_the_tensorstore_snippet_runs(
-    gateway: Server, open_gateway: Server, dataset: Dataset, test_data: WrittenDataset, needs_token: bool
-) -> None:
-    namespace = run_snippet(gateway if needs_token else open_gateway, dataset, "tensorstore", needs_token)
+    namespace = run_snippet(gateway if needs_token else open_gateway, dataset, client, needs_token)
     full, cutout = expected_cutout(test_data)
     assert tuple(namespace["array"].shape) == full.shape
     assert np.array_equal(namespace["cutout"], cutout)

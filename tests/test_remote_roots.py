@@ -26,7 +26,7 @@ from support.datasets import MAGS, ORG, WrittenDataset, mag_name
 from support.emulators import Azurite, FakeGcs, environment, start_azurite, start_fake_gcs
 from support.https import Certificate, FileServer, make_certificate
 from support.s3 import CountingProxy
-from support.servers import Server
+from support.servers import Server, assert_healed
 from support.zarr_datasets import (
     ARRAY_IDS,
     CLIENTS,
@@ -216,10 +216,7 @@ def _answers(server: Server) -> dict[str, requests.Response]:
 
 
 def _assert_healed(server: Server, good: dict[str, requests.Response], when: str) -> None:
-    for name, response in _answers(server).items():
-        assert response.status_code == 200, f"{name} after {when}: {response.status_code} {response.text[:200]}"
-        assert response.content == good[name].content, f"{name} after {when}"
-        assert response.headers["etag"] == good[name].headers["etag"], f"{name} after {when}"
+    assert_healed(_answers(server), good, when)
 
 
 @pytest.fixture

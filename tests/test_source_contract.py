@@ -226,27 +226,29 @@ class MagSourceContract:
     def _index(corner: Vec3) -> tuple[int, int, int, int]:
         return (0, *(c // CHUNK for c in corner))  # type: ignore[return-value]
 
+    def _truncated(self, copy: WrittenMag, corner: Vec3) -> MagSource:
+        """The source over ``copy`` after the data file holding ``corner`` is cut to a third of its size."""
+        path = self.data_file(copy.directory, corner)
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 3)
+        return self.open(copy.root, copy.directory)
+
+    @staticmethod
+    def _assert_chunk_read_faults(source: MagSource, corner: Vec3) -> None:
+        with pytest.raises(Exception) as raised:
+            source.read_box(corner, tuple(c + CHUNK for c in corner))  # type: ignore[arg-type]
+        assert _is_storage_fault(raised.value), repr(raised.value)
+
     # --- faults -------------------------------------------------------------------------------------
 
     @pytest.mark.parametrize("corner", [(16, 16, 16), (48, 40, 8)], ids=str)
     def test_a_truncated_data_file_is_a_storage_fault_never_zeros(self, own_copy: WrittenMag, corner: Vec3) -> None:
-        path = self.data_file(own_copy.directory, corner)
-        size = path.stat().st_size
-        with open(path, "r+b") as f:
-            f.truncate(size // 3)
-        source = self.open(own_copy.root, own_copy.directory)
-        end = tuple(c + CHUNK for c in corner)
-        with pytest.raises(Exception) as raised:
-            source.read_box(corner, end)  # type: ignore[arg-type]
-        assert _is_storage_fault(raised.value), repr(raised.value)
+        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
 
     def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
         """Its stored chunk is a storage fault, or bytes that cannot decode: never "absent", which reads as fill."""
         corner: Vec3 = (16, 16, 16)
-        path = self.data_file(own_copy.directory, corner)
-        with open(path, "r+b") as f:
-            f.truncate(path.stat().st_size // 3)
-        source = self.open(own_copy.root, own_copy.directory)
+        source = self._truncated(own_copy, corner)
         try:
             chunk = source.stored_chunk(self._index(corner), corner)
         except Exception as exc:
@@ -441,22 +443,28 @@ class TestZarrV2Source(ZarrContract):
         return directory / ".".join(["0", *(str(v // CHUNK) for v in voxel)])
 
 
+def _zarr3_spec(directory: Path, channels: int, dtype: str, cube: int, codecs: list[Any]) -> dict[str, Any]:
+    """A tensorstore spec of a Zarr v3 array at ``directory``: channels first, then x, y, z in cubes of ``cube``."""
+    return {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(directory) + "/"},
+        "metadata": {
+            "shape": [channels, *EXTENT],
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [channels, *(cube,) * 3]}},
+            "data_type": dtype,
+            "dimension_names": ["c", "x", "y", "z"],
+            "codecs": codecs,
+            "fill_value": 0,
+        },
+    }
+
+
 class TestZarrV3Source(ZarrContract):
     dtype = "uint32"
 
     def spec(self, directory: Path) -> dict[str, Any]:
-        return {
-            "driver": "zarr3",
-            "kvstore": {"driver": "file", "path": str(directory) + "/"},
-            "metadata": {
-                "shape": [self.channels, *EXTENT],
-                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.channels, *(CHUNK,) * 3]}},
-                "data_type": self.dtype,
-                "dimension_names": ["c", "x", "y", "z"],
-                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}],
-                "fill_value": 0,
-            },
-        }
+        codecs = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}]
+        return _zarr3_spec(directory, self.channels, self.dtype, CHUNK, codecs)
 
     def data_file(self, directory: Path, voxel: Vec3) -> Path:
         return directory.joinpath("c", "0", *(str(v // CHUNK) for v in voxel))
@@ -469,31 +477,16 @@ class TestZarrV3ShardedSource(ZarrContract):
 
     def spec(self, directory: Path) -> dict[str, Any]:
         inner = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}]
-        return {
-            "driver": "zarr3",
-            "kvstore": {"driver": "file", "path": str(directory) + "/"},
-            "metadata": {
-                "shape": [self.channels, *EXTENT],
-                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.channels, *(CUBE,) * 3]}},
-                "data_type": self.dtype,
-                "dimension_names": ["c", "x", "y", "z"],
-                "codecs": [
-                    {
-                        "name": "sharding_indexed",
-                        "configuration": {
-                            "chunk_shape": [self.channels, *(CHUNK,) * 3],
-                            "codecs": inner,
-                            "index_codecs": [
-                                {"name": "bytes", "configuration": {"endian": "little"}},
-                                {"name": "crc32c"},
-                            ],
-                            "index_location": "end",
-                        },
-                    }
-                ],
-                "fill_value": 0,
+        sharding = {
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": [self.channels, *(CHUNK,) * 3],
+                "codecs": inner,
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                "index_location": "end",
             },
         }
+        return _zarr3_spec(directory, self.channels, self.dtype, CUBE, [sharding])
 
     def data_file(self, directory: Path, voxel: Vec3) -> Path:
         return directory.joinpath("c", "0", *(str(v // CUBE) for v in voxel))
@@ -635,13 +628,7 @@ class PrecomputedContract(MagSourceContract):
 
     def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
         corner: Vec3 = (16, 16, 16)
-        path = self.data_file(own_copy.directory, corner)
-        with open(path, "r+b") as f:
-            f.truncate(path.stat().st_size // 3)
-        source = self.open(own_copy.root, own_copy.directory)
-        with pytest.raises(Exception) as raised:
-            source.read_box(corner, (corner[0] + CHUNK, corner[1] + CHUNK, corner[2] + CHUNK))
-        assert _is_storage_fault(raised.value), repr(raised.value)
+        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
 
     def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
         """The same source (as the catalog keeps it) reads the new voxels of a file rewritten under it."""

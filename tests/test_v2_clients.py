@@ -7,6 +7,7 @@ import numcodecs
 import numpy as np
 import pytest
 import requests
+from support.clients import read_webknossos_mags
 from support.datasets import LAYERS, MAGS, ORG, TOKEN, WrittenDataset, mag_name
 from support.servers import Server
 
@@ -100,15 +101,8 @@ def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: W
         if category == "segmentation":
             assert layer.largest_segment_id == 2**31 - 1
         assert sorted(m.to_tuple() for m in layer.mags) == sorted(MAGS)
-        for mag_view in layer.mags.values():
-            bbox = layer.bounding_box.align_with_mag(mag_view.mag, ceil=True)
-            data = mag_view.read(absolute_bounding_box=bbox)
-            if data.ndim == 3:
-                data = data[np.newaxis]
-            in_mag = bbox.in_mag(mag_view.mag)
-            region = (slice(None), *(slice(a, b) for a, b in zip(in_mag.topleft, in_mag.bottomright)))
-            expected = test_data.expected(name, mag_view.mag.to_tuple())[region]
-            assert np.array_equal(data, expected), f"{name} mag {mag_view.mag}"
+        for mag, data, region in read_webknossos_mags(layer):
+            assert np.array_equal(data, test_data.expected(name, mag)[region]), f"{name} mag {mag}"
 
 
 # --- directory semantics (UPath / fsspec) ---------------------------------------------------------

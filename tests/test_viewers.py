@@ -42,7 +42,7 @@ from support.viewer import (
     wait_until_drawn,
 )
 
-from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM
 
 pytestmark = pytest.mark.browser  # every test drives headless Chromium
 
@@ -71,13 +71,6 @@ class View:
     panel: np.ndarray  # RGB pixels of the rendered data panel
     access: list[AccessLine]
     console: list[str]
-
-
-@pytest.fixture(scope="module")
-def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sample")
-    make_sample(root, progress=False)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -341,16 +334,17 @@ PAGE_JS = """(() => ({
 
 
 @pytest.fixture(scope="module")
-def page_gateway(
-    sample_root: Path,
-    server_factory: Callable[..., Server],
-    neuroglancer_url: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Server:
-    """An open gateway whose pages link to the local Neuroglancer, so the link can be followed here."""
+def page_settings(neuroglancer_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A settings file whose pages link to the local Neuroglancer, so the links can be followed here."""
     settings = tmp_path_factory.mktemp("page-settings") / "settings.json"
     settings.write_text(json.dumps({"neuroglancer_url": neuroglancer_url}))
-    return server_factory(sample_root, settings_file=settings)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def page_gateway(sample_root: Path, server_factory: Callable[..., Server], page_settings: Path) -> Server:
+    """An open gateway whose pages link to the local Neuroglancer."""
+    return server_factory(sample_root, settings_file=page_settings)
 
 
 def read_page(browser: Browser, url: str, screenshot: Path) -> dict[str, Any]:
@@ -433,18 +427,24 @@ def test_dataset_page_in_the_browser(
     assert {url.rstrip("/") for url in listed} == {url.rstrip("/") for url in expected}
 
 
-def test_dataset_page_link_opens_in_neuroglancer(
-    browser: Browser, page_gateway: Server, neuroglancer_url: str, tmp_path: Path
-) -> None:
-    """The page's "Open in Neuroglancer" link, followed in the browser, loads every layer from the gateway,
-    the segmentation's mesh source included."""
-    html = requests.get(f"{page_gateway.url}/data/zarr/{ORGANIZATION}/{DATASET}/", timeout=30).text
+def _neuroglancer_links(html: str, neuroglancer_url: str) -> dict[str, str]:
+    """A dataset page's Neuroglancer links by the layer each selects: one for the image, one for the labels."""
     links = {
         neuroglancer_state(href, neuroglancer_url)["selectedLayer"]["layer"]: href
         for href in _hrefs(html)
         if href.startswith(neuroglancer_url)
     }
     assert set(links) == {"color", "segmentation"}, links
+    return links
+
+
+def test_dataset_page_link_opens_in_neuroglancer(
+    browser: Browser, page_gateway: Server, neuroglancer_url: str, tmp_path: Path
+) -> None:
+    """The page's "Open in Neuroglancer" link, followed in the browser, loads every layer from the gateway,
+    the segmentation's mesh source included."""
+    html = requests.get(f"{page_gateway.url}/data/zarr/{ORGANIZATION}/{DATASET}/", timeout=30).text
+    links = _neuroglancer_links(html, neuroglancer_url)
     assert neuroglancer_state(links["color"], neuroglancer_url)["layers"][0]["source"].startswith("zarr2://")
     start = len(page_gateway.log())
     with browser.page() as page:
@@ -465,16 +465,13 @@ VIEWER_TOKEN = "viewer+token~1.x"  # characters that a path and a query encode d
 def token_page_gateway(
     sample_root: Path,
     server_factory: Callable[..., Server],
-    neuroglancer_url: str,
+    page_settings: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Server:
     """A gateway with tokens whose pages link to the local Neuroglancer."""
-    directory = tmp_path_factory.mktemp("token-page")
-    settings = directory / "settings.json"
-    settings.write_text(json.dumps({"neuroglancer_url": neuroglancer_url}))
-    tokens = directory / "tokens.json"
+    tokens = tmp_path_factory.mktemp("token-page") / "tokens.json"
     tokens.write_text(json.dumps({"tokens": {VIEWER_TOKEN: [f"{ORGANIZATION}/*"]}}))
-    return server_factory(sample_root, settings_file=settings, tokens_file=tokens)
+    return server_factory(sample_root, settings_file=page_settings, tokens_file=tokens)
 
 
 @pytest.mark.parametrize("tree, scheme", [("zarr", "zarr2"), ("zarr3", "zarr3")])
@@ -490,12 +487,7 @@ def test_dataset_page_link_with_a_token_opens_in_neuroglancer(
     # the segment list scans the layer once; from then on the page's link selects its largest segments
     assert requests.get(meshes + "segment_properties/info", timeout=120).status_code == 200
     html = requests.get(f"{gateway.url}/data/{tree}/{ORGANIZATION}/{DATASET}/?token={encoded}", timeout=30).text
-    links = {
-        neuroglancer_state(href, neuroglancer_url)["selectedLayer"]["layer"]: href
-        for href in _hrefs(html)
-        if href.startswith(neuroglancer_url)
-    }
-    assert set(links) == {"color", "segmentation"}, links
+    links = _neuroglancer_links(html, neuroglancer_url)
     state = neuroglancer_state(links["segmentation"], neuroglancer_url)
     sources = [
         s

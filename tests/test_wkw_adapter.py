@@ -7,6 +7,7 @@ written by ``wkw`` and patching their bytes.
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import lz4.block
@@ -633,24 +634,29 @@ def write_jumps(path: Path, jumps: np.ndarray) -> None:
     patch(path, 16, jumps.astype("<u8").tobytes())
 
 
-@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_jump_table_not_increasing(corrupt_copy, block_type: BlockType) -> None:
-    mag_dir, path = corrupt_copy(block_type)
-    jumps = read_jumps(path)
-    jumps[[3, 4]] = jumps[[4, 3]]
-    write_jumps(path, jumps)
-    with pytest.raises(JumpTableError):
-        open_mag(mag_dir).read_block((0, 0, 0))
+def _swap_two_entries(jumps: np.ndarray) -> None:
+    jumps[[3, 4]] = jumps[[4, 3]]  # not increasing
 
 
-@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_jump_table_first_entry_before_data(corrupt_copy, block_type: BlockType) -> None:
-    mag_dir, path = corrupt_copy(block_type)
-    jumps = read_jumps(path)
+def _first_entry_before_data(jumps: np.ndarray) -> None:
     jumps[0] = 40  # inside the jump table
+
+
+@pytest.mark.parametrize(
+    ("edit", "block"),
+    [(_swap_two_entries, (0, 0, 0)), (_first_entry_before_data, (1, 0, 0))],
+    ids=["not_increasing", "first_entry_before_data"],
+)
+@pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
+def test_jump_table_out_of_order(
+    corrupt_copy, block_type: BlockType, edit: Callable[[np.ndarray], None], block: tuple[int, int, int]
+) -> None:
+    mag_dir, path = corrupt_copy(block_type)
+    jumps = read_jumps(path)
+    edit(jumps)
     write_jumps(path, jumps)
     with pytest.raises(JumpTableError):
-        open_mag(mag_dir).read_block((1, 0, 0))
+        open_mag(mag_dir).read_block(block)
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
@@ -824,14 +830,22 @@ def test_cache_sees_rewrite_by_write_mag_with_other_block_type(tmp_path: Path) -
     assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), first)
 
 
+def _written_and_read(
+    path: Path, seed: int, dtype: type, extent: tuple[int, int, int], block_type: BlockType
+) -> tuple[np.ndarray, WkwMag]:
+    """One channel of random voxels written at ``path`` (blocks of 8, files of 2 blocks), opened and read once
+    (which fills the cache), with what was written."""
+    data = random_voxels(np.random.default_rng(seed), dtype, (1, *extent))
+    write_mag(str(path), WkwHeader.create(dtype, 1, block_type, 8, 2), data)
+    mag = open_mag(path)
+    assert np.array_equal(mag.read_region((0, 0, 0), extent), data)
+    return data, mag
+
+
 def test_cache_sees_same_size_rewrite_in_place(tmp_path: Path) -> None:
     """An LZ4 file patched in place, keeping its size: the new jump table must be used."""
     path = tmp_path / "mag"
-    data = random_voxels(np.random.default_rng(12), np.uint8, (1, 16, 16, 16))
-    header = WkwHeader.create(np.uint8, 1, BlockType.LZ4, 8, 2)
-    write_mag(str(path), header, data)
-    mag = open_mag(path)
-    assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), data)
+    data, mag = _written_and_read(path, 12, np.uint8, (16, 16, 16), BlockType.LZ4)
 
     # Swap blocks 0 and 1 on disk, with a matching jump table: same size, other content.
     file = data_file(path, (0, 0, 0))
@@ -855,16 +869,12 @@ def test_cache_sees_same_size_rewrite_in_place(tmp_path: Path) -> None:
 
 def test_cache_sees_deleted_and_new_files(tmp_path: Path) -> None:
     path = tmp_path / "mag"
-    data = random_voxels(np.random.default_rng(13), np.int32, (1, 32, 16, 16))
-    header = WkwHeader.create(np.int32, 1, BlockType.LZ4HC, 8, 2)
-    write_mag(str(path), header, data)
-    mag = open_mag(path)
-    assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), data)
+    data, mag = _written_and_read(path, 13, np.int32, (32, 16, 16), BlockType.LZ4HC)
     data_file(path, (1, 0, 0)).unlink()
     expected = data.copy()
     expected[:, 16:] = 0
     assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), expected)
-    write_mag(str(path), header, data)
+    write_mag(str(path), WkwHeader.create(np.int32, 1, BlockType.LZ4HC, 8, 2), data)
     assert np.array_equal(mag.read_region((0, 0, 0), (32, 16, 16)), data)
 
 

@@ -13,6 +13,7 @@ import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,11 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.ids, self.voxels, self.bboxes, self.starts, self.cubes)) + 256
+        return sum(a.nbytes for a in self._arrays().values()) + 256
+
+    def _arrays(self) -> dict[str, Any]:  # Any: numpy types savez's keywords as bool
+        """The index's arrays by the names they are stored under."""
+        return {name: getattr(self, name) for name in ("ids", "voxels", "bboxes", "starts", "cubes")}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -98,15 +103,7 @@ class SegmentIndex:
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         meta = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), dtype=np.uint8)
-        np.savez(
-            buffer,
-            meta=meta,
-            ids=self.ids,
-            voxels=self.voxels,
-            bboxes=self.bboxes,
-            starts=self.starts,
-            cubes=self.cubes,
-        )
+        np.savez(buffer, meta=meta, **self._arrays())
         return buffer.getvalue()
 
     @classmethod

@@ -7,7 +7,7 @@ Each format subclasses :class:`SourceFormat` beside its :class:`MagSource` and i
 
 from abc import ABC, abstractmethod
 
-from gateway_storage import ByteLRU, Store
+from gateway_storage import ByteLRU, OutsideRootError, Store
 
 from .mag import MagSource, Vec3
 from .properties import DataLayer
@@ -26,6 +26,14 @@ class SourceFormat(ABC):
     @abstractmethod
     def holds_mag(self, directory: str) -> bool:
         """Whether ``directory`` (inside the root) holds a mag of this format: its directory marker."""
+
+    def _holds_file(self, directory: str, name: str) -> bool:
+        """Whether ``directory`` holds the file ``name`` inside the root (a marker that is a symlink out of
+        the root does not count: that mag is not served)."""
+        try:
+            return self.store.identity(self.store.join(directory, name)) is not None
+        except OutsideRootError:
+            return False
 
     @abstractmethod
     def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:

@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, FileSource, OutsideRootError, Store
+from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .axes import AxisMap, axis_names
 from .bounds import (
@@ -211,10 +211,7 @@ class N5Format(SourceFormat):
     cache_weight = 0
 
     def holds_mag(self, directory: str) -> bool:
-        try:
-            return self.store.identity(self.store.join(directory, ATTRIBUTES)) is not None
-        except OutsideRootError:
-            return False  # the attributes are a symlink out of the root: the mag is not served
+        return self._holds_file(directory, ATTRIBUTES)
 
     def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
         return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, FileSource, OutsideRootError, Store
+from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 
 from .bounds import (
     MAX_CHUNKS_PER_SHARD,
@@ -341,11 +341,7 @@ class PrecomputedFormat(SourceFormat):
         self.minishards: ByteLRU = ByteLRU(cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
-        volume = directory.rstrip("/").rpartition("/")[0]
-        try:
-            return self.store.identity(self.store.join(volume, INFO)) is not None
-        except OutsideRootError:
-            return False  # the info is a symlink out of the root: the mag is not served
+        return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO)  # the volume's info
 
     def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
         return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards)

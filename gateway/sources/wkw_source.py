@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store, TruncatedFileError
+from gateway_storage import ByteLRU, FileSource, Store, TruncatedFileError
 from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid
 
 from .formats import SourceFormat
@@ -146,10 +146,7 @@ class WkwFormat(SourceFormat):
         self.files = WkwFileCache(store, max_bytes=cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
-        try:
-            return self.store.identity(self.store.join(directory, MARKER)) is not None
-        except OutsideRootError:
-            return False  # the marker is a symlink out of the root: the mag is not served
+        return self._holds_file(directory, MARKER)
 
     def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
         return WkwMagSource(mag, directory, layer.bounding_box, self.files)

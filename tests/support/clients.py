@@ -1,6 +1,6 @@
 """The clients users read with (tensorstore, zarr-python), opened on a served array's URL."""
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import EllipsisType
 from typing import Any, Literal, cast
 
@@ -35,3 +35,15 @@ def read_zarr_python(
     array = zarr.open_array(url, mode="r", zarr_format=version, storage_options=options)
     data: np.ndarray[Any, Any] = np.asarray(array[region])
     return data
+
+
+def read_webknossos_mags(layer: Any) -> Iterator[tuple[tuple[int, int, int], np.ndarray[Any, Any], Region]]:
+    """Each mag of a webknossos-libs layer read whole: its mag, its data (channel first) and its region in the mag."""
+    for mag_view in layer.mags.values():
+        bbox = layer.bounding_box.align_with_mag(mag_view.mag, ceil=True)
+        data = mag_view.read(absolute_bounding_box=bbox)
+        if data.ndim == 3:
+            data = data[np.newaxis]
+        in_mag = bbox.in_mag(mag_view.mag)
+        region = (slice(None), *(slice(a, b) for a, b in zip(in_mag.topleft, in_mag.bottomright)))
+        yield mag_view.mag.to_tuple(), data, region

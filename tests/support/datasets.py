@@ -95,3 +95,14 @@ def write_test_root(root: Path) -> WrittenDataset:
     broken.mkdir()
     (broken / "datasource-properties.json").write_text(json.dumps({"id": {"name": "x"}, "dataLayers": "nope"}))
     return WrittenDataset(root, DATASET_NAME)
+
+
+def v2_chunk_paths(dataset_path: str, layers: tuple[str, ...]) -> list[str]:
+    """The v2 keys of a 5 x 4 x 3 block of chunks (x from 1) at mag 1 of each layer: many distinct chunks."""
+    return [
+        f"{dataset_path}/{layer}/1/0.{x}.{y}.{z}"
+        for layer in layers
+        for x in range(1, 6)
+        for y in range(4)
+        for z in range(3)
+    ]

@@ -15,15 +15,13 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-from .processes import free_port
+from .loopback import QuietServer, ThreadedServer
 
 
 @dataclass(frozen=True)
@@ -91,39 +89,10 @@ def _etag(stat: os.stat_result) -> str:
     return f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
 
 
-class _QuietServer(ThreadingHTTPServer):
-    """Keeps its open connections, so that stopping it also drops the ones a client holds open."""
-
-    daemon_threads = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.connections_lock:
-            self.connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.connections_lock:
-            self.connections.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        with self.connections_lock:
-            open_now = list(self.connections)
-        for connection in open_now:
-            with suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass
-
-
-class FileServer:
+class FileServer(ThreadedServer):
     """HTTPS over ``root`` on a loopback port; ``mode`` is ``"forward"``, ``"error"`` or ``"close"``."""
+
+    drops_connections = True  # a stopped server is gone for the clients that kept a connection, too
 
     def __init__(
         self, root: Path, certificate: Certificate, listing: bool = True, required: dict[str, str] | None = None
@@ -132,15 +101,13 @@ class FileServer:
         self.required = required or {}  # headers every request must carry, or it is answered 401
         self.certificate = certificate
         self.listing = listing
-        self.port = free_port()
+        super().__init__()
         self.mode = "forward"
         self.requests: list[tuple[str, str, str | None]] = []
         # Called with the file's path after each HEAD is answered, until it returns True (then cleared):
         # to replace a file between the moment a reader learned its version and its read.
         self.after_head: Callable[[Path], bool] | None = None
         self._lock = threading.Lock()
-        self._server: _QuietServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -265,20 +232,8 @@ class FileServer:
                 body = '<?xml version="1.0"?><D:multistatus xmlns:D="DAV:">' + "".join(responses) + "</D:multistatus>"
                 self._reply(207, body.encode(), {"Content-Type": "application/xml; charset=utf-8"})
 
-        server = _QuietServer(("127.0.0.1", self.port), Handler)
+        server = QuietServer(("127.0.0.1", self.port), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.certificate.cert, self.certificate.key)
         server.socket = context.wrap_socket(server.socket, server_side=True)
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server.drop_connections()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        self._serve(server)

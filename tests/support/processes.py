@@ -73,3 +73,22 @@ def wait_until_answering(
         process.kill()
         process.wait(10)
         raise StartError(f"did not answer {url} within {timeout} s: {describe()}")
+
+
+def receive_until_closed(connection: socket.socket, tolerated: tuple[type[OSError], ...] = ()) -> bytes:
+    """Everything the peer sends until it closes the connection (or one of ``tolerated`` ends the reading)."""
+    received = b""
+    try:
+        while chunk := connection.recv(65536):
+            received += chunk
+    except tolerated:
+        pass
+    return received
+
+
+def raw_exchange(url: str, raw: bytes, timeout: float = 10, tolerated: tuple[type[OSError], ...] = ()) -> bytes:
+    """Send ``raw`` on a fresh connection to ``url``'s host and port; everything answered until it is closed."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+        connection.sendall(raw)
+        return receive_until_closed(connection, tolerated)

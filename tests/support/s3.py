@@ -1,7 +1,6 @@
 """An S3-protocol server for tests (moto in server mode) and a counting, fault-injecting proxy in front of it."""
 
 import http.client
-import os
 import socket
 import subprocess
 import sys
@@ -9,10 +8,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from .emulators import environment
+from .loopback import QuietServer, ThreadedServer
 from .processes import free_port, stop_process, wait_until_answering
 
 CREDENTIALS = {
@@ -27,19 +28,8 @@ _OVERRIDDEN = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PRO
 @contextmanager
 def aws_environment(endpoint: str) -> Iterator[None]:
     """``os.environ`` pointing boto3 (and a gateway started meanwhile) at ``endpoint``; restored afterwards."""
-    saved = {name: os.environ.get(name) for name in (*CREDENTIALS, *_OVERRIDDEN)}
-    for name in _OVERRIDDEN:
-        os.environ.pop(name, None)
-    os.environ.update(CREDENTIALS)
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    try:
+    with environment({**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}, _OVERRIDDEN):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @dataclass
@@ -104,14 +94,7 @@ class Fetch:
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection"}
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a connection the proxy dropped on purpose, or one its client gave up on
-
-
-class CountingProxy:
+class CountingProxy(ThreadedServer):
     """A threaded HTTP proxy to ``upstream`` that records every request and can be told to fail.
 
     Modes: ``"forward"`` (pass everything through), ``"error"`` (answer 500), ``"close"`` (drop the
@@ -122,15 +105,13 @@ class CountingProxy:
     """
 
     def __init__(self, upstream: str) -> None:
+        super().__init__()
         self.upstream = upstream.removeprefix("http://")
-        self.port = free_port()
         self.mode = "forward"
         self.fail_only: str | None = None
         self.fail_methods: set[str] | None = None
         self.fetches: list[Fetch] = []
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def endpoint(self) -> str:
@@ -186,23 +167,7 @@ class CountingProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
 
-        server = _QuietServer(("127.0.0.1", self.port), Handler)
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        self._serve(QuietServer(("127.0.0.1", self.port), Handler))
 
     def _record(self, fetch: Fetch) -> None:
         with self._lock:

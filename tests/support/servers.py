@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from .processes import free_port, wait_until_answering
 
 TEST_SERVER_ENV = "GATEWAY_TEST_SERVER"  # uvicorn (default) or granian: the HTTP server of every test gateway
@@ -59,3 +61,27 @@ def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     url = f"http://127.0.0.1:{port}"
     wait_until_answering(url + "/", process, 30, lambda: f"gateway: {log_path.read_text()}", interval=0.1)
     return Server(url, process, log_path)
+
+
+def assert_reason(response: requests.Response, status: int, *words: str) -> str:
+    """A JSON error of ``status`` whose message names every word and is not the internal-error catch-all."""
+    assert response.status_code == status, (response.url, response.status_code, response.text[:400])
+    message: str = response.json()["error"]
+    assert "internal error" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+    return message
+
+
+def assert_no_unexpected_errors(server: Server) -> None:
+    """Nothing fell through to the catch-all: no 'unexpected error' and no traceback in the log."""
+    log = server.log()
+    assert "unexpected error" not in log and "Traceback" not in log, log[-3000:]
+
+
+def assert_healed(answers: dict[str, requests.Response], good: dict[str, requests.Response], when: str) -> None:
+    """Every answer after a storage fault ended is a 200 with the bytes and ETag of the answer before it."""
+    for name, response in answers.items():
+        assert response.status_code == 200, f"{name} after {when}: {response.status_code} {response.text[:200]}"
+        assert response.content == good[name].content, f"{name} after {when}"
+        assert response.headers["etag"] == good[name].headers["etag"], f"{name} after {when}"
