@@ -92,32 +92,33 @@ def start_tls_proxy(gateway: Server, certificate: Path, directory: Path) -> tupl
 
 
 @pytest.fixture(scope="module")
-def tls_proxy(
-    test_data: WrittenDataset,
-    tokens_file: Path,
-    server_factory: Callable[..., Server],
-    certificate: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Proxy, str]]:
-    """In front of a gateway with tokens."""
-    gateway = server_factory(test_data.root, tokens_file=tokens_file)
-    proxy, base = start_tls_proxy(gateway, certificate, tmp_path_factory.mktemp("nginx-tls"))
+def tls_gateways(
+    test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server]
+) -> dict[str, Server]:
+    """A gateway with tokens, and one without: this Neuroglancer keeps no query string on the URLs it derives."""
+    return {"tokens": server_factory(test_data.root, tokens_file=tokens_file), "open": server_factory(test_data.root)}
+
+
+def _proxied(gateway: Server, certificate: Path, directory: Path) -> Iterator[tuple[Proxy, str]]:
+    proxy, base = start_tls_proxy(gateway, certificate, directory)
     yield proxy, base
     proxy.stop()
 
 
 @pytest.fixture(scope="module")
-def open_tls_proxy(
-    test_data: WrittenDataset,
-    server_factory: Callable[..., Server],
-    certificate: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+def tls_proxy(
+    tls_gateways: dict[str, Server], certificate: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Proxy, str]]:
-    """In front of a gateway without tokens: this Neuroglancer keeps no query string on the URLs it derives."""
-    gateway = server_factory(test_data.root)
-    proxy, base = start_tls_proxy(gateway, certificate, tmp_path_factory.mktemp("nginx-tls-open"))
-    yield proxy, base
-    proxy.stop()
+    """In front of the gateway with tokens."""
+    yield from _proxied(tls_gateways["tokens"], certificate, tmp_path_factory.mktemp("nginx-tls"))
+
+
+@pytest.fixture(scope="module")
+def open_tls_proxy(
+    tls_gateways: dict[str, Server], certificate: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Proxy, str]]:
+    """In front of the gateway without tokens."""
+    yield from _proxied(tls_gateways["open"], certificate, tmp_path_factory.mktemp("nginx-tls-open"))
 
 
 def test_tls_listener_is_off_by_default(
