@@ -615,5 +615,6 @@ def test_the_neuroglancer_link_opens_image_and_segmentation_with_meshes(server: 
     assert layers["color"]["type"] == "image" and layers["segmentation"]["type"] == "segmentation"
     sources = layers["segmentation"]["source"]
     assert sources[0].startswith("zarr3://")
-    assert sources[1] == f"{server.url}{mesh_base()}?token={MESH_TOKEN}|neuroglancer-precomputed:"
+    # the token in the path, the one form every Neuroglancer keeps on each request
+    assert sources[1] == f"{server.url}/t/{MESH_TOKEN}{mesh_base()}|neuroglancer-precomputed:"
     assert [int(s) for s in layers["segmentation"]["segments"]] == largest(labels, 3)
