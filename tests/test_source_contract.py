@@ -29,9 +29,8 @@ from gateway.sources.properties import BoundingBox
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.sources.zarr_source import ZarrMagSource
 from gateway_storage import ByteLRU, LocalStore
+from gateway_storage.geometry import Vec3, vec3
 from wkw_adapter import WkwFileCache
-
-Vec3 = tuple[int, int, int]
 
 MAG: Vec3 = (1, 1, 1)
 CHUNK = 16  # voxels per edge of a stored chunk (a WKW block, a Zarr chunk or inner chunk)
@@ -72,9 +71,9 @@ def _window(lo: Vec3, hi: Vec3) -> tuple[slice, ...]:
 
 
 def _cube_box(cube: Vec3) -> tuple[Vec3, Vec3]:
-    lo = tuple(c * CUBE for c in cube)
-    hi = tuple(min(a + CUBE, e) for a, e in zip(lo, EXTENT))
-    return lo, hi  # type: ignore[return-value]
+    lo = vec3(c * CUBE for c in cube)
+    hi = vec3(min(a + CUBE, e) for a, e in zip(lo, EXTENT))
+    return lo, hi
 
 
 def _is_storage_fault(exc: BaseException) -> bool:
@@ -169,7 +168,7 @@ class MagSourceContract:
     def test_geometry_follows_the_bounding_box_and_the_header(self, written: WrittenMag) -> None:
         source = self.open(written.root, written.directory)
         assert source.shape == BBOX_HI
-        assert (source.bbox_lo, source.bbox_hi) == (TOP_LEFT, BBOX_HI)
+        assert (source.bbox.lo, source.bbox.hi) == (TOP_LEFT, BBOX_HI)
         assert source.dtype == np.dtype(self.dtype)
         assert source.channels == self.channels
         assert source.mag == MAG
@@ -217,12 +216,13 @@ class MagSourceContract:
         except ChunkNotFound:
             chunk = None
         assert chunk is None
-        box = (CHUNK_IN_HOLE, tuple(min(c + CHUNK, e) for c, e in zip(CHUNK_IN_HOLE, BBOX_HI)))
-        assert not source.read_box(*box).data.any()  # type: ignore[arg-type]
+        box = (CHUNK_IN_HOLE, vec3(min(c + CHUNK, e) for c, e in zip(CHUNK_IN_HOLE, BBOX_HI)))
+        assert not source.read_box(*box).data.any()
 
     @staticmethod
     def _index(corner: Vec3) -> tuple[int, int, int, int]:
-        return (0, *(c // CHUNK for c in corner))  # type: ignore[return-value]
+        x, y, z = (c // CHUNK for c in corner)
+        return (0, x, y, z)
 
     # --- faults -------------------------------------------------------------------------------------
 
@@ -233,9 +233,9 @@ class MagSourceContract:
         with open(path, "r+b") as f:
             f.truncate(size // 3)
         source = self.open(own_copy.root, own_copy.directory)
-        end = tuple(c + CHUNK for c in corner)
+        end = vec3(c + CHUNK for c in corner)
         with pytest.raises(Exception) as raised:
-            source.read_box(corner, end)  # type: ignore[arg-type]
+            source.read_box(corner, end)
         assert _is_storage_fault(raised.value), repr(raised.value)
 
     def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:

@@ -48,7 +48,7 @@ class Node:
 
 def grid(mag: tuple[int, int, int]) -> tuple[int, int, int]:
     """The served extent of every layer at ``mag``: all layers share the bounding box in the test data."""
-    return bbox_at_mag(mag)[1]  # type: ignore[return-value]
+    return bbox_at_mag(mag)[1]
 
 
 def walk(tree: str) -> Iterator[Node]:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-Vec3 = tuple[int, int, int]
+from gateway_storage.geometry import Vec3
 
 
 def copy_overlap(dst: np.ndarray, dst_origin: Vec3, src: np.ndarray, src_origin: Vec3) -> None:

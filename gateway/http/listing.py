@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote
 
-from ..sources.catalog import Dataset
-from ..sources.properties import mag_name
+from gateway_storage.geometry import Vec3, mag_name
 
-Vec3 = tuple[int, int, int]
+from ..sources.catalog import Dataset
+
 TOKEN_PLACEHOLDER = "<token>"
 NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
 _UNIT_PREFIXES = {

@@ -8,8 +8,9 @@ Each format subclasses :class:`SourceFormat` beside its :class:`MagSource` and i
 from abc import ABC, abstractmethod
 
 from gateway_storage import ByteLRU, Store
+from gateway_storage.geometry import Vec3
 
-from .mag import MagSource, Vec3
+from .mag import MagSource
 from .properties import DataLayer
 
 

@@ -5,10 +5,11 @@ import functools
 import numpy as np
 
 from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store, TruncatedFileError
+from gateway_storage.geometry import Vec3
 from wkw_adapter import WkwFileCache, WkwMag, morton_grid
 
 from .formats import SourceFormat
-from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding, Vec3
+from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 
 MARKER = "header.wkw"  # every WKW mag directory holds one

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
+from gateway_storage.geometry import Vec3
 
 from .formats import SourceFormat
-from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding, Vec3
+from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 

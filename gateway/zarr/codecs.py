@@ -10,6 +10,8 @@ import numcodecs
 import numpy as np
 from numcodecs.abc import Codec as NumcodecsCodec
 
+from .documents import CodecDocument
+
 numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
 
 BLOSC_CLEVEL = 5
@@ -50,7 +52,7 @@ def encode(codec: Codec, data: np.ndarray) -> bytes:
     return bytes(encoder.encode(flat))
 
 
-def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
+def v2_compressor(codec: Codec, itemsize: int) -> CodecDocument | None:
     """The ``compressor`` entry of ``.zarray``, with only the members tensorstore's v2 driver accepts."""
     if codec is Codec.ZSTD:
         return {"id": "zstd", "level": ZSTD_LEVEL}
@@ -58,7 +60,7 @@ def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
     return None if encoder is None else encoder.get_config()
 
 
-def v3_codecs(codec: Codec, itemsize: int) -> list[dict]:
+def v3_codecs(codec: Codec, itemsize: int) -> list[CodecDocument]:
     """Bytes-to-bytes codecs that follow ``transpose`` and ``bytes`` in ``zarr.json``."""
     if codec.is_blosc:
         shuffle = "shuffle" if itemsize > 1 else "noshuffle"

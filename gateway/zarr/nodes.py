@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import documents
 from .chunks import ChunkNotFound, ServedMag, encoded_chunk, passthrough_chunk, plain_chunk
+from .documents import Attributes
 from .layout import array_zarr_json, zarray
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
 from .shards import ShardPlans
@@ -23,19 +25,23 @@ class ArrayNode(ABC):
     """An array: the names of its dimensions, its attributes, its metadata in each Zarr version, its chunks."""
 
     dimension_names: tuple[str, ...]
-    attributes: dict
+    attributes: Attributes
 
     @property
     def rank(self) -> int:
         return len(self.dimension_names)
 
     @abstractmethod
-    def zarr_json(self) -> dict:
+    def zarr_json(self) -> documents.ArrayZarrJson:
         """The array's ``zarr.json`` (Zarr v3)."""
 
     @abstractmethod
-    def zarray(self) -> dict:
+    def zarray(self) -> documents.ZArray:
         """The array's ``.zarray`` (Zarr v2)."""
+
+    def v2_attributes(self) -> dict[str, object]:
+        """The array's ``.zattrs`` (Zarr v2), with its dimension names."""
+        return documents.v2_array_attributes(self.attributes, self.dimension_names)
 
     @abstractmethod
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
@@ -61,7 +67,7 @@ class SourceArray(ArrayNode):
         self,
         served: ServedMag,
         dimension_names: tuple[str, ...],
-        attributes: dict | None = None,
+        attributes: Attributes | None = None,
         plans: ShardPlans | None = None,
     ) -> None:
         self.served = served
@@ -75,10 +81,10 @@ class SourceArray(ArrayNode):
         chunk_bytes = int(np.prod(served.layout.chunk_shape)) * served.layout.dtype.itemsize
         self._encodes_inline = self._local and plans is None and chunk_bytes <= INLINE_ENCODE_BYTES
 
-    def zarr_json(self) -> dict:
+    def zarr_json(self) -> documents.ArrayZarrJson:
         return array_zarr_json(self.layout, self.dimension_names, self.attributes)
 
-    def zarray(self) -> dict:
+    def zarray(self) -> documents.ZArray:
         return zarray(self.layout)
 
     def _source_index(self, index: tuple[int, ...]) -> tuple[int, ...]:
@@ -105,38 +111,22 @@ class SourceArray(ArrayNode):
 class MemoryArray(ArrayNode):
     """A small 1-D float64 array held in memory as one uncompressed chunk (the xarray tree's coordinates)."""
 
-    def __init__(self, name: str, values: np.ndarray, attributes: dict) -> None:
+    def __init__(self, name: str, values: np.ndarray, attributes: Attributes) -> None:
         self.dimension_names = (name,)
         self.attributes = attributes
         self.size = int(values.size)
         self._body = values.astype("<f8").tobytes()
         self._etag = make_etag("memory", name, self._body)
 
-    def zarr_json(self) -> dict:
-        return {
-            "zarr_format": 3,
-            "node_type": "array",
-            "shape": [self.size],
-            "data_type": "float64",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [max(self.size, 1)]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 0.0,
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "dimension_names": list(self.dimension_names),
-            "attributes": self.attributes,
-        }
+    def zarr_json(self) -> documents.ArrayZarrJson:
+        chunk = [max(self.size, 1)]
+        codecs = [documents.bytes_codec("little")]
+        return documents.array_zarr_json(
+            [self.size], "float64", chunk, 0.0, codecs, self.dimension_names, self.attributes
+        )
 
-    def zarray(self) -> dict:
-        return {
-            "zarr_format": 2,
-            "shape": [self.size],
-            "chunks": [max(self.size, 1)],
-            "dtype": "<f8",
-            "compressor": None,
-            "fill_value": 0.0,
-            "order": "C",
-            "filters": None,
-        }
+    def zarray(self) -> documents.ZArray:
+        return documents.zarray([self.size], [max(self.size, 1)], "<f8", 0.0, "C")
 
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
         if index != (0,):
@@ -154,5 +144,5 @@ class GroupNode:
     """A group of a tree (a layer, or an xarray mag) and the arrays in it."""
 
     name: str
-    attributes: dict
+    attributes: Attributes
     arrays: dict[str, ArrayNode] = field(default_factory=dict)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gateway.sample import smooth_lattice_grid
+from gateway_storage.geometry import mag_name
 from wkw_adapter import BlockType, WkwHeader, compress_block, morton_decode, write_mag
 
 from .config import BLOCK, DATA_CUBE, DATA_ORIGIN, DATA_VERSION, DATASET, EXTENT, ORG, SEED, Mode, Vec3, log
@@ -93,10 +94,6 @@ def _shifted(blocks: dict[Vec3, bytes], corner: Vec3) -> Callable[[Vec3], bytes]
         return blocks[(corner[0] + position[0], corner[1] + position[1], corner[2] + position[2])]
 
     return block_at
-
-
-def mag_name(mag: Vec3) -> str:
-    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
 
 
 def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
