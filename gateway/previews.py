@@ -89,7 +89,8 @@ def stretch_contrast(plane: np.ndarray) -> np.ndarray:
     span = high - low if high > low else 1.0
     scaled = np.clip((values - low) / span, 0.0, 1.0) * 255.0
     scaled[~finite] = 0.0
-    return np.rint(scaled).astype(np.uint8)
+    pixels: np.ndarray = np.rint(scaled).astype(np.uint8)
+    return pixels
 
 
 def render_image(slice_cxy: np.ndarray, category: str) -> Image.Image:

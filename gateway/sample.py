@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,11 +93,11 @@ def _aligned_region(top_left: Vec3, size: Vec3) -> tuple[Vec3, Vec3]:
     return (lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2])
 
 
-def _properties(largest_segment_id: int) -> dict:
+def _properties(largest_segment_id: int) -> dict[str, Any]:
     """``datasource-properties.json`` as webknossos-libs writes it for WKW layers."""
     box = {"topLeft": list(TOP_LEFT), "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]}
 
-    def layer(name: str, category: str, element_class: str) -> dict:
+    def layer(name: str, category: str, element_class: str) -> dict[str, Any]:
         mags = [
             {
                 "mag": list(mag),
@@ -137,7 +138,8 @@ def _mean_downsample(data: np.ndarray, factor: Vec3) -> np.ndarray:
     """Intensity at a coarser mag: the rounded mean of each window, as a microscope would bin."""
     k = factor[0] * factor[1] * factor[2]
     total = _windows(data, factor).sum(axis=-1, dtype=np.uint32)
-    return ((total + k // 2) // k).astype(data.dtype)
+    mean: np.ndarray = ((total + k // 2) // k).astype(data.dtype)
+    return mean
 
 
 def _mode_downsample(data: np.ndarray, factor: Vec3) -> np.ndarray:
@@ -267,7 +269,8 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
         return e.argmin(axis=1), np.minimum((order[:, 1] - order[:, 0]) / 2, -order[:, 0])
 
     def unit(v: np.ndarray) -> np.ndarray:
-        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+        unit_vectors: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)
+        return unit_vectors
 
     visible = np.all((centres + radii[:, None] > lo_nm) & (centres - radii[:, None] < hi_nm), axis=1)
     for cell in np.flatnonzero(visible):

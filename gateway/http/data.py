@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from gateway_storage import ByteLRU, FileChangedError, FileUnsettledError, Store
+from gateway_storage import FileChangedError, FileUnsettledError, Store
+from gateway_storage.cache import CacheCounts
 
 from ..previews import Previews
 from ..settings import Settings
@@ -69,7 +70,7 @@ class Gateway:
             raise HttpError(401, "the token is not valid")
         return grant
 
-    def caches_by_name(self) -> dict[str, ByteLRU]:
+    def caches_by_name(self) -> dict[str, CacheCounts]:
         """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
         indexes), shard plans, previews."""
         return {**self.catalog.formats.caches, "shards": self.shards.lru, "previews": self.previews.cache}

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _json(status: int, document: dict) -> Answer:
+def _json(status: int, document: Mapping[str, object]) -> Answer:
     return Answer(status, raw_headers(NO_STORE), json.dumps(document).encode(), "application/json")
 
 

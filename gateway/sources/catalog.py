@@ -5,6 +5,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -43,7 +44,7 @@ class Dataset:
     directory: str
     version: str
     properties: DatasourceProperties
-    document: dict
+    document: dict[str, Any]  # datasource-properties.json as read
     layers: dict[str, Layer]
 
 

@@ -7,7 +7,8 @@ Each format subclasses :class:`SourceFormat` beside its :class:`MagSource` and i
 
 from abc import ABC, abstractmethod
 
-from gateway_storage import ByteLRU, Store
+from gateway_storage import Store
+from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .mag import MagSource
@@ -33,5 +34,5 @@ class SourceFormat(ABC):
 
     @property
     @abstractmethod
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         """This format's bounded caches by metric name (``zarr_gateway_cache_*{cache}``)."""

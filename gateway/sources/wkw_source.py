@@ -4,7 +4,8 @@ import functools
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store, TruncatedFileError
+from gateway_storage import FileSource, OutsideRootError, Store, TruncatedFileError
+from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 from wkw_adapter import WkwFileCache, WkwMag, morton_grid
 
@@ -108,7 +109,7 @@ class WkwFormat(SourceFormat):
         return WkwMagSource(mag, directory, layer.bounding_box, self.files)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"files": self.files.lru}
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
+from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .formats import SourceFormat
@@ -43,7 +44,14 @@ class _Sharding:
         return index_nbytes(self.chunks, self.index_checksum)
 
 
-def _axes(document: dict, rank: int, axis_order: dict[str, int] | None) -> list[str]:
+def _separator(value: object) -> str:
+    """A chunk key separator: the specs allow ``.`` and ``/`` only."""
+    if value not in (".", "/"):
+        raise SourceError(f"chunk key separator {value!r} is neither '.' nor '/'")
+    return str(value)
+
+
+def _axes(document: dict[str, Any], rank: int, axis_order: dict[str, int] | None) -> list[str]:
     names = document.get("dimension_names")
     if names and all(isinstance(n, str) for n in names):
         axes = [n.lower() for n in names]
@@ -61,11 +69,11 @@ def _axes(document: dict, rank: int, axis_order: dict[str, int] | None) -> list[
     return axes
 
 
-def _v3_codec_chain(codecs: list[dict]) -> tuple[list[int] | None, str, tuple[dict, ...]]:
+def _v3_codec_chain(codecs: list[dict[str, Any]]) -> tuple[list[int] | None, str, tuple[dict[str, Any], ...]]:
     """(transpose order, endian, bytes-to-bytes codecs) of a chain without sharding."""
     order = None
     endian = "little"
-    rest: list[dict] = []
+    rest: list[dict[str, Any]] = []
     seen_bytes = False
     for codec in codecs:
         name = codec.get("name")
@@ -98,7 +106,7 @@ class ZarrMagSource(MagSource):
         directory: str,
         bbox: BoundingBox,
         axis_order: dict[str, int] | None,
-        index_cache: ByteLRU,
+        index_cache: ByteLRU[np.ndarray],
     ) -> None:
         self.storage = storage
         self.location = directory
@@ -118,7 +126,7 @@ class ZarrMagSource(MagSource):
         self._metadata_file = self._decoding_metadata(document)
         self._decoders = threading.local()
 
-    def _read_metadata(self, directory: str) -> tuple[dict, int, str]:
+    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
             found = self.storage.read_whole(self.storage.join(directory, name))
             if found is not None:
@@ -131,7 +139,7 @@ class ZarrMagSource(MagSource):
                 return document, version, found[1].version
         raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
 
-    def _dtype_and_fill(self, document: dict) -> tuple[np.dtype, float]:
+    def _dtype_and_fill(self, document: dict[str, Any]) -> tuple[np.dtype, float]:
         try:
             dtype = np.dtype(document["dtype"] if self.zarr_format == 2 else document["data_type"])
         except (KeyError, TypeError) as exc:
@@ -150,7 +158,7 @@ class ZarrMagSource(MagSource):
             order = [0, *order]  # a channel axis of length 1 may sit anywhere
         return tuple(order)
 
-    def _native_encoding(self, document: dict, dtype: np.dtype) -> NativeEncoding | None:
+    def _native_encoding(self, document: dict[str, Any], dtype: np.dtype) -> NativeEncoding | None:
         rank = len(self.source_shape)
         if self.zarr_format == 2:
             if document.get("filters"):
@@ -159,7 +167,7 @@ class ZarrMagSource(MagSource):
             if compressor is not None and compressor.get("id") not in _SUPPORTED_V2_COMPRESSORS:
                 raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
             self.chunks = tuple(int(c) for c in document["chunks"])
-            self.separator = document.get("dimension_separator", ".")
+            self.separator = _separator(document.get("dimension_separator", "."))
             self.key_prefix = ""
             stored = list(range(rank)) if document.get("order", "C") == "C" else list(range(rank))[::-1]
             return NativeEncoding(2, self._served_chunk(self.chunks), self._permutation(stored), dtype, compressor)
@@ -170,9 +178,9 @@ class ZarrMagSource(MagSource):
         encoding = document.get("chunk_key_encoding", {"name": "default"})
         config = encoding.get("configuration") or {}
         if encoding.get("name") == "default":
-            self.separator, self.key_prefix = config.get("separator", "/"), "c"
+            self.separator, self.key_prefix = _separator(config.get("separator", "/")), "c"
         elif encoding.get("name") == "v2":
-            self.separator, self.key_prefix = config.get("separator", "."), ""
+            self.separator, self.key_prefix = _separator(config.get("separator", ".")), ""
         else:
             raise SourceError(f"chunk key encoding {encoding.get('name')!r} is not supported")
         codecs = document.get("codecs") or []
@@ -250,7 +258,7 @@ class ZarrMagSource(MagSource):
 
     # --- any region: the stored chunks it needs, read through the store, decoded by tensorstore ----
 
-    def _decoding_metadata(self, document: dict) -> tuple[str, bytes]:
+    def _decoding_metadata(self, document: dict[str, Any]) -> tuple[str, bytes]:
         """The metadata file tensorstore decodes this array's (inner) chunks with, from an in-memory store.
 
         A sharded array is decoded as the array of its inner chunks: each is fetched on its own, so a
@@ -345,7 +353,8 @@ class ZarrMagSource(MagSource):
             for key, found in zip(keys, (f for f in stored.values() if f is not None)):
                 memory[key] = found[0]
             window = array[tuple(slice(a, b) for a, b in zip(lo, hi))]
-            return window.read(order="F").result()  # Fortran order, as ``out`` is: the copy into it is cheaper
+            voxels: np.ndarray = window.read(order="F").result()
+            return voxels  # Fortran order, as ``out`` is: the copy into it is cheaper
         finally:
             for key in keys:  # the store holds exactly the chunks of one read: absent ones read as the fill value
                 del memory[key]
@@ -384,7 +393,7 @@ class ZarrFormat(SourceFormat):
 
     def __init__(self, store: Store, cache_bytes: int) -> None:
         super().__init__(store, cache_bytes)
-        self.index_cache: ByteLRU = ByteLRU(cache_bytes)
+        self.index_cache: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
         store = self.store
@@ -394,5 +403,5 @@ class ZarrFormat(SourceFormat):
         return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"indexes": self.index_cache}

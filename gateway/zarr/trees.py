@@ -212,7 +212,7 @@ class LayerTree(Tree):
 
     def rewritten_properties(self, view: DatasetView) -> dict[str, Any]:
         """The dataset's ``datasource-properties.json`` as a Zarr dataset of this tree."""
-        document = json.loads(json.dumps(view.dataset.document))
+        document: dict[str, Any] = json.loads(json.dumps(view.dataset.document))
         served_layers = []
         for layer in document.get("dataLayers", []):
             group = view.groups.get(layer.get("name"))
