@@ -6,6 +6,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numcodecs
 import numpy as np
@@ -54,7 +55,7 @@ def test_every_codec_and_chunk_edge_reads_back_exactly(
                     assert np.array_equal(got, expected), (layer, mag, tree, read.__name__)
 
 
-def _color_layer(**mags: object) -> dict:
+def _color_layer(**mags: object) -> dict[str, Any]:
     """A 64^3 uint8 WKW color layer at the origin, with its mags in the given form."""
     return {
         "name": "color",

@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,7 +79,7 @@ PROTECTED = [
 @pytest.mark.nginx
 def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, pair: list[Server]) -> None:
     before = [len(s.access_lines()) for s in pair]
-    cases: list[tuple[str, dict, dict, int]] = []
+    cases: list[tuple[str, dict[str, Any], dict[str, Any], int]] = []
     for path in PROTECTED:
         cases.append((path, {}, {}, 401))
         cases.append((path, {"X-Auth-Token": "not-a-token"}, {}, 401))
@@ -96,7 +97,7 @@ def test_requests_without_a_valid_token_never_reach_a_data_route(proxy: Proxy, p
             if method == "GET":
                 assert response.json()["status"] == status
 
-    def seen() -> list[dict]:
+    def seen() -> list[dict[str, Any]]:
         return [line for s, n in zip(pair, before) for line in s.access_lines()[n:]]
 
     assert wait_until(lambda: len(seen()) > 0), "the requests were checked by a gateway's /auth"

@@ -20,7 +20,8 @@ mags = st.tuples(powers, powers, powers)
 
 def voxels(box: Box) -> set[Vec3]:
     """Every voxel of ``box``, one by one: the model the box's arithmetic is checked against."""
-    return set(itertools.product(*(range(low, h) for low, h in zip(box.lo, box.hi))))
+    xs, ys, zs = (range(low, h) for low, h in zip(box.lo, box.hi))
+    return set(itertools.product(xs, ys, zs))
 
 
 @given(boxes, boxes)

@@ -311,7 +311,7 @@ def test_a_settings_file_and_flags_start_a_server(
     assert zarr_json.json()["codecs"][0]["name"] == "sharding_indexed", "the file over the default"
 
 
-def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     command = [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()), *args]
     try:

@@ -29,7 +29,7 @@ from gateway.sources.properties import BoundingBox
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.sources.zarr_source import ZarrMagSource
 from gateway_storage import ByteLRU, LocalStore
-from gateway_storage.geometry import Vec3, vec3
+from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import WkwFileCache
 
 MAG: Vec3 = (1, 1, 1)
@@ -66,8 +66,8 @@ def _cubes() -> list[Vec3]:
     ]
 
 
-def _window(lo: Vec3, hi: Vec3) -> tuple[slice, ...]:
-    return (slice(None), *(slice(a, b) for a, b in zip(lo, hi)))
+def _window(lo: Vec3, hi: Vec3) -> tuple[slice, slice, slice, slice]:
+    return (slice(None), *Box(lo, hi).slices())
 
 
 def _cube_box(cube: Vec3) -> tuple[Vec3, Vec3]:
@@ -158,9 +158,9 @@ class MagSourceContract:
         inside_array[_window(TOP_LEFT, BBOX_HI)] = True
         masked = np.where(inside_array, truth, 0)
         out = np.zeros((self.channels, *(h - low for low, h in zip(lo, hi))), dtype=truth.dtype)
-        clip_hi = tuple(min(h, e) for h, e in zip(hi, EXTENT))
+        clip_hi = vec3(min(h, e) for h, e in zip(hi, EXTENT))
         if all(a < b for a, b in zip(lo, clip_hi)):
-            out[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, clip_hi)))] = masked[_window(lo, clip_hi)]
+            out[_window((0, 0, 0), Box(lo, clip_hi).size)] = masked[_window(lo, clip_hi)]
         return out
 
     # --- geometry -----------------------------------------------------------------------------------
@@ -204,8 +204,8 @@ class MagSourceContract:
         assert chunk.identity is not None and chunk.origin.startswith("mag/")
         decoded = self.decode(source, chunk)
         assert decoded.shape == shape
-        end = tuple(min(c + CHUNK, e) for c, e in zip(corner, EXTENT))
-        inside = _window((0, 0, 0), tuple(b - a for a, b in zip(corner, end)))
+        end = vec3(min(c + CHUNK, e) for c, e in zip(corner, EXTENT))
+        inside = _window((0, 0, 0), Box(corner, end).size)
         np.testing.assert_array_equal(decoded[inside], written.truth[_window(corner, end)])
 
     def test_a_chunk_never_written_is_absent(self, written: WrittenMag) -> None:
@@ -318,7 +318,7 @@ class WkwContract(MagSourceContract):
             for cube in cubes:  # compressed files are written whole: a cube past EXTENT is padded with zeros
                 lo, hi = _cube_box(cube)
                 padded = np.zeros((self.channels, CUBE, CUBE, CUBE), dtype=self.dtype)
-                padded[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, hi)))] = data[_window(lo, hi)]
+                padded[_window((0, 0, 0), Box(lo, hi).size)] = data[_window(lo, hi)]
                 dataset.write(lo, np.asfortranarray(padded))
 
     def read_truth(self, directory: Path) -> np.ndarray:

@@ -9,6 +9,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import blosc2
 import lz4.block
@@ -140,7 +141,7 @@ def test_unknown_tree_names_the_trees() -> None:
 # --- a real WKW layer written by the wkw package ----------------------------------------------------
 
 
-def _properties(layers: dict[str, list[int]], copies: dict[str, str] | None = None) -> dict:
+def _properties(layers: dict[str, list[int]], copies: dict[str, str] | None = None) -> dict[str, Any]:
     """A datasource-properties.json with one WKW layer per entry (its mags as scalars); ``copies`` names
     the unit-test layer a differently named layer is a copy of."""
     copies = copies or {}
@@ -179,7 +180,7 @@ def wkw_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _truth(root: Path, layer: str) -> np.ndarray:
     """The wkw package's read of the extent, zero outside the bounding box (what must be served)."""
     with wkw.Dataset.open(str(root / "org" / DATASET / layer / "1")) as ds:
-        data = ds.read((0, 0, 0), EXTENT)
+        data: np.ndarray = ds.read((0, 0, 0), EXTENT)
     out = np.zeros_like(data)
     box = tuple(slice(t, t + s) for t, s in zip(TOP_LEFT, SIZE))
     out[(slice(None), *box)] = data[(slice(None), *box)]
