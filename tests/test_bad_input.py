@@ -194,7 +194,9 @@ def _block_range(path: Path, index: int) -> tuple[int, int]:
 def _garble_block(path: Path, index: int, rng: np.random.Generator) -> None:
     """Overwrite one stored LZ4 block with bytes that do not decode; the jump table stays valid."""
     offset, length = _block_range(path, index)
-    header = WkwFileCache(LocalStore()).open(str(path)).header  # type: ignore[union-attr]
+    wkw_file = WkwFileCache(LocalStore()).open(str(path))
+    assert wkw_file is not None
+    header = wkw_file.header
     for _ in range(10):
         garbage = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
         try:

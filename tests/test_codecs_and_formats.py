@@ -41,7 +41,8 @@ def test_every_codec_and_chunk_edge_reads_back_exactly(
     test_data: WrittenDataset, server_factory: Callable[..., Server], settings: dict[str, object]
 ) -> None:
     server = server_factory(test_data.root, **settings)
-    edge = int(settings.get("chunk_edge", 32))  # type: ignore[call-overload]
+    edge = settings.get("chunk_edge", 32)
+    assert isinstance(edge, int)
     for layer in LAYERS:
         for mag in MAGS:
             expected = test_data.expected(layer, mag)

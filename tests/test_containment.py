@@ -14,7 +14,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ BOX = 48  # the bounding box: [0, 48) on every axis, so chunks at 32 straddle it
 CHUNK = 32
 CHUNK_BYTES = CHUNK**3
 TOKEN = "containment-token-0123456789"
-ZARR_LAYERS = {  # layer: (zarr format, shards)
+ZARR_LAYERS: dict[str, tuple[Literal[2, 3], tuple[int, ...] | None]] = {  # layer: (zarr format, shards)
     "v2": (2, None),
     "v3": (3, None),
     "v3_sharded": (3, (1, EDGE, EDGE, EDGE)),
@@ -45,7 +45,7 @@ def _chunk_name(zarr_format: int, coords: tuple[int, ...]) -> str:
     return ".".join(map(str, coords)) if zarr_format == 2 else "c/" + "/".join(map(str, coords))
 
 
-def _write_zarr(directory: Path, zarr_format: int, shards: tuple[int, ...] | None, value: int | None) -> None:
+def _write_zarr(directory: Path, zarr_format: Literal[2, 3], shards: tuple[int, ...] | None, value: int | None) -> None:
     """An uncompressed uint8 array, so a leaked byte would show as itself; random voxels unless ``value``."""
     shape, chunks = (1, EDGE, EDGE, EDGE), (1, CHUNK, CHUNK, CHUNK)
     names = None if zarr_format == 2 else list("cxyz")
@@ -56,7 +56,7 @@ def _write_zarr(directory: Path, zarr_format: int, shards: tuple[int, ...] | Non
         chunks=chunks,
         shards=shards,
         fill_value=0,
-        zarr_format=zarr_format,  # type: ignore[arg-type]
+        zarr_format=zarr_format,
         compressors=None,
         dimension_names=names,
     )

@@ -780,7 +780,7 @@ def test_env_example_values_are_valid_settings(tmp_path: Path) -> None:
     lines = [line for line in text.splitlines() if line.startswith("ZARR_GATEWAY_")]
     settings_file = tmp_path / "deploy.env"
     settings_file.write_text("\n".join([f"ZARR_GATEWAY_ROOT={tmp_path}", *lines]) + "\n")
-    settings = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    settings = Settings(settings_file=settings_file)
     assert settings.workers == 1 and settings.log_format == "json"
 
 

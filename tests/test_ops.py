@@ -277,7 +277,7 @@ def test_settings_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     settings_file.write_text(
         json.dumps({"root": str(tmp_path), "cache_control": "max-age=1", "port": 1111, "workers": 3})
     )
-    from_file = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    from_file = Settings(settings_file=settings_file)
     assert (from_file.cache_control, from_file.port, from_file.workers, from_file.chunk_edge) == (
         "max-age=1",
         1111,
@@ -286,17 +286,17 @@ def test_settings_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     )
     monkeypatch.setenv("ZARR_GATEWAY_PORT", "2222")
     monkeypatch.setenv("ZARR_GATEWAY_CACHE_CONTROL", "max-age=2")
-    from_env = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    from_env = Settings(settings_file=settings_file)
     assert (from_env.cache_control, from_env.port, from_env.workers) == ("max-age=2", 2222, 3)
-    from_flags = Settings(settings_file=settings_file, port=3333)  # type: ignore[call-arg]
+    from_flags = Settings(settings_file=settings_file, port=3333)
     assert (from_flags.cache_control, from_flags.port) == ("max-age=2", 3333)
     monkeypatch.setenv("ZARR_GATEWAY_SETTINGS_FILE", str(settings_file))
-    assert Settings().workers == 3  # type: ignore[call-arg]
+    assert Settings().workers == 3
 
     dotenv = tmp_path / "gateway.env"
     dotenv.write_text(f"# comment\nZARR_GATEWAY_ROOT={tmp_path}\nexport threads='7'\nZARR_GATEWAY_METRICS_DIR=\n")
     monkeypatch.delenv("ZARR_GATEWAY_SETTINGS_FILE")
-    from_dotenv = Settings(settings_file=dotenv)  # type: ignore[call-arg]
+    from_dotenv = Settings(settings_file=dotenv)
     assert (from_dotenv.threads, from_dotenv.metrics_dir) == (7, None)
 
 

@@ -52,8 +52,8 @@ def arrays(zarr_root: Path) -> dict[str, ServedArray]:
     return {a.id: a for a in served_arrays(zarr_root)}
 
 
-def get(server: Server, path: str, **kwargs: object) -> requests.Response:
-    return requests.get(server.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+def get(server: Server, path: str) -> requests.Response:
+    return requests.get(server.url + path, timeout=30)
 
 
 # --- every array through every client, in both trees -------------------------------------------------

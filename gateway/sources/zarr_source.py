@@ -211,7 +211,8 @@ class ZarrMagSource(MagSource):
         served = [1, 1, 1, 1]
         for d, size in enumerate(chunks):
             served[self.served_axis[d]] = size
-        return tuple(served)  # type: ignore[return-value]
+        c, x, y, z = served
+        return (c, x, y, z)
 
     # --- stored chunks -------------------------------------------------------------------------
 
