@@ -9,7 +9,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import blosc2
 import lz4.block
@@ -33,7 +33,7 @@ from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
-from gateway_storage import FileChangedError, LocalStore, StoreUnavailableError
+from gateway_storage import ByteLRU, FileChangedError, LocalStore, StoreUnavailableError
 from wkw_adapter import WkwError, WkwFileCache
 
 BLOCK = 32
@@ -503,3 +503,27 @@ def test_error_map(exc: Exception, status: int, retry_after: str | None, message
         assert "secret detail" not in body["error"]  # unexpected errors do not leak their text
     headers = dict(answer.headers)
     assert headers.get(b"retry-after") == (retry_after.encode() if retry_after else None)
+
+
+@pytest.mark.parametrize("separator", [5, ["/"], "", "-", ".."], ids=repr)
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
+    tmp_path: Path, zarr_format: Literal[2, 3], separator: object
+) -> None:
+    """Only '.' and '/' separate chunk key parts; anything else is refused when the array is opened, with why."""
+    import zarr
+
+    from gateway.sources.zarr_source import SourceError, ZarrMagSource
+
+    directory = tmp_path / "array"
+    zarr.create_array(str(directory), shape=(1, 8, 8, 8), chunks=(1, 8, 8, 8), dtype="uint8", zarr_format=zarr_format)
+    name = ".zarray" if zarr_format == 2 else "zarr.json"
+    document = json.loads((directory / name).read_text())
+    if zarr_format == 2:
+        document["dimension_separator"] = separator
+    else:
+        document["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": separator}}
+    (directory / name).write_text(json.dumps(document))
+    box = BoundingBox.model_validate({"topLeft": [0, 0, 0], "width": 8, "height": 8, "depth": 8})
+    with pytest.raises(SourceError, match="chunk key separator"):
+        ZarrMagSource((1, 1, 1), LocalStore(str(tmp_path)), str(directory), box, None, ByteLRU(1 << 20))

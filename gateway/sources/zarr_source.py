@@ -44,8 +44,10 @@ class _Sharding:
         return index_nbytes(self.chunks, self.index_checksum)
 
 
-def _separator(value: object) -> str:
-    """A chunk key separator: the specs allow ``.`` and ``/`` only."""
+def _separator(value: object, default: str) -> str:
+    """A chunk key separator (``default`` where none is given): the specs allow ``.`` and ``/`` only."""
+    if value is None:
+        return default
     if value not in (".", "/"):
         raise SourceError(f"chunk key separator {value!r} is neither '.' nor '/'")
     return str(value)
@@ -167,7 +169,7 @@ class ZarrMagSource(MagSource):
             if compressor is not None and compressor.get("id") not in _SUPPORTED_V2_COMPRESSORS:
                 raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
             self.chunks = tuple(int(c) for c in document["chunks"])
-            self.separator = _separator(document.get("dimension_separator", "."))
+            self.separator = _separator(document.get("dimension_separator"), ".")
             self.key_prefix = ""
             stored = list(range(rank)) if document.get("order", "C") == "C" else list(range(rank))[::-1]
             return NativeEncoding(2, self._served_chunk(self.chunks), self._permutation(stored), dtype, compressor)
@@ -178,9 +180,9 @@ class ZarrMagSource(MagSource):
         encoding = document.get("chunk_key_encoding", {"name": "default"})
         config = encoding.get("configuration") or {}
         if encoding.get("name") == "default":
-            self.separator, self.key_prefix = _separator(config.get("separator", "/")), "c"
+            self.separator, self.key_prefix = _separator(config.get("separator"), "/"), "c"
         elif encoding.get("name") == "v2":
-            self.separator, self.key_prefix = _separator(config.get("separator", ".")), ""
+            self.separator, self.key_prefix = _separator(config.get("separator"), "."), ""
         else:
             raise SourceError(f"chunk key encoding {encoding.get('name')!r} is not supported")
         codecs = document.get("codecs") or []
