@@ -19,7 +19,10 @@ def vec3(values: Iterable[int]) -> Vec3:
 
 @dataclass(frozen=True, slots=True)
 class Box:
-    """The voxels ``[lo, hi)`` along x, y and z."""
+    """The voxels ``[lo, hi)`` along x, y and z.
+
+    The arithmetic is written out per axis: boxes are made for every block a read touches.
+    """
 
     lo: Vec3
     hi: Vec3
@@ -27,20 +30,26 @@ class Box:
     @classmethod
     def sized(cls, top_left: Vec3, size: Vec3) -> "Box":
         """The box of ``size`` voxels from ``top_left`` (a webKnossos bounding box's terms)."""
-        return cls(top_left, vec3(t + s for t, s in zip(top_left, size)))
+        return cls(top_left, (top_left[0] + size[0], top_left[1] + size[1], top_left[2] + size[2]))
 
     @property
     def size(self) -> Vec3:
-        return vec3(h - low for low, h in zip(self.lo, self.hi))
+        lo, hi = self.lo, self.hi
+        return (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
 
     @property
     def is_empty(self) -> bool:
-        return any(h <= low for low, h in zip(self.lo, self.hi))
+        lo, hi = self.lo, self.hi
+        return hi[0] <= lo[0] or hi[1] <= lo[1] or hi[2] <= lo[2]
 
     def clip(self, other: "Box") -> "Box | None":
         """The part of ``other`` inside this box, or None if they do not overlap."""
-        inner = Box(vec3(map(max, self.lo, other.lo)), vec3(map(min, self.hi, other.hi)))
-        return None if inner.is_empty else inner
+        a, b, c, d = self.lo, other.lo, self.hi, other.hi
+        lo = (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+        hi = (min(c[0], d[0]), min(c[1], d[1]), min(c[2], d[2]))
+        if hi[0] <= lo[0] or hi[1] <= lo[1] or hi[2] <= lo[2]:
+            return None
+        return Box(lo, hi)
 
     def contains(self, other: "Box") -> bool:
         """Whether every voxel of ``other`` lies in this box."""
@@ -52,12 +61,13 @@ class Box:
 
     def shifted(self, offset: Vec3) -> "Box":
         """The same box in coordinates whose origin is ``offset``."""
-        return Box(vec3(a - o for a, o in zip(self.lo, offset)), vec3(b - o for b, o in zip(self.hi, offset)))
+        lo, hi, o = self.lo, self.hi, offset
+        return Box((lo[0] - o[0], lo[1] - o[1], lo[2] - o[2]), (hi[0] - o[0], hi[1] - o[1], hi[2] - o[2]))
 
     def slices(self) -> tuple[slice, slice, slice]:
         """The box as slices of an ``(x, y, z)`` array whose origin is ``(0, 0, 0)``."""
-        x, y, z = (slice(low, h) for low, h in zip(self.lo, self.hi))
-        return (x, y, z)
+        lo, hi = self.lo, self.hi
+        return (slice(lo[0], hi[0]), slice(lo[1], hi[1]), slice(lo[2], hi[2]))
 
 
 # --- mags: a power-of-two downsampling factor per axis ---------------------------------------------
