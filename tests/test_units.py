@@ -28,9 +28,12 @@ from gateway.sources.registry import SourceFormats
 from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_index, encode_shard_index, index_nbytes
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
+from gateway.zarr.chunks import served_mag
 from gateway.zarr.codecs import Codec
+from gateway.zarr.documents import ArrayZarrJson, ZArray
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
+from gateway.zarr.nodes import MemoryArray, SourceArray
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
 from gateway_storage import ByteLRU, FileChangedError, LocalStore, StoreUnavailableError
@@ -233,6 +236,29 @@ def test_array_zarr_json_with_and_without_channel(wkw_root: Path) -> None:
     assert without["attributes"] == {"units": "nm"}
     assert without["codecs"][0] == {"name": "transpose", "configuration": {"order": [2, 1, 0]}}
     assert without["codecs"][1:] == with_channel["codecs"][1:]
+
+
+def test_every_array_renders_complete_documents(wkw_root: Path) -> None:
+    """A mag and a coordinate array held in memory render the same documents: every member the type names."""
+    mag = SourceArray(served_mag(_source(wkw_root, "raw"), _layout(_source(wkw_root, "raw"), 3, ServeOptions())), AXES)
+    coordinate = MemoryArray("x", np.arange(5) * 2.0, {"units": "nm"})
+    for node in (mag, coordinate):
+        assert set(node.zarray()) == set(ZArray.__annotations__)
+        assert set(node.zarr_json()) == set(ArrayZarrJson.__annotations__)
+        assert node.v2_attributes()["_ARRAY_DIMENSIONS"] == list(node.dimension_names)
+    assert coordinate.zarray() == {
+        "zarr_format": 2,
+        "shape": [5],
+        "chunks": [5],
+        "dtype": "<f8",
+        "compressor": None,
+        "fill_value": 0.0,
+        "order": "C",
+        "filters": None,
+        "dimension_separator": ".",
+    }
+    assert coordinate.zarr_json()["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+    assert coordinate.zarr_json()["attributes"] == {"units": "nm"}
 
 
 def test_sharded_array_zarr_json_without_channel_drops_it_inside_the_shard_too(wkw_root: Path) -> None:
