@@ -1,4 +1,4 @@
-"""``zarr-gateway serve`` and ``zarr-gateway make-sample``."""
+"""``zarr-gateway serve``, ``zarr-gateway make-sample`` and ``zarr-gateway index-segments``."""
 
 import argparse
 import asyncio
@@ -66,6 +66,7 @@ def _run_granian(settings: Settings) -> None:
     """
     GRANIAN.require("server=granian")
     from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
     from granian.server import Server
 
     server = Server(
@@ -75,6 +76,11 @@ def _run_granian(settings: Settings) -> None:
         interface=Interfaces.ASGI,
         workers=settings.workers,
         http=HTTPModes.http1,
+        # The limits on request heads, as uvicorn gets them from gateway.serving: a longer head is a 431,
+        # a head not sent within header_timeout closes the connection.
+        http1_settings=HTTP1Settings(
+            header_read_timeout=max(1, round(settings.header_timeout * 1000)), max_buffer_size=settings.max_header_bytes
+        ),
         websockets=False,
         factory=True,
         log_access=False,  # the gateway writes its own access lines
@@ -156,6 +162,41 @@ def make_sample(args: argparse.Namespace) -> None:
     except MissingExtraError as exc:
         sys.exit(f"zarr-gateway: {exc}")
     print(f"sample dataset written to {path}")
+    # Its segment index, so that the dataset page opens Neuroglancer with the largest cells selected.
+    index_segments(
+        argparse.Namespace(
+            root=args.directory, dataset=f"{path.parent.name}/{path.name}", layer="segmentation", segment_index_dir=None
+        )
+    )
+
+
+def index_segments(args: argparse.Namespace) -> None:
+    """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
+    from gateway_storage import open_store
+
+    from .http.listing import meters_per_unit
+    from .meshes.build import DataChangedWhileIndexing, index_layer
+    from .meshes.errors import MeshInputError, MeshNotFound
+    from .meshes.service import MeshService
+    from .sources.catalog import BrokenDataset, Catalog
+    from .sources.registry import SourceFormats
+
+    organization, _, name = args.dataset.partition("/")
+    index_dir = Path(args.segment_index_dir) if args.segment_index_dir else None
+    storage = open_store(args.root)
+    catalog = Catalog(storage, SourceFormats(storage, 128 << 20))
+    dataset = catalog.dataset(organization, name)
+    if dataset is None or isinstance(dataset, BrokenDataset):
+        sys.exit(f"no servable dataset {args.dataset!r} under {args.root}" + (f": {dataset.reason}" if dataset else ""))
+    service = MeshService(storage, index_dir, 64 << 20, meters_per_unit)
+    try:
+        built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
+    except (MeshInputError, MeshNotFound, DataChangedWhileIndexing) as exc:
+        sys.exit(f"index-segments: {exc}")
+    print(
+        f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
+        f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.path}"
+    )
 
 
 def flag_name(setting: str) -> str:
@@ -208,4 +249,17 @@ def build_parser() -> argparse.ArgumentParser:
     sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
     sample.add_argument("directory")
     sample.set_defaults(func=make_sample)
+    index = commands.add_parser(
+        "index-segments", help="index which cubes hold each segment of a segmentation layer, for its meshes"
+    )
+    index.add_argument("root", help="data root (a directory)")
+    index.add_argument("dataset", help="ORGANIZATION/DATASET")
+    index.add_argument("layer", help="the segmentation layer")
+    index.add_argument(
+        "--segment-index-dir",
+        dest="segment_index_dir",
+        default=os.environ.get("ZARR_GATEWAY_SEGMENT_INDEX_DIR") or None,
+        help="write into this directory instead of beside the layer (ZARR_GATEWAY_SEGMENT_INDEX_DIR)",
+    )
+    index.set_defaults(func=index_segments)
     return parser

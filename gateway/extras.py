@@ -33,3 +33,5 @@ class Extra:
 S3 = Extra("s3", ("boto3", "botocore"))
 GRANIAN = Extra("granian", ("granian",))
 SAMPLE = Extra("sample", ("rich",))
+MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"))
+ALL = (S3, GRANIAN, SAMPLE, MESHES)  # every extra a feature of the gateway may require

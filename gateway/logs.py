@@ -1,4 +1,10 @@
-"""Log lines as JSON objects (one per line) or as text, in the server process and in every worker."""
+"""Log lines for machines (JSON objects, one a line) or for people (text), in the server and every worker.
+
+``log_format`` ``auto`` picks text when standard error is a terminal and JSON otherwise. Either way a
+record is exactly one line that nothing from a request can break or forge: JSON escapes every control
+character, and text lines escape control characters, separators and quotes in what a client sent
+(paths, methods, request ids, exception messages) and indent the lines of a traceback.
+"""
 
 import asyncio
 import json
@@ -6,6 +12,7 @@ import logging
 import sys
 import time
 from typing import Any
+from urllib.parse import quote
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
@@ -25,6 +32,46 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             fields["exception"] = self.formatException(record.exc_info)
         return json.dumps(fields, default=str)
+
+
+def resolve_format(log_format: str) -> str:
+    """``json`` or ``text``: ``auto`` is text for a person at a terminal, JSON for a collector."""
+    if log_format == "auto":
+        isatty = getattr(sys.stderr, "isatty", None)
+        return "text" if isatty is not None and isatty() else "json"
+    return log_format
+
+
+def field(text: str) -> str:
+    """``text`` as one field of a text line: control characters, blanks, quotes and ``%`` percent-encoded."""
+    if text.isprintable() and not any(c in text for c in ' %"\\'):
+        return text
+    return "".join(c if c.isprintable() and c not in ' %"\\' else quote(c, safe="") for c in text)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: line breaks and other control characters written as escapes (``\\n``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, the message on one line; a traceback follows, each line indented,
+    so a line that starts at the margin is always a record of its own."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join("    " + one_line(line) for line in super().formatException(ei).splitlines())
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("    " + one_line(line) for line in stack_info.splitlines())
 
 
 class AccessLog:
@@ -55,12 +102,16 @@ class AccessLog:
         stamp = self._time(time.time())
         if self.log_format == "json":
             line = (
-                f'{{"request_id": {json.dumps(request_id)}, "method": "{method}", "path": {json.dumps(path)}, '
-                f'"status": {status}, "bytes": {sent}, "ms": {ms:.3f}, "time": "{stamp}", "level": "INFO", '
+                f'{{"request_id": {json.dumps(request_id)}, "method": {json.dumps(method)}, '
+                f'"path": {json.dumps(path)}, "status": {status}, "bytes": {sent}, "ms": {ms:.3f}, '
+                f'"time": "{stamp}", "level": "INFO", '
                 '"logger": "gateway.access"}'
             )
         else:
-            line = f"{stamp} INFO gateway.access: {method} {path} {status} {sent}B {ms:.3f}ms id={request_id}"
+            line = (
+                f"{stamp} INFO gateway.access: {field(method)} {field(path)} {status} {sent}B {ms:.3f}ms "
+                f"id={field(request_id)}"
+            )
         self._pending.append(line)
         if len(self._pending) == 1:
             try:
@@ -78,14 +129,12 @@ class AccessLog:
 access_log = AccessLog()
 
 
-def configure_logging(log_format: str = "json") -> None:
+def configure_logging(log_format: str = "auto") -> None:
     """Route every logger (the gateway's and uvicorn's) to stderr in ``log_format``; idempotent."""
+    log_format = resolve_format(log_format)
     access_log.log_format = log_format
     handler = logging.StreamHandler()
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, "_zarr_gateway", False):

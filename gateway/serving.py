@@ -1,4 +1,12 @@
-"""uvicorn's HTTP protocol, but a response's header block leaves in the same write as its first body bytes.
+"""uvicorn's HTTP protocol with limits on request heads, and a response's header block in the same write as
+its first body bytes.
+
+Limits: uvicorn's httptools protocol takes a request head of any size and waits for it for ever (its
+keep-alive timeout ends once a byte arrives). Reached directly (no proxy in front), one client could
+hold a connection open or grow a worker's memory at will. Here a head longer than ``max_header_bytes``
+is answered 431, and a connection that has not sent a whole head within ``header_timeout`` seconds
+of opening (or of its previous answer) is closed, with a 408 if it had begun one. Granian gets the
+same two limits from its own options (see :mod:`gateway.cli`).
 
 uvicorn writes the status line and headers when the app sends ``http.response.start`` and the body at
 the next message. Between the two the event loop may wait for the GIL (a reader thread holds it for
@@ -9,9 +17,30 @@ either a whole small answer or nothing, and "nothing" is what the proxy retries.
 """
 
 import asyncio
+import json
+import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .settings import ENV_PREFIX, Settings
+
+
+def head_limits() -> tuple[int, float]:
+    """``max_header_bytes`` and ``header_timeout`` as start-up handed them to the workers (the environment)."""
+    fields = Settings.model_fields
+    size = os.environ.get(f"{ENV_PREFIX}MAX_HEADER_BYTES") or fields["max_header_bytes"].default
+    timeout = os.environ.get(f"{ENV_PREFIX}HEADER_TIMEOUT") or fields["header_timeout"].default
+    return int(size), float(timeout)
+
+
+def _refusal(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message, "status": status}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
 
 
 class _HeadWithBody:
@@ -51,7 +80,70 @@ class _HeadWithBody:
 
 
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over :class:`_HeadWithBody`."""
+    """uvicorn's httptools protocol over :class:`_HeadWithBody`, with the limits on request heads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_head, self._head_timeout = head_limits()
+        self._in_head = True  # between requests or inside a request's line and headers
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeadWithBody(transport))  # type: ignore[arg-type]
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._max_head:
+                self._refuse(
+                    431, "Request Header Fields Too Large", f"request line and headers exceed {self._max_head} bytes"
+                )
+                return
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0  # what follows is the next request's head
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.pipeline and not self.transport.is_closing():
+            self._arm_head_timer()  # waiting for the next request now
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self._head_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if not self._in_head or answering or self.transport.is_closing():
+            return
+        if self._head_bytes:
+            self._refuse(
+                408, "Request Timeout", f"the request's headers did not arrive within {self._head_timeout:g} s"
+            )
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._cancel_head_timer()
+        if not self.transport.is_closing():
+            self.transport.write(_refusal(status, reason, message))
+            self.transport.close()

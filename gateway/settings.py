@@ -6,6 +6,7 @@ Precedence, highest first: command-line flags (passed as keyword arguments), env
 the file stops start-up with a message that names it.
 """
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -55,8 +56,18 @@ class Settings(BaseSettings):
         ge=1,
         description="threads per worker that read and encode chunks; default: two per core, at least 4",
     )
+    chunk_memory_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="memory that the chunks one worker produces at once may hold (decoded blocks, the chunk, "
+        "its encoded copy); requests beyond it wait their turn, and a chunk larger than it runs alone; 0: no bound",
+    )
     settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
-    log_format: Literal["json", "text"] = Field(default="json", description="log lines as JSON objects or text")
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="log lines as text a person reads (auto: when standard error is a terminal) or as JSON "
+        "objects, one a line, for a log collector (auto: otherwise)",
+    )
     drain_seconds: float = Field(
         default=0, ge=0, description="after SIGTERM, /readyz fails for this long before the listener closes"
     )
@@ -81,10 +92,36 @@ class Settings(BaseSettings):
         description="a data file last written less than this long ago may still be being rewritten in place: "
         "answered 503 with Retry-After until it is older; 0 trusts every file at once",
     )
+    public_url: str | None = Field(
+        default=None,
+        description="the URL clients reach the gateway at (e.g. https://zarr.example.org), for the absolute URLs "
+        "of dataset pages; unset, the request's Host (or a trusted proxy's X-Forwarded-Host) is used",
+    )
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="addresses or networks (CIDR) of the proxies whose X-Forwarded-Proto/-Host are believed, "
+        "separated by ',' or a JSON list; anyone else's are ignored (default: none)",
+    )
+    max_header_bytes: int = Field(
+        default=32 << 10,
+        ge=8192,
+        description="longest request line and headers together, in bytes; a longer request is answered 431",
+    )
+    header_timeout: float = Field(
+        default=10,
+        gt=0,
+        description="seconds a client has to send a request's line and headers (also the idle limit of a "
+        "connection between requests) before the connection is closed",
+    )
     extra_roots: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
         description="further directories that layers of a local data root may be symlinked to (other volumes); "
         "absolute paths separated by ':' or a JSON list",
+    )
+    segment_index_dir: Path | None = Field(
+        default=None,
+        description="directory of the segment indexes that index-segments writes, as <org>/<dataset>/<layer>"
+        ".segment-index.npz; unset: beside each layer (<dataset>/<layer>.segment-index.npz), for a writable root",
     )
 
     @field_validator("chunk_edge")
@@ -104,6 +141,43 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
             raise ValueError(f"neuroglancer_url must be an http(s) URL without a #fragment, got {url!r}")
         return url
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f"public_url must be an http(s) URL without query or #fragment, got {url!r}")
+        if any(c in url for c in "\"'<>` ") or not url.isprintable():
+            raise ValueError(f"public_url must not hold quotes, brackets, blanks or control characters, got {url!r}")
+        return url.rstrip("/")
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        return [part.strip() for part in value.split(",") if part.strip()]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, proxies: tuple[str, ...]) -> tuple[str, ...]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {proxy!r} is not an address or a network such as 10.0.0.0/8"
+                ) from None
+        return proxies
+
+    @field_serializer("trusted_proxies")
+    def _join_proxies(self, proxies: tuple[str, ...]) -> str:
+        return ",".join(proxies)
 
     @field_validator("extra_roots", mode="before")
     @classmethod

@@ -1,12 +1,16 @@
 """Shared fixtures: the session's datasets and real gateway servers. Everything else lives in ``support``."""
 
 import json
+import secrets
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
+from support.browser import INSTALL_HINT, Browser, chromium_path
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, write_test_root
+from support.processes import free_port
 from support.servers import Server, start_server
 from support.zarr_datasets import build_zarr_root
 
@@ -61,3 +65,28 @@ def gateway(test_data: WrittenDataset, tokens_file: Path, server_factory: Callab
 def sharded_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server]) -> Server:
     """An open server whose v3 tree is sharded."""
     return server_factory(test_data.root, v3_layout="sharded")
+
+
+@pytest.fixture(scope="module")
+def neuroglancer_url() -> Iterator[str]:
+    """The Neuroglancer client, served by the package's own Python server on a loopback port."""
+    import neuroglancer
+
+    port = free_port()
+    token = secrets.token_hex(8)
+    neuroglancer.set_server_bind_address("127.0.0.1", port)
+    viewer = neuroglancer.UnsynchronizedViewer(token=token)  # the server only holds a weak reference to it
+    url = f"http://127.0.0.1:{port}/v/{token}/"
+    assert requests.get(url, timeout=30).status_code == 200
+    yield url
+    del viewer
+    neuroglancer.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    if chromium_path() is None:
+        pytest.fail(f"these tests drive a real browser: {INSTALL_HINT}")
+    instance = Browser(tmp_path_factory.mktemp("chromium") / "profile")
+    yield instance
+    instance.close()

@@ -20,7 +20,7 @@ LAYERS = [
     ),  # leaves: import nothing of the project
     (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),
-    (3, ("gateway.zarr",)),
+    (3, ("gateway.zarr", "gateway.meshes")),  # protocols over the sources, side by side
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),

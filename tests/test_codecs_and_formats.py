@@ -75,7 +75,7 @@ def _legacy_dataset(root: Path) -> tuple[Path, dict[tuple[int, int, int], np.nda
     written = {}
     for mag in ((1, 1, 1), (2, 2, 2), (4, 4, 1)):
         header = wkw.Header(np.uint8, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=2)
-        mag_dir = directory / "color" / ("-".join(map(str, mag)) if len(set(mag)) > 1 else str(mag[0]))
+        mag_dir = directory / "color" / mag_name(mag)
         data = rng.integers(0, 255, size=(1, 64, 64, 64), dtype=np.uint8)
         with wkw.Dataset.create(str(mag_dir), header) as ds:
             ds.write((0, 0, 0), data)

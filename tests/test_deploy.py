@@ -6,6 +6,7 @@ scripts/install-system-packages) in front of two gateway processes on loopback. 
 validated by Debian's docker-compose, which needs no engine.
 """
 
+import functools
 import json
 import os
 import re
@@ -126,7 +127,8 @@ def test_a_valid_token_passes_in_the_header_or_the_query(proxy: Proxy) -> None:
 )
 def test_internal_endpoints_are_not_reachable_through_the_proxy(proxy: Proxy, path: str) -> None:
     response = requests.get(proxy.url + path, headers=HEADERS, timeout=10)
-    assert response.status_code == 404
+    # a token in the header and one in the query are two tokens: refused before any route
+    assert response.status_code == (400 if "token=" in path else 404)
     assert b"zarr_gateway_requests" not in response.content
 
 
@@ -278,7 +280,7 @@ def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_
         f"{DATASET}/%2e%2e/%2e%2e/other_org/theirs/.zgroup",
         f"{DATASET}/./.zgroup",
         f"{DATASET}//.zgroup",
-        "/data/zarr/other_org/theirs/.zgroup?token=x|y",
+        "/data/zarr/other_org/theirs/.zgroup?probe=x|y",
     ],
 )
 def test_unusual_uris_are_checked_afresh(proxy: Proxy, pair: list[Server], path: str) -> None:
@@ -823,3 +825,98 @@ def test_the_health_probe_of_the_image(pair: list[Server]) -> None:
         assert result.returncode == code, (endpoint, result.stderr)
     env["ZARR_GATEWAY_PORT"] = str(free_port())
     assert subprocess.run([sys.executable, "-m", "gateway.probe"], env=env, capture_output=True).returncode == 1
+
+
+# --- a token is one token, and nothing the client says sets the page's host (issue 16) ------------------
+
+
+@functools.cache
+def _nginx_version() -> tuple[int, ...]:
+    banner = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True).stderr
+    return tuple(map(int, re.search(r"nginx/(\d+)\.(\d+)", banner).groups()))  # type: ignore[union-attr]
+
+
+MANY_TOKENS = [
+    (f"?token={TOKEN}&token={TOKEN}", []),
+    (f"?token=decoy&token={TOKEN}", []),
+    (f"?to%6Ben={TOKEN}", []),
+    (f"?token={TOKEN}", [TOKEN]),
+    ("", [TOKEN, TOKEN]),
+    ("", ["decoy", TOKEN]),
+    ("", [f"decoy, {TOKEN}"]),
+]
+MANY_IDS = ["query-twice", "query-decoy", "encoded-name", "query-and-header", "lines-twice", "lines-decoy", "list"]
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize(("query", "tokens"), MANY_TOKENS, ids=MANY_IDS)
+def test_more_than_one_token_is_a_400_at_the_proxy(
+    proxy: Proxy, pair: list[Server], query: str, tokens: list[str]
+) -> None:
+    """Also once a grant for the real token is cached for the dataset (it must not apply to these)."""
+    path = f"{DATASET}/color_u8/1/.zarray"
+    assert requests.get(proxy.url + path, headers=HEADERS, timeout=10).status_code == 200
+    marker = f"many-{abs(hash((query, tuple(tokens))))}"
+    lines = "".join(f"X-Auth-Token: {token}\r\n" for token in tokens)
+    head = f"GET {path}{query} HTTP/1.1\r\nHost: x\r\n{lines}X-Request-Id: {marker}\r\nConnection: close\r\n\r\n"
+    answer = _raw_exchange(proxy.url, head)
+    if len(tokens) > 1 and _nginx_version() < (1, 23):
+        # This nginx sees only the first of two header lines: the request is refused with that token's
+        # (cached) answer, or, when that one grants, by the gateway's own 400. It is never served.
+        assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), answer[:300]
+    else:
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+        assert b"more than one token" in answer
+    time.sleep(0.3)
+    # (nginx before 1.23 sees only the first of two header lines: /auth lets the request through, and the
+    # gateway refuses it itself)
+    lines_seen = [line for s in pair for line in s.access_lines() if line["request_id"] == marker]
+    assert [line for line in lines_seen if line["path"] != "/auth" and line["status"] != 400] == [], "none served"
+    # and what the proxy asked about it was cached for nobody: the decoy alone is still refused at the proxy
+    for alone in ({"headers": {"X-Auth-Token": "decoy"}}, {"params": {"token": "decoy"}}):
+        refused = requests.get(proxy.url + path, timeout=10, **alone)  # type: ignore[arg-type]
+        assert refused.status_code == 401 and "a valid token is required" in refused.json()["error"], "by nginx"
+
+
+@pytest.mark.nginx
+def test_the_per_token_rate_limit_cannot_be_dodged_with_a_second_token(pair: list[Server], tmp_path: Path) -> None:
+    limited = start_proxy(
+        tmp_path,
+        [address(s) for s in pair],
+        PROXY_RATE_LIMIT_PER="token",
+        PROXY_RATE_LIMIT="1r/m",
+        PROXY_RATE_BURST="2",
+    )
+    try:
+        chunk = f"{limited.url}{DATASET}/color_u8/1/.zarray"
+        dodges = [requests.get(f"{chunk}?token=decoy-{n}&token={TOKEN}", timeout=10).status_code for n in range(6)]
+        assert set(dodges) == {400}, dodges
+        plain = [requests.get(chunk, params={"token": TOKEN}, timeout=10).status_code for _ in range(6)]
+        assert plain.count(200) <= 3 and plain.count(429) >= 3, plain
+    finally:
+        limited.stop()
+
+
+@pytest.mark.nginx
+def test_a_client_s_forwarded_host_never_reaches_a_page(
+    test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The gateway behind the proxy trusts it (as docker-compose.yml sets trusted_proxies); the proxy sets the
+    forwarded headers itself, so a client's own X-Forwarded-Host does not become the host of a page."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"tokens_file": str(tokens_file), "trusted_proxies": "127.0.0.1/32"}))
+    gateway = server_factory(test_data.root, settings_file=settings)
+    proxy = start_proxy(tmp_path / "nginx", [address(gateway)])
+    try:
+        page_path = f"{DATASET}/"
+        forged = {**HEADERS, "X-Forwarded-Host": "attacker.example", "X-Forwarded-Proto": "https"}
+        direct = requests.get(gateway.url + page_path, headers=forged, timeout=10)
+        assert "attacker.example" in direct.text, "the gateway does believe a trusted peer"
+        through = requests.get(proxy.url + page_path, headers={**forged, "Forwarded": "host=attacker.example"})
+        assert through.status_code == 200
+        assert "attacker.example" not in through.text
+        host = proxy.url.removeprefix("http://").split(":")[0]
+        assert f"http:&#47;&#47;{host}&#47;data&#47;zarr&#47;" in through.text, "the proxy's own view of the host"
+        assert through.headers["Referrer-Policy"] == "no-referrer"
+    finally:
+        proxy.stop()

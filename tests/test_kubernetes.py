@@ -7,6 +7,7 @@ real gateway is started with the environment, files and mounts a pod would get f
 """
 
 import base64
+import html
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import string
 import subprocess
 import sys
@@ -353,7 +355,12 @@ def test_the_ingress_routes_data_but_no_internal_route(rendered: dict[str, list[
     for route in INTERNAL_ROUTES:
         for variant in (route, route + "/", route + "/x"):
             assert not any(ingress_matches(path, variant) for path in paths), f"{variant} is routed"
-    for wanted in ("/", "/data/zarr/org/dataset/.zgroup", "/data/zarr3/org/dataset/color/1/zarr.json"):
+    for wanted in (
+        "/",
+        "/data/zarr/org/dataset/.zgroup",
+        "/data/zarr3/org/dataset/color/1/zarr.json",
+        "/preview/org/dataset/color.png",  # the images of every dataset page
+    ):
         assert any(ingress_matches(path, wanted) for path in paths), f"{wanted} is not routed"
     for path in paths:
         backend = path["backend"]["service"]
@@ -378,10 +385,14 @@ def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_dataset(
     # The gateway decides per dataset; the cached answer must be keyed by both ways a token comes (the
     # header, and ?token= in the query as sent) and by the dataset, which the http-snippet's maps cut out.
     key = annotations[prefix + "auth-cache-key"]
-    assert {"$http_x_auth_token", "$zg_request_query", "$zg_auth_scope"} <= set(re.findall(r"\$\w+", key))
     assert re.fullmatch(r"[A-Za-z0-9\-_${}]*", key), "the controller accepts only variables and letters"
-    defined = set(re.findall(r"^map \S+ \$(\w+)", AUTH_SCOPE.read_text(), re.MULTILINE))
-    assert {"zg_auth_scope", "zg_request_query"} <= defined, "the http-snippet defines the key's variables"
+    # So the parts are joined in the http-snippet, where a separator can stand between them.
+    assert key == "$zg_auth_cache_key"
+    snippet = AUTH_SCOPE.read_text()
+    defined = set(re.findall(r"^map \S+ \$(\w+)", snippet, re.MULTILINE))
+    assert {"zg_auth_scope", "zg_request_query", "zg_auth_cache_key"} <= defined, "the snippet defines the key"
+    [joined] = re.findall(r'^map "" \$zg_auth_cache_key \{\s*default "([^"]*)";', snippet, re.MULTILINE)
+    assert joined == "$zg_auth_scope $zg_request_query $http_x_auth_token", "the token last, spaces between"
     assert "${" not in AUTH_SCOPE.read_text(), "the snippet is used as it is: it names no template value"
     assert re.fullmatch(r"204 \d+[sm]", annotations[prefix + "auth-cache-duration"]), "only grants are cached"
     assert annotations[prefix + "enable-cors"] == "true"
@@ -514,6 +525,8 @@ def pod_environment(docs: list[dict[str, Any]], volumes: dict[str, Path], **over
     env[f"{ENV_PREFIX}PORT"] = str(free_port())
     env.update(overrides)
     inherited = {k: v for k, v in os.environ.items() if not k.startswith((ENV_PREFIX, "AWS_"))}
+    # The pod runs in another directory: it must still import this checkout's gateway package.
+    inherited["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**inherited, **env}
 
 
@@ -796,6 +809,50 @@ def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     assert get(prefix + "%2Ezarray" + probe, TOKEN) == 200
     assert get(prefix + "%2Ezattrs" + probe, TOKEN) == 200
     assert auth_calls() == 8
+
+
+@pytest.mark.nginx
+def test_through_the_ingress_the_previews_of_a_dataset_page_are_served(controller: Controller) -> None:
+    page = requests.get(f"{controller.url}/data/zarr/{ORG}/wk_dataset/", params={"token": TOKEN}, timeout=10)
+    assert page.status_code == 200
+    previews = re.findall(r'<img class="preview" src="([^"]+)"', page.text)
+    assert previews, "the page shows previews"
+    for preview in previews:
+        image = requests.get(controller.url + html.unescape(preview), timeout=30)
+        assert image.status_code == 200 and image.content.startswith(b"\x89PNG"), preview
+    assert requests.get(f"{controller.url}{html.unescape(previews[0]).split('?')[0]}", timeout=10).status_code == 401
+    # the page's absolute URLs name the Ingress's host (the public_url setting), not the one the client sent
+    assert "https:&#47;&#47;zarr.example.org&#47;data&#47;" in page.text
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize(
+    ("query", "headers"),
+    [
+        (f"?token={TOKEN}&token={TOKEN}", []),
+        (f"?token=decoy&token={TOKEN}", []),
+        (f"?token={TOKEN}", [TOKEN]),
+        ("", [TOKEN, TOKEN]),
+        ("", ["decoy", TOKEN]),
+        ("", [f"decoy, {TOKEN}"]),
+    ],
+    ids=["query-twice", "query-decoy", "query-and-header", "header-twice", "header-decoy", "header-list"],
+)
+def test_through_the_ingress_more_than_one_token_is_a_400(
+    controller: Controller, query: str, headers: list[str]
+) -> None:
+    """Even after a grant for the real token was cached for the dataset: a token is one token."""
+    path = f"/data/zarr/{ORG}/wk_dataset/color_u8/1/.zarray"
+    assert requests.get(controller.url + path, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 200
+    lines = "".join(f"X-Auth-Token: {value}\r\n" for value in headers)
+    host, port = urlsplit(controller.url).netloc.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(f"GET {path}{query} HTTP/1.1\r\nHost: x\r\n{lines}Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"more than one token" in answer
 
 
 @pytest.mark.nginx

@@ -294,16 +294,29 @@ def test_names_are_escaped_everywhere() -> None:
     ],
 )
 def test_neuroglancer_state_names_the_layer_source(dataset: Dataset, tree: str, token: str | None, source: str) -> None:
+    """Every card opens every layer (images under the segmentation, which also has its mesh source), its own
+    layer selected."""
     document = parse(page_of(dataset, tree, token))
-    for name, *_, category in LAYERS:
+    query = "" if token is None else "?token=page%20token%2F%2B%26"
+    images = [
+        {"type": "image", "source": source.format(layer=name), "name": name} for name, *_, c in LAYERS if c == "color"
+    ]
+    segmentations = [
+        {
+            "type": "segmentation",
+            "source": [
+                source.format(layer=name),
+                f"{PUBLIC}/data/meshes/{ORG}/{DATASET}/{name}/multires/{query}|neuroglancer-precomputed:",
+            ],
+            "name": name,
+        }
+        for name, *_, category in LAYERS
+        if category == "segmentation"
+    ]
+    for name, *_ in LAYERS:
         state = neuroglancer_state(card(document, name))
-        assert state["layers"] == [
-            {
-                "type": "segmentation" if category == "segmentation" else "image",
-                "source": source.format(layer=name),
-                "name": name,
-            }
-        ]
+        assert state["layers"] == images + segmentations
+        assert state["selectedLayer"] == {"layer": name}
         assert state["dimensions"] == {"x": [11.24e-9, "m"], "y": [11.24e-9, "m"], "z": [28e-9, "m"]}
 
 
@@ -318,18 +331,20 @@ def test_neuroglancer_dimensions_follow_the_unit(unit: str, meters: float) -> No
 
 
 def test_public_base_is_the_url_the_client_used() -> None:
-    assert public_base({"host": "127.0.0.1:8000"}) == "http://127.0.0.1:8000"
+    """With ``forwarded`` (the peer is a trusted proxy) X-Forwarded-*; without, only the Host header."""
+    assert public_base({"host": "127.0.0.1:8000"}, forwarded=True) == "http://127.0.0.1:8000"
+    forwarded = {"Host": "inner:8000", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "zarr.example.org"}
+    assert public_base(forwarded, forwarded=True) == "https://zarr.example.org"
+    assert public_base(forwarded, forwarded=False) == "http://inner:8000"
     assert public_base(
-        {"Host": "inner:8000", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "zarr.example.org"}
-    ) == ("https://zarr.example.org")
-    assert public_base({"host": "inner", "x-forwarded-proto": "https, http", "x-forwarded-host": "a.org, b"}) == (
-        "https://a.org"
-    )
-    assert public_base({"host": "inner", "x-forwarded-host": 'evil"/><script>'}) == "http://inner"
-    assert public_base({"host": "inner", "x-forwarded-proto": "javascript"}) == "http://inner"
-    assert public_base({}) == "http://localhost"
+        {"host": "inner", "x-forwarded-proto": "https, http", "x-forwarded-host": "a.org, b"}, forwarded=True
+    ) == ("https://a.org")
+    assert public_base({"host": "inner", "x-forwarded-host": 'evil"/><script>'}, forwarded=True) == "http://inner"
+    assert public_base({"host": "inner", "x-forwarded-proto": "javascript"}, forwarded=True) == "http://inner"
+    assert public_base({}, forwarded=True) == "http://localhost"
     scope_headers = {b"host": b"inner:1", b"x-forwarded-host": b"zarr.example.org:8443", b"x-forwarded-proto": b"https"}
-    assert public_base(scope_headers) == "https://zarr.example.org:8443"
+    assert public_base(scope_headers, forwarded=True) == "https://zarr.example.org:8443"
+    assert public_base(scope_headers, forwarded=False) == "http://inner:1"
 
 
 # --- snippets ---------------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import pytest
 import wkw
 
 from gateway.sample import make_sample
+from gateway_storage import geometry
+from gateway_storage.geometry import vec3
 
 TOP_LEFT = (16, 8, 4)
 SIZE = (320, 288, 96)
@@ -87,7 +89,7 @@ def test_properties_are_webknossos_style(dataset: Path, properties: dict[str, An
         assert layer["boundingBox"] == box
         assert [m["mag"] for m in layer["mags"]] == [list(m) for m in MAGS.values()]
         for mag in layer["mags"]:
-            name = "-".join(map(str, mag["mag"])) if len(set(mag["mag"])) > 1 else str(mag["mag"][0])
+            name = geometry.mag_name(vec3(mag["mag"]))
             assert mag["path"] == f"./{layer['name']}/{name}"
             assert mag["cubeLength"] == 1024
             assert mag["axisOrder"] == {"c": 0, "x": 1, "y": 2, "z": 3}

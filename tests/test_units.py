@@ -33,7 +33,7 @@ from gateway.zarr.codecs import Codec
 from gateway.zarr.documents import ArrayZarrJson, ZArray
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
-from gateway.zarr.nodes import MemoryArray, SourceArray
+from gateway.zarr.nodes import CoordinateArray, SourceArray
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
 from gateway_storage import ByteLRU, FileChangedError, LocalStore, StoreUnavailableError
@@ -239,9 +239,9 @@ def test_array_zarr_json_with_and_without_channel(wkw_root: Path) -> None:
 
 
 def test_every_array_renders_complete_documents(wkw_root: Path) -> None:
-    """A mag and a coordinate array held in memory render the same documents: every member the type names."""
+    """A mag and a computed coordinate array render the same documents: every member the type names."""
     mag = SourceArray(served_mag(_source(wkw_root, "raw"), _layout(_source(wkw_root, "raw"), 3, ServeOptions())), AXES)
-    coordinate = MemoryArray("x", np.arange(5) * 2.0, {"units": "nm"})
+    coordinate = CoordinateArray("x", 5, 2.0, {"units": "nm"})
     for node in (mag, coordinate):
         assert set(node.zarray()) == set(ZArray.__annotations__)
         assert set(node.zarr_json()) == set(ArrayZarrJson.__annotations__)
@@ -539,7 +539,8 @@ def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
     """Only '.' and '/' separate chunk key parts; anything else is refused when the array is opened, with why."""
     import zarr
 
-    from gateway.sources.zarr_source import SourceError, ZarrMagSource
+    from gateway.sources.mag import SourceError
+    from gateway.sources.zarr_source import ZarrMagSource
 
     directory = tmp_path / "array"
     zarr.create_array(str(directory), shape=(1, 8, 8, 8), chunks=(1, 8, 8, 8), dtype="uint8", zarr_format=zarr_format)
@@ -551,5 +552,5 @@ def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
         document["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": separator}}
     (directory / name).write_text(json.dumps(document))
     box = BoundingBox.model_validate({"topLeft": [0, 0, 0], "width": 8, "height": 8, "depth": 8})
-    with pytest.raises(SourceError, match="chunk key separator"):
+    with pytest.raises(SourceError, match="separator .* is neither"):
         ZarrMagSource((1, 1, 1), LocalStore(str(tmp_path)), str(directory), box, None, ByteLRU(1 << 20))

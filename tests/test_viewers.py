@@ -10,15 +10,13 @@ Set ``ZARR_GATEWAY_SCREENSHOT_DIR`` to keep a downscaled screenshot for the READ
 (``neuroglancer.png``).
 """
 
-import io
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -30,18 +28,25 @@ import numpy as np
 import pytest
 import requests
 from PIL import Image
-from support.browser import INSTALL_HINT, Browser, BrowserError, Page, chromium_path
+from support.browser import Browser
 from support.datasets import ORG, TOKEN, WrittenDataset
-from support.processes import free_port
 from support.servers import Server
+from support.viewer import (
+    LOAD_TIMEOUT,
+    METADATA_NAMES,
+    PANEL_RECT_JS,
+    AccessLine,
+    access_lines,
+    png_pixels,
+    settled_screenshot,
+    wait_until_drawn,
+)
 
 from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
 
 pytestmark = pytest.mark.browser  # every test drives headless Chromium
 
 SCREENSHOT_DIR_VARIABLE = "ZARR_GATEWAY_SCREENSHOT_DIR"
-METADATA_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json"})
-LOAD_TIMEOUT = 120  # seconds for a view to load on a busy 2-core machine; not an assertion on speed
 # The whole volume fills the panel; at this zoom Neuroglancer draws mag 1.
 VIEW = {
     "dimensions": {
@@ -56,36 +61,6 @@ VIEW = {
     "showScaleBar": False,
     "showDefaultAnnotations": False,
 }
-# What the viewer says about its layers: per layer, per data source, "loading" | "loaded" | "error".
-LAYER_STATES_JS = """(() => {
-  const layers = viewer.layerManager.managedLayers.map(managed => ({
-    name: managed.name,
-    sources: managed.layer === null ? [] : managed.layer.dataSources.map(source => {
-      const state = source.loadState;
-      if (state === undefined) return {url: source.spec.url, state: "loading", error: null};
-      if (state.error !== undefined) return {url: source.spec.url, state: "error", error: String(state.error.message)};
-      return {url: source.spec.url, state: "loaded", error: null};
-    }),
-  }));
-  return {layers, ready: viewer.isReady()};
-})()"""
-PANEL_RECT_JS = """(() => {
-  const r = document.querySelector(".neuroglancer-rendered-data-panel").getBoundingClientRect();
-  return [Math.ceil(r.left), Math.ceil(r.top), Math.floor(r.right), Math.floor(r.bottom)];
-})()"""
-
-
-@dataclass
-class AccessLine:
-    method: str
-    path: str
-    status: int
-
-    @property
-    def is_chunk(self) -> bool:
-        """A chunk or shard of a mag: /data/{tree}/{org}/{dataset}/{layer}/{mag}/{key...}."""
-        parts = self.path.split("/")
-        return len(parts) > 7 and parts[-1] != "" and parts[-1] not in METADATA_NAMES  # "" is a listing
 
 
 @dataclass
@@ -113,80 +88,6 @@ def plain(sample_root: Path, server_factory: Callable[..., Server]) -> Server:
 @pytest.fixture(scope="module")
 def sharded(sample_root: Path, server_factory: Callable[..., Server]) -> Server:
     return server_factory(sample_root, v3_layout="sharded")
-
-
-@pytest.fixture(scope="module")
-def neuroglancer_url() -> Iterator[str]:
-    """The Neuroglancer client, served by the package's own Python server on a loopback port."""
-    import neuroglancer
-
-    port = free_port()
-    token = secrets.token_hex(8)
-    neuroglancer.set_server_bind_address("127.0.0.1", port)
-    viewer = neuroglancer.UnsynchronizedViewer(token=token)  # the server only holds a weak reference to it
-    url = f"http://127.0.0.1:{port}/v/{token}/"
-    assert requests.get(url, timeout=30).status_code == 200
-    yield url
-    del viewer
-    neuroglancer.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    if chromium_path() is None:
-        pytest.fail(f"these tests drive a real browser: {INSTALL_HINT}")
-    instance = Browser(tmp_path_factory.mktemp("chromium") / "profile")
-    yield instance
-    instance.close()
-
-
-def access_lines(server: Server, since: int) -> list[AccessLine]:
-    lines = []
-    for text in server.log()[since:].splitlines():
-        if '"gateway.access"' in text:
-            record = json.loads(text)
-            lines.append(AccessLine(record["method"], record["path"], record["status"]))
-    return lines
-
-
-def png_pixels(png: bytes | Path) -> np.ndarray:
-    data = png.read_bytes() if isinstance(png, Path) else png
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def wait_until_drawn(page: Page, timeout: float = LOAD_TIMEOUT) -> dict[str, Any]:
-    """Wait until every data source has settled and, if all loaded, the display has drawn every chunk.
-
-    Neuroglancer fetches chunks in a web worker; ``viewer.isReady()`` turns true once every visible
-    chunk is on the GPU. Three ready polls in a row guard against a gap between two batches.
-    """
-    deadline = time.monotonic() + timeout
-    ready_polls = 0
-    state: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        state = page.evaluate(LAYER_STATES_JS)
-        sources = [s for layer in state["layers"] for s in layer["sources"]]
-        settled = bool(sources) and all(s["state"] != "loading" for s in sources)
-        failed = any(s["state"] == "error" for s in sources)
-        ready_polls = ready_polls + 1 if settled and (failed or state["ready"]) else 0
-        if ready_polls >= 3:
-            return state
-        time.sleep(1)
-    raise BrowserError(f"view not drawn after {timeout} s: {state}; console: {page.console[-20:]}")
-
-
-def settled_screenshot(page: Page, path: Path, attempts: int = 20) -> Path:
-    """A screenshot after a forced redraw that the next forced redraw leaves unchanged (the frame is final)."""
-    previous = b""
-    for _ in range(attempts):
-        page.evaluate("viewer.display.draw(), true")
-        current = page.capture()
-        if current == previous:
-            path.write_bytes(current)
-            return path
-        previous = current
-        time.sleep(0.5)
-    raise BrowserError(f"the view kept changing over {attempts} screenshots")
 
 
 def open_view(
@@ -500,9 +401,16 @@ def test_dataset_page_in_the_browser(
         assert facts["Mags"] == "1, 2-2-1, 4-4-2"
         (link,) = section["neuroglancer"]
         state = neuroglancer_state(link, neuroglancer_url)
-        (layer_state,) = state["layers"]
-        assert layer_state["source"] == f"zarr3://{dataset_url}/{layer}/"
-        assert layer_state["type"] == ("image" if category == "color" else "segmentation")
+        assert state["selectedLayer"] == {"layer": layer}  # every link opens every layer, its own selected
+        layer_states = {s["name"]: s for s in state["layers"]}
+        assert list(layer_states) == ["color", "segmentation"]  # the image under the segmentation
+        sources = layer_states[layer]["source"]
+        volume = sources if category == "color" else sources[0]
+        assert volume == f"zarr3://{dataset_url}/{layer}/"
+        if category == "segmentation":
+            meshes = f"{page_gateway.url}/data/meshes/{ORGANIZATION}/{DATASET}/{layer}/multires/"
+            assert sources[1] == f"{meshes}|neuroglancer-precomputed:"
+        assert layer_states[layer]["type"] == ("image" if category == "color" else "segmentation")
 
     snippets = content["snippets"]
     assert set(snippets) >= set(SNIPPET_URLS), snippets
@@ -530,10 +438,11 @@ def test_dataset_page_in_the_browser(
 def test_dataset_page_link_opens_in_neuroglancer(
     browser: Browser, page_gateway: Server, neuroglancer_url: str, tmp_path: Path
 ) -> None:
-    """The page's "Open in Neuroglancer" link, followed in the browser, loads the layer from the gateway."""
+    """The page's "Open in Neuroglancer" link, followed in the browser, loads every layer from the gateway,
+    the segmentation's mesh source included."""
     html = requests.get(f"{page_gateway.url}/data/zarr/{ORGANIZATION}/{DATASET}/", timeout=30).text
     links = {
-        neuroglancer_state(href, neuroglancer_url)["layers"][0]["source"].rstrip("/").rsplit("/", 1)[-1]: href
+        neuroglancer_state(href, neuroglancer_url)["selectedLayer"]["layer"]: href
         for href in _hrefs(html)
         if href.startswith(neuroglancer_url)
     }
@@ -546,7 +455,7 @@ def test_dataset_page_link_opens_in_neuroglancer(
         final = wait_until_drawn(page)
         settled_screenshot(page, tmp_path / "from-page-link.png")
     sources = [s for layer in final["layers"] for s in layer["sources"]]
-    assert sources and all(s["state"] == "loaded" for s in sources), final
+    assert len(sources) == 3 and all(s["state"] == "loaded" for s in sources), final  # image, labels, meshes
     time.sleep(0.5)
     assert_chunks_answered(access_lines(page_gateway, start))
 
@@ -569,8 +478,16 @@ def test_dataset_page_with_a_token(
         assert preview["complete"] and preview["width"] > 0, f"preview did not load: {preview}"
     for section in content["sections"]:
         (link,) = section["neuroglancer"]
-        (layer_state,) = json.loads(unquote(link.partition("#!")[2]))["layers"]
-        assert layer_state["source"] == f"zarr3://{dataset_url}/{section['layer']}/?token={TOKEN}"
+        state = json.loads(unquote(link.partition("#!")[2]))
+        assert state["selectedLayer"] == {"layer": section["layer"]}
+        for layer_state in state["layers"]:
+            name = layer_state["name"]
+            sources = layer_state["source"] if isinstance(layer_state["source"], list) else [layer_state["source"]]
+            assert sources[0] == f"zarr3://{dataset_url}/{name}/?token={TOKEN}"
+            meshes = f"{gateway.url}/data/meshes/{ORG}/{test_data.dataset}/{name}/multires/?token={TOKEN}"
+            assert sources[1:] == (
+                [f"{meshes}|neuroglancer-precomputed:"] if layer_state["type"] == "segmentation" else []
+            )
     assert content["snippets"], "no snippets"
     for client, text in content["snippets"].items():
         assert TOKEN not in text, f"the {client} snippet shows the real token"

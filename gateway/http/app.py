@@ -2,8 +2,8 @@
 operations endpoints and the edge in front of them, wired in one place.
 
 The cache budget (``cache_bytes``) is split here: half for the source formats' caches (shared
-equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and
-a sixteenth on top for preview images.
+equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and on
+top a sixteenth for preview images and a quarter for segment meshes.
 """
 
 import logging
@@ -11,6 +11,7 @@ import logging
 from gateway_storage import open_store
 
 from ..logs import configure_logging
+from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
@@ -18,6 +19,7 @@ from ..sources.registry import SourceFormats
 from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Edge
+from .listing import meters_per_unit
 from .ops import Ops
 
 log = logging.getLogger("gateway")
@@ -27,8 +29,10 @@ def create_app(settings: Settings) -> Edge:
     store = open_store(settings.root, settings.extra_roots, settings.settle_seconds)
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
-    gateway = Gateway(settings, store, catalog, shards, Previews(settings.cache_bytes // 16))
-    if gateway.tokens is None:
+    previews = Previews(settings.cache_bytes // 16)
+    meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes)
+    if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
 

@@ -15,25 +15,25 @@ import anyio
 from gateway_storage import FileChangedError, FileUnsettledError, Store
 from gateway_storage.cache import CacheCounts
 
+from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
-from ..sources.catalog import BrokenDataset, Catalog, Dataset
+from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
 from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
-from .auth import Grant, Tokens
-from .errors import HttpError
-from .listing import Entry, build_dataset_page, public_base, render_dataset_page, render_listing
+from .auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_organization, granted_names, read_token
+from .budget import MemoryBudget
+from .errors import HttpError, hide_roots, relative_paths
+from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
-from .urls import DataTarget, Level
+from .urls import DataTarget, Level, parse_mesh_path, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 HTML = "text/html; charset=utf-8"
-PREVIEW_PREFIX = "/preview/"
-TOKEN_HEADER = b"x-auth-token"
 
 
 class Gateway:
@@ -43,37 +43,56 @@ class Gateway:
     """
 
     def __init__(
-        self, settings: Settings, storage: Store, catalog: Catalog, shards: ShardPlans, previews: Previews
+        self,
+        settings: Settings,
+        storage: Store,
+        catalog: Catalog,
+        shards: ShardPlans,
+        previews: Previews,
+        meshes: MeshService,
     ) -> None:
         self.settings = settings
+        hide_roots(settings.root, settings.extra_roots)
         self.storage = storage
         self.catalog = catalog
-        self.tokens = Tokens.load(settings.tokens_file) if settings.tokens_file else None
+        self.access = Access(settings.tokens_file, settings.tokens_reload_seconds)
+        self.origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
         self.shards = shards
         self.previews = previews
+        self.meshes = meshes
         self.limiter = anyio.CapacityLimiter(settings.threads)
+        self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
         self._views: dict[tuple[str, str, str], DatasetView] = {}
 
     # --- access -------------------------------------------------------------------------------
 
-    def authenticate(self, request: Request) -> Grant | None:
-        """The caller's grant; None when the gateway is open (no tokens file)."""
-        if self.tokens is None:
-            return None
-        token = request.header(TOKEN_HEADER) or request.query("token")
-        if not token:
-            raise HttpError(401, "a token is required: send it as the X-Auth-Token header or the token query parameter")
-        grant = self.tokens.grant(token)
-        if grant is None:
-            raise HttpError(401, "the token is not valid")
+    @staticmethod
+    def token(request: Request) -> Token | None:
+        """The request's one token (400 for more): every route that reads a token reads it here."""
+        return read_token(request.header_lines(TOKEN_HEADER), request.query_string)
+
+    async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
+        """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
+        point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
+        None when the gateway is open."""
+        grant = self.access.grant(token)
+        if len(names) >= 2:
+            check_dataset(grant, names[0], names[1])
+        elif names and grant is not None:
+            check_organization(grant, names[0], await self._storage_call(self._dataset_names, names[0]))
         return grant
 
     def caches_by_name(self) -> dict[str, CacheCounts]:
         """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
-        indexes), shard plans, previews."""
-        return {**self.catalog.formats.caches, "shards": self.shards.lru, "previews": self.previews.cache}
+        indexes), shard plans, previews, meshes."""
+        return {
+            **self.catalog.formats.caches,
+            "shards": self.shards.lru,
+            "previews": self.previews.cache,
+            "meshes": self.meshes.cache,
+        }
 
     def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
         key = (dataset.organization, dataset.name, tree.name)
@@ -91,44 +110,39 @@ class Gateway:
     # --- the pipeline -------------------------------------------------------------------------
 
     async def handle(self, target: DataTarget, request: Request) -> Answer:
-        grant = self.authenticate(request)
+        token = self.token(request)
+        grant = await self.authorize(token, target.names[:2])
         if target.level == Level.TREE:
             _check_placed(target)
             organizations = await self._storage_call(self._organizations, grant)
             return await self._listing(request, target.base, organizations)
         organization = target.organization
         if target.level == Level.ORGANIZATION:
-            if grant is not None and not grant.allows_organization(organization):
-                raise HttpError(403, f"the token does not grant access to organization {organization}")
             if organization not in await self._storage_call(self.catalog.organizations):
                 raise HttpError(404, f"no organization {organization!r}")
             _check_placed(target)
             datasets = await self._storage_call(self._datasets, grant, organization)
             return await self._listing(request, target.base, datasets)
-        dataset = await self._dataset(grant, organization, target.dataset)
+        dataset = await self._dataset(organization, target.dataset)
         view = self.view(dataset, target.tree)
-        resource = await self._in_dataset(target, view, request)
+        page_token = token.value if token is not None and token.in_query else None
+        resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
 
-    async def _dataset(self, grant: Grant | None, organization: str, name: str) -> Dataset:
-        if grant is not None and not grant.allows(organization, name):
-            raise HttpError(403, f"the token does not grant access to {organization}/{name}")
+    async def _dataset(self, organization: str, name: str) -> Dataset:
         dataset = await self._storage_call(self.catalog.dataset, organization, name)
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):
-            raise HttpError(500, f"dataset {organization}/{name} cannot be served: {dataset.reason}")
+            raise DatasetUnusable(f"dataset {organization}/{name} cannot be served: {dataset.reason}")
         return dataset
 
     async def preview(self, request: Request) -> Answer:
         """``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
-        parts = request.path.removeprefix(PREVIEW_PREFIX).split("/")
-        if len(parts) != 3 or not parts[2].endswith(".png") or not all(parts):
-            raise HttpError(404, f"a preview is at {PREVIEW_PREFIX}{{organization}}/{{dataset}}/{{layer}}.png")
-        organization, name, image = parts
-        grant = self.authenticate(request)
-        dataset = await self._dataset(grant, organization, name)
-        layer_name = image.removesuffix(".png")
+        target = parse_preview_path(request.path)
+        await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset)
+        layer_name = target.layer
         layer = dataset.layers.get(layer_name)
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {layer_name!r}; there are {', '.join(dataset.layers)}")
@@ -137,7 +151,20 @@ class Gateway:
         )
         return await self._send(request, resource)
 
-    async def _in_dataset(self, target: DataTarget, view: DatasetView, request: Request) -> Resource:
+    async def mesh(self, request: Request) -> Answer:
+        """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a precomputed mesh
+        source of a segmentation layer (:mod:`gateway.meshes`), made in a thread."""
+        target = parse_mesh_path(request.path)
+        await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset)
+        found = await anyio.to_thread.run_sync(
+            self.meshes.file, dataset, target.layer, target.kind, target.file, limiter=self.limiter
+        )
+        return await self._send(request, bytes_resource(found.body, found.media_type))
+
+    async def _in_dataset(
+        self, target: DataTarget, view: DatasetView, request: Request, page_token: str | None
+    ) -> Resource:
         tree, file = target.tree, target.file
         if target.level == Level.DATASET:
             _check_placed(target)
@@ -145,8 +172,9 @@ class Gateway:
                 return view.document((file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
-            entries += [Entry(name, True, reason) for name, reason in view.unusable.items()]
-            return self._dataset_page(target, view, request, entries)
+            entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
+            largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
+            return self._dataset_page(target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -161,9 +189,9 @@ class Gateway:
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
             return self._page(target.base, [Entry(f, False) for f in tree.array_files])
-        return await self._chunk(tree, node, target.key)
+        return await self._chunk(tree, node, target.key, request)
 
-    async def _chunk(self, tree: Tree, node: ArrayNode, key: str) -> Resource:
+    async def _chunk(self, tree: Tree, node: ArrayNode, key: str, request: Request) -> Resource:
         """A chunk or shard: cheap ones on the event loop, the rest in a thread. A file rewritten
         mid-read is tried once more the same way (then the error map answers 503)."""
         index = tree.parse_key(key, node.rank)
@@ -172,13 +200,21 @@ class Gateway:
                 cheap = node.cheap_chunk(index)
                 if cheap is not None:
                     return cheap
-                return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
+                if self.chunk_memory.would_wait(node.working_bytes) or self.limiter.available_tokens < 1:
+                    # It will wait in line: if its client leaves meanwhile, it is skipped. (Watching costs
+                    # about as much as a thread hand-off, so a chunk that starts at once is not watched.)
+                    return await request.unless_client_leaves(lambda: self._costly_chunk(node, index))
+                return await self._costly_chunk(node, index)
             except FileUnsettledError:
                 raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
             except FileChangedError:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    async def _costly_chunk(self, node: ArrayNode, index: tuple[int, ...]) -> Resource:
+        async with self.chunk_memory.hold(node.working_bytes):
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
 
     async def _send(self, request: Request, resource: Resource) -> Answer:
         reader = Reader(resource, self.limiter, request.context)
@@ -187,28 +223,52 @@ class Gateway:
     # --- listings -----------------------------------------------------------------------------
 
     def _organizations(self, grant: Grant | None) -> list[Entry]:
-        return [
-            Entry(org, True) for org in self.catalog.organizations() if grant is None or grant.allows_organization(org)
-        ]
+        """The organizations where ``grant`` covers at least one dataset (every one when open)."""
+        organizations = self.catalog.organizations()
+        if grant is None:
+            return [Entry(org, True) for org in organizations]
+        return [Entry(org, True) for org in organizations if granted_names(grant, org, self._dataset_names(org))]
+
+    def _dataset_names(self, organization: str) -> list[str]:
+        return [dataset.name for dataset in self.catalog.datasets(organization)]
 
     def _datasets(self, grant: Grant | None, organization: str) -> list[Entry]:
         entries = []
         for dataset in self.catalog.datasets(organization):
             if grant is not None and not grant.allows(organization, dataset.name):
                 continue
-            note = dataset.reason if isinstance(dataset, BrokenDataset) else None
+            note = relative_paths(dataset.reason) if isinstance(dataset, BrokenDataset) else None
             entries.append(Entry(dataset.name, True, note))
         return entries
 
-    def _dataset_page(self, target: DataTarget, view: DatasetView, request: Request, entries: list[Entry]) -> Resource:
+    def _largest_segments(self, dataset: Dataset) -> dict[str, list[int]]:
+        """A few of the largest segments of each segmentation layer, for the viewer link (from its index or a scan)."""
+        return {
+            name: self.meshes.largest_segments(dataset, name)
+            for name, layer in dataset.layers.items()
+            if layer.properties.category == "segmentation" and layer.mags
+        }
+
+    def _dataset_page(
+        self,
+        target: DataTarget,
+        view: DatasetView,
+        request: Request,
+        entries: list[Entry],
+        page_token: str | None,
+        largest: dict[str, list[int]],
+    ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
+        base, root_path = self.origin.of(request.headers, request.client)
         page = build_dataset_page(
             view.dataset,
             target.tree.name,
-            public_base(request.headers),
-            request.query("token"),
+            base,
+            page_token,
             self.settings.neuroglancer_url,
-            self.tokens is not None,
+            not self.access.open,
+            root_path,
+            largest=largest,
         )
         return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 

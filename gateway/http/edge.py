@@ -10,25 +10,33 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 
 from ..logs import access_log
 from ..metrics import STATS
-from .data import HTML, PREVIEW_PREFIX, Gateway, index_page
+from .data import HTML, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import DATA_PREFIX, parse_data_path
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, parse_data_path
 
 log = logging.getLogger("gateway")
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
 ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
 ALLOWED_METHODS = "GET, HEAD, OPTIONS"
-_CORS = [(b"access-control-allow-origin", b"*"), (b"access-control-expose-headers", EXPOSED.encode())]
+# On every answer: CORS for browser viewers, and no Referer to other origins (a page's address may hold ?token=).
+_ALWAYS = [
+    (b"access-control-allow-origin", b"*"),
+    (b"access-control-expose-headers", EXPOSED.encode()),
+    (b"referrer-policy", b"no-referrer"),
+]
 _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
-_MAX_REQUEST_ID = 128
+# A client's (or a proxy's) X-Request-Id is kept only when it is plain, as the shipped proxy keeps it; it lands
+# in log lines, so it can hold no separator and no control character.
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
@@ -45,18 +53,25 @@ class Edge:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self._http(scope, send)
+            await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
-    async def _http(self, scope: Scope, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        request = Request(scope["method"], scope["path"], dict(scope["headers"]), scope.get("query_string", b""))
+        raw_headers = list(scope["headers"])
+        client = scope.get("client")
+        request = Request(
+            scope["method"],
+            scope["path"],
+            dict(raw_headers),
+            scope.get("query_string", b""),
+            receive=receive,
+            header_list=raw_headers,
+            client=client[0] if client else "",
+        )
         given_id = request.headers.get(b"x-request-id", b"")
-        if 0 < len(given_id) <= _MAX_REQUEST_ID and given_id.isascii() and given_id.decode().isprintable():
-            request_id = given_id
-        else:
-            request_id = f"{_PROCESS}-{next(self._ids):x}".encode()
+        request_id = given_id if _REQUEST_ID.fullmatch(given_id) else f"{_PROCESS}-{next(self._ids):x}".encode()
         self.stats.in_flight += 1
         if not self._timer_armed:
             self._timer_armed = True
@@ -64,7 +79,7 @@ class Edge:
         route, status, sent = "other", 0, 0
         try:
             route, answer = await self._answer(request)
-            answer.headers += _CORS
+            answer.headers += _ALWAYS
             answer.headers.append((b"x-request-id", request_id))
             status = answer.status
             # A streamed body that fails after its first byte raises ResponseAborted (logged and counted
@@ -87,6 +102,9 @@ class Edge:
                 return "preflight", _options(request)
             if method not in ("GET", "HEAD"):
                 return route, json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS})
+            if path.startswith(MESH_PREFIX):
+                route = "mesh"
+                return route, await self.gateway.mesh(request)
             if path.startswith(DATA_PREFIX):
                 target = parse_data_path(path)
                 route = target.route
@@ -103,6 +121,7 @@ class Edge:
             return route, error_answer(exc, request.context)
 
     async def _index(self, request: Request) -> Answer:
+        self.gateway.token(request)  # open to all, but more than one token is refused here as everywhere
         return Answer(200, [], index_page(), HTML)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

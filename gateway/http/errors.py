@@ -4,36 +4,34 @@ Rules that protect data (docs/architecture.md, "Data safety"): 404 only for what
 is absent by design; a client's mistake is a 4xx that says what was wrong; a
 storage fault is a 5xx, never a 404 that a client would turn into fill values.
 The map applies wherever bytes are produced, including bytes read while a
-response streams.
+response streams. No message names where the data lives on the server: every
+body built here, and every reason a page shows, says paths relative to the data
+root (:func:`relative_paths`).
 """
 
 import json
 import logging
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway_storage import FileChangedError, FileUnsettledError, StorageError, StoreUnavailableError
 from wkw_adapter import WkwError
 
+from ..meshes.errors import MeshExtraMissing, MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
+from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
+from ..sources.catalog import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
-from .messages import Answer, raw_headers
+from .messages import Answer, ClientGone, HttpError, raw_headers
 from .ranges import TooManyRanges
 
 log = logging.getLogger("gateway")
-
-
-class HttpError(Exception):
-    """An answer other than success decided by the HTTP layer itself, with a message for the JSON body."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+__all__ = ["RULES", "ErrorRule", "HttpError", "error_answer", "hide_roots", "json_error", "record", "relative_paths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +49,16 @@ RULES: dict[type[BaseException], ErrorRule] = {
     NodeNotFound: ErrorRule(404),
     NoPreviewError: ErrorRule(404),
     ChunkNotFound: ErrorRule(404),
+    ClientGone: ErrorRule(499),  # nginx's "client closed request": logged as such, sent to nobody
     MalformedKey: ErrorRule(400),
+    DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
     TooManyRanges: ErrorRule(400),
+    MeshNotFound: ErrorRule(404),
+    MeshInputError: ErrorRule(400),
+    SegmentIndexRequired: ErrorRule(409),
+    MeshTooLarge: ErrorRule(413),
+    MeshExtraMissing: ErrorRule(501, logged=True),
+    SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
         503, "the data file was written moments ago and may still be being written; retry", retry_after="1"
     ),
@@ -77,8 +83,46 @@ def rule_for(exc: BaseException) -> ErrorRule:
     return RULES[Exception]
 
 
+class _Roots:
+    """The server's own locations of the data, longest first, each with what a client is shown instead."""
+
+    def __init__(self) -> None:
+        self.replacements: list[tuple[str, str]] = []
+
+    def hide(self, root: str, extra_roots: Iterable[str] = ()) -> None:
+        found: dict[str, str] = {}
+        for location, shown in [(root, ""), *((extra, "<extra root>/") for extra in extra_roots)]:
+            plain = location.removeprefix("file://").rstrip("/")
+            if not plain:
+                continue
+            forms = {plain} if plain.startswith("s3://") else {plain, os.path.abspath(plain), os.path.realpath(plain)}
+            for form in forms:
+                found.setdefault(form + "/", shown)
+                found.setdefault(form, shown.rstrip("/") or "<data root>")
+        self.replacements = sorted(found.items(), key=lambda item: -len(item[0]))
+
+    def relative(self, text: str) -> str:
+        for location, shown in self.replacements:
+            if location in text:
+                text = text.replace(location, shown)
+        return text
+
+
+_ROOTS = _Roots()
+
+
+def hide_roots(root: str, extra_roots: Iterable[str] = ()) -> None:
+    """Say where the data lives on this server (once per process, at start-up), so no message shows it."""
+    _ROOTS.hide(root, extra_roots)
+
+
+def relative_paths(text: str) -> str:
+    """``text`` with every location under the data root relative to it, and the root itself unnamed."""
+    return _ROOTS.relative(text)
+
+
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
-    body = json.dumps({"error": message, "status": status}).encode()
+    body = json.dumps({"error": relative_paths(message), "status": status}).encode()
     return Answer(status, raw_headers(headers or {}), body, JSON)
 
 

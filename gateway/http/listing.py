@@ -8,11 +8,12 @@ dataset's tree, previews live under ``/preview/``, the Neuroglancer state is per
 URLs in the text are written with ``//`` as character references (rendered and copied unchanged).
 """
 
+import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from gateway_storage.geometry import Vec3, mag_name
 
@@ -93,6 +94,7 @@ class DatasetPage:
     name: str
     layers: tuple[LayerCard, ...]
     snippets: tuple[Snippet, ...]
+    carries_token: bool = False  # the page was asked for with ?token=, and its links carry the token on
 
 
 def render_listing(base_path: str, entries: list[Entry]) -> bytes:
@@ -125,17 +127,47 @@ def _listing_items(base_path: str, entries: list[Entry]) -> list[str]:
 # --- the dataset page ------------------------------------------------------------------------------------------
 
 
-def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes]) -> str:
-    """``scheme://host`` as the client sees it: X-Forwarded-Proto/-Host when a proxy set them, else Host.
+class PublicOrigin:
+    """Where clients reach the gateway, for the absolute URLs of a page (snippets, Neuroglancer sources).
+
+    ``public_url`` (a setting) when the operator gave one; else the request's own Host, and
+    X-Forwarded-Proto/-Host only when the peer is one of the ``trusted_proxies`` (addresses or networks):
+    anyone else's forwarded headers are the client's own words and must not set the host of a page.
+    """
+
+    def __init__(self, public_url: str | None, trusted_proxies: Iterable[str]) -> None:
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.root_path = urlsplit(self.public_url).path if self.public_url else ""
+        self.trusted = tuple(ipaddress.ip_network(proxy, strict=False) for proxy in trusted_proxies)
+
+    def of(self, headers: Mapping[bytes, bytes], client: str) -> tuple[str, str]:
+        """The public base (``scheme://host`` and any root path) and the root path alone."""
+        if self.public_url is not None:
+            return self.public_url, self.root_path
+        return public_base(headers, forwarded=self._trusts(client)), ""
+
+    def _trusts(self, client: str) -> bool:
+        if not self.trusted or not client:
+            return False
+        try:
+            address = ipaddress.ip_address(client)
+        except ValueError:
+            return False
+        return any(address in network for network in self.trusted)
+
+
+def public_base(headers: Mapping[str, str] | Mapping[bytes, bytes], forwarded: bool) -> str:
+    """``scheme://host`` as the client sees it: Host, or X-Forwarded-Proto/-Host when ``forwarded`` (the peer
+    is a trusted proxy, which sets them itself).
 
     ``headers`` as Starlette gives them (str) or as the ASGI scope holds them (bytes). A value that is not a
     plain host (or http/https) is ignored, so a forged header cannot inject markup or a path into the page's URLs.
     """
     lowered = {_latin1(name).lower(): _latin1(value) for name, value in headers.items()}
-    scheme = _first(lowered.get("x-forwarded-proto")).lower()
+    scheme = _first(lowered.get("x-forwarded-proto")).lower() if forwarded else "http"
     if scheme not in ("http", "https"):
         scheme = "http"
-    host = _first(lowered.get("x-forwarded-host"))
+    host = _first(lowered.get("x-forwarded-host")) if forwarded else ""
     if not _is_host(host):
         host = lowered.get("host", "").strip()
     if not _is_host(host):
@@ -176,6 +208,25 @@ def meters_per_unit(unit: str) -> float:
     return _METERS_PER_UNIT.get(unit.strip(), _METERS_PER_UNIT.get(unit.strip().lower(), 1e-9))
 
 
+def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
+    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, which
+    keeps a token in the query on every request (``precomputed://URL?token=`` is refused by Neuroglancer)."""
+    url = _with_token(f"{base}/data/meshes/{_path(organization, dataset, layer)}/multires/", token)
+    return f"{url}|neuroglancer-precomputed:"
+
+
+def neuroglancer_layer(
+    source: str, name: str, category: str, meshes: str | None = None, segments: Sequence[int] = ()
+) -> dict:
+    """One layer of a Neuroglancer state; a segmentation with its mesh source and the segments to show."""
+    if category != "segmentation":
+        return {"type": "image", "source": source, "name": name}
+    layer: dict = {"type": "segmentation", "source": source if meshes is None else [source, meshes], "name": name}
+    if segments:
+        layer["segments"] = [str(segment) for segment in segments]
+    return layer
+
+
 def neuroglancer_link(
     neuroglancer_url: str,
     source_url: str,
@@ -183,8 +234,10 @@ def neuroglancer_link(
     category: str,
     voxel_size: tuple[float, float, float],
     unit: str,
+    layers: Sequence[dict] = (),
 ) -> str:
-    """A link that opens Neuroglancer on one layer, its x, y, z dimensions the dataset's voxel size.
+    """A link that opens Neuroglancer on ``layers`` (by default the one layer), ``layer_name`` selected, its
+    x, y, z dimensions the dataset's voxel size.
 
     Neuroglancer's state holds scales in meters; giving them keeps anisotropic data from looking squashed.
     The JSON is percent-encoded whole, so no URL appears literally in the page.
@@ -192,13 +245,7 @@ def neuroglancer_link(
     meters = meters_per_unit(unit)
     state = {
         "dimensions": {axis: [float(f"{size * meters:.12g}"), "m"] for axis, size in zip("xyz", voxel_size)},
-        "layers": [
-            {
-                "type": "segmentation" if category == "segmentation" else "image",
-                "source": source_url,
-                "name": layer_name,
-            }
-        ],
+        "layers": list(layers) or [neuroglancer_layer(source_url, layer_name, category)],
         "selectedLayer": {"layer": layer_name},
         "layout": "4panel",
     }
@@ -294,22 +341,39 @@ def build_dataset_page(
     neuroglancer_url: str,
     needs_token: bool,
     root_path: str = "",
+    largest: Mapping[str, Sequence[int]] | None = None,
 ) -> DatasetPage:
     """The page of a dataset as tree ``tree`` lists it.
 
     ``base`` is the public ``scheme://host`` (see ``public_base``) followed by any root path; ``token`` is the
     one the page was requested with in its query (it goes into image and viewer URLs, which cannot send
-    headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder).
+    headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder);
+    ``largest`` names a few of the largest segments of segmentation layers, for the viewer to select.
     """
     scale = dataset.properties.scale
+    servable = {name: layer for name, layer in dataset.layers.items() if layer.mags}  # the others get no card
+    sources = {
+        name: neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token) for name in servable
+    }
+    # Every link opens every layer, images under segmentations, each segmentation with its meshes and a few of
+    # its largest segments selected, so that the 3-D view shows something at once.
+    viewer_layers = [
+        neuroglancer_layer(
+            sources[name],
+            name,
+            layer.properties.category,
+            mesh_source(base, dataset.organization, dataset.name, name, token)
+            if layer.properties.dtype.kind in "ui"
+            else None,
+            (largest or {}).get(name, ()),
+        )
+        for name, layer in sorted(servable.items(), key=lambda item: item[1].properties.category == "segmentation")
+    ]
     cards = []
-    for name, layer in dataset.layers.items():
-        if not layer.mags:
-            continue  # listed with its reason, no card
+    for name, layer in servable.items():
         properties = layer.properties
         bbox = properties.bounding_box
         preview = f"{root_path}/preview/{_path(dataset.organization, dataset.name, name)}.png"
-        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token)
         cards.append(
             LayerCard(
                 name=name,
@@ -323,7 +387,7 @@ def build_dataset_page(
                 mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
                 preview_url=_with_token(preview, token),
                 neuroglancer_url=neuroglancer_link(
-                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit
+                    neuroglancer_url, sources[name], name, properties.category, scale.factor, scale.unit, viewer_layers
                 ),
             )
         )
@@ -331,7 +395,7 @@ def build_dataset_page(
     if cards:
         first = cards[0]
         code = snippets(base, dataset.organization, dataset.name, first.name, first.mags[0], needs_token)
-    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code)
+    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code, token is not None)
 
 
 def _text(value: str) -> str:
@@ -361,7 +425,8 @@ def _card(card: LayerCard) -> str:
         f'<section class="layer" id="layer-{name}" data-layer="{name}">\n<h2>{name}</h2>\n<div class="card">\n'
         f'<img class="preview" src="{escape(card.preview_url)}" alt="preview of {name}">\n'
         f'<div class="about">\n<dl class="facts">\n{rows}\n</dl>\n'
-        f'<p><a class="open-neuroglancer" href="{escape(card.neuroglancer_url)}" target="_blank" rel="noopener">'
+        f'<p><a class="open-neuroglancer" href="{escape(card.neuroglancer_url)}" target="_blank" '
+        'rel="noopener noreferrer">'
         "Open in Neuroglancer</a></p>\n</div>\n</div>\n</section>"
     )
 
@@ -390,6 +455,7 @@ a.open-neuroglancer { display: inline-block; padding: 0.3em 0.8em; border-radius
 .snippet-box { position: relative; margin: 1em 0; } .snippet-box h3 { font-size: 1em; margin: 0 0 0.3em; }
 pre.snippet { background: #f4f4f4; border: 1px solid #ddd; border-radius: 4px; padding: 0.8em; overflow-x: auto; }
 button.copy { position: absolute; right: 0.5em; top: 2em; }
+p.token-note { background: #fff4d6; border: 1px solid #e0b84c; border-radius: 4px; padding: 0.6em 0.8em; }
 """
 
 # Copies the snippet's text; navigator.clipboard needs a secure context, so plain http pages select and copy.
@@ -422,6 +488,14 @@ document.addEventListener("click", function (event) {
 """
 
 
+_TOKEN_NOTE = (
+    '<p class="token-note" role="note"><strong>This page was opened with a token in its address.</strong> '
+    "Its preview images and Neuroglancer links carry that token: whoever gets a link copied from this page, "
+    "or this page's address, reads what the token grants. Share links without the token, and let each "
+    "person use their own.</p>\n"
+)
+
+
 def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage) -> bytes:
     """The dataset's listing (the same links as ``render_listing``) with its layer cards and snippets."""
     title = escape(f"{page.organization}/{page.name}")
@@ -436,8 +510,10 @@ def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
         f"<title>{title}</title>\n<style>{_STYLE}</style></head>\n<body>\n"
         f"<h1>{title}<small>Index of {_text(base_path)}</small></h1>\n"
+        f"{_TOKEN_NOTE if page.carries_token else ''}"
         '<ul class="children">\n' + "\n".join(_listing_items(base_path, entries)) + "\n</ul>\n"
         f"{cards}\n{code}<script>{_SCRIPT}</script>\n</body></html>\n"
     ).encode()

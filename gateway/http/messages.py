@@ -4,16 +4,37 @@ Cheaper than a framework's request and response classes on the chunk path.
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
+
+import anyio
 
 # The ASGI interface (asgiref's specification) as the edge types it: no framework is needed for four aliases.
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+T = TypeVar("T")
 RawHeaders = list[tuple[bytes, bytes]]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready: the work it waited for was skipped."""
+
+
+class HttpError(Exception):
+    """An answer other than success decided by the HTTP layer itself, with a message for the JSON body.
+
+    Defined here, beside the plain request and answer, so that deciding one (:mod:`gateway.http.auth`,
+    also used at start-up) imports nothing of the metrics, which must be set up first.
+    """
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
 
 
 class ResponseAborted(Exception):
@@ -27,6 +48,9 @@ class Request:
     path: str
     headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
     query_string: bytes
+    receive: Receive | None = None  # the ASGI channel that says when the client disconnects
+    header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
+    client: str = ""  # the peer's address: a proxy's when one is in front
 
     @property
     def context(self) -> str:
@@ -37,11 +61,47 @@ class Request:
         value = self.headers.get(name)
         return None if value is None else value.decode("latin-1")
 
+    def header_lines(self, name: bytes) -> list[bytes]:
+        """Every value of header ``name``: where one value must not hide another (tokens)."""
+        return [value for key, value in self.header_list if key == name]
+
     def query(self, name: str) -> str | None:
+        """The last value of query parameter ``name``; never for the token, which only auth.read_token reads."""
         if not self.query_string:
             return None
         values = parse_qs(self.query_string.decode("latin-1")).get(name)
         return values[-1] if values else None
+
+    async def unless_client_leaves(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``work``'s result; :class:`ClientGone` if the client disconnects first.
+
+        The disconnect cancels the work, so a chunk still waiting for a thread or for the memory
+        budget is never produced for nobody. (Work already running in a thread finishes; its answer
+        is dropped.)
+        """
+        receive = self.receive
+        if receive is None:
+            return await work()
+        done: list[T] = []
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass  # a GET's empty body; only the disconnect matters
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                done.append(await work())
+            except Exception as exc:  # raised as itself below, not wrapped in the task group's ExceptionGroup
+                failed.append(exc)
+            group.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+        if not done:
+            raise ClientGone(f"the client of {self.context} disconnected before its answer was ready")
+        return done[0]
 
 
 def raw_headers(headers: dict[str, str]) -> RawHeaders:

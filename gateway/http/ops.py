@@ -1,13 +1,14 @@
-"""Operations: liveness, readiness, metrics, the proxy's token check, draining on SIGTERM, token reloads.
+"""Operations: liveness, readiness, metrics, the proxy's token check, draining on SIGTERM.
 
 - ``/healthz`` answers 200 while the process serves at all (liveness).
 - ``/readyz`` answers 200 when the data root is readable and the process is not draining, else 503.
 - ``/metrics`` is the Prometheus text exposition (see :mod:`gateway.metrics`).
 - ``/auth`` answers a proxy's auth subrequest (nginx ``auth_request``, ingress-nginx ``auth-url``): 204
-  when the token (X-Auth-Token header, or ``token`` in the query of the original URI) grants the dataset
-  named by the ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL), 401
-  without a valid token, 403 when the token lacks the grant. It decides exactly as the data routes
-  do, so the proxy lets through only what the gateway would serve anyway.
+  when the token (X-Auth-Token header, or ``token`` in the query of the original URI) grants what the
+  ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL) names, 401
+  without a valid token, 403 when the token lacks the grant. The URI is parsed by the routes' own
+  parser and judged by their own decision (:mod:`gateway.http.auth`), so the proxy lets through only
+  what the gateway would serve anyway, or refuse itself.
 - On SIGTERM ``/readyz`` fails at once; ``drain_seconds`` later the server stops accepting connections
   and lets in-flight requests finish (``graceful_timeout``).
 """
@@ -18,23 +19,24 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 
 from .. import metrics
-from .auth import Grant, Tokens, TokensFileError
+from ..zarr.trees import NodeNotFound
+from .auth import TOKEN_HEADER, read_token
 from .data import Gateway
-from .errors import json_error
+from .errors import HttpError, json_error
 from .messages import Answer, Request, raw_headers
+from .urls import access_names, request_path
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
+LEFT_TO_THE_ROUTES = 202  # /auth: go on, the route itself refuses this request (and no proxy caches a 202)
 
 
 def _json(status: int, document: Mapping[str, object]) -> Answer:
@@ -53,68 +55,6 @@ def _original_uri(request: Request) -> str | None:
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
-class ReloadingTokens:
-    """The tokens of a file, read again when the file changes (checked at most every ``interval`` s).
-
-    A changed file that cannot be used is reported and the tokens read before stay in force.
-    """
-
-    def __init__(self, path: Path, tokens: Tokens, interval: float) -> None:
-        self.path = path
-        self.interval = interval
-        self._tokens = tokens
-        self._stamp = self._stat()
-        self._checked = time.monotonic()
-        self._lock = threading.Lock()
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
-
-    def grant(self, token: str) -> Grant | None:
-        if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
-            self._refresh()
-        return self._tokens.grant(token)
-
-    def _refresh(self) -> None:
-        with self._lock:
-            self._checked = time.monotonic()
-            stamp = self._stat()
-            if stamp == self._stamp:
-                return
-            self._stamp = stamp
-            try:
-                self._tokens = Tokens.load(self.path)
-            except TokensFileError as exc:
-                log.error("%s; the tokens read before stay in force", exc)
-                return
-            log.info("tokens file %r changed: its tokens are now in force", str(self.path))
-
-
-def _decide(grant: Grant, original_uri: str) -> tuple[int, str]:
-    """Whether ``grant`` may read what ``original_uri`` names, as the data routes would decide it."""
-    raw_path = original_uri.partition("?")[0]
-    if not raw_path.startswith("/"):
-        return 403, "the original URI is not a path"
-    path = unquote(raw_path)  # as uvicorn decodes the path the data routes see
-    segments = [s for s in path.split("/") if s]
-    if any(s in (".", "..") or "\\" in s or "\0" in s for s in segments):
-        return 403, "path segments '.' and '..' are not allowed"
-    if segments[:1] != ["data"] or len(segments) < 3:
-        return 204, ""  # the index and the tree roots: listings are filtered per token by the gateway
-    organization = segments[2]
-    if len(segments) == 3:
-        if grant.allows_organization(organization):
-            return 204, ""
-        return 403, f"the token does not grant access to organization {organization}"
-    if grant.allows(organization, segments[3]):
-        return 204, ""
-    return 403, f"the token does not grant access to {organization}/{segments[3]}"
-
-
 class Ops:
     """The operations endpoints of one app, and its draining state."""
 
@@ -122,10 +62,6 @@ class Ops:
         self.gateway = gateway
         self.settings = gateway.settings
         self.draining = False
-        if gateway.tokens is not None and self.settings.tokens_file is not None:
-            gateway.tokens = ReloadingTokens(  # type: ignore[assignment]
-                self.settings.tokens_file, gateway.tokens, self.settings.tokens_reload_seconds
-            )
         self.watch = metrics.CacheWatch(gateway.caches_by_name)
 
     def routes(self) -> dict[str, Callable[[Request], Awaitable[Answer]]]:
@@ -174,29 +110,37 @@ class Ops:
         return Answer(200, raw_headers(NO_STORE), body, content_type)
 
     async def auth(self, request: Request) -> Answer:
-        tokens = self.gateway.tokens
-        if tokens is None:
+        """The data routes' own token reading and grant decision, applied to the original URI.
+
+        Only 401 and 403 refuse: a proxy's auth subrequest can pass on no other refusal (nginx turns any
+        other answer into a 500). What the routes refuse for another reason (more than one token, a
+        malformed path: 400; a path that names nothing: 404) is let through with 202, so that the client
+        gets the gateway's own answer; such a request reaches no data. Both shipped proxies cache only
+        204 (and the compose proxy 401/403), so a 202, which decided nothing about the token, is never
+        reused for another request.
+        """
+        if self.gateway.access.open:
             return Answer(204, [])  # no tokens file: every dataset is readable
         original = _original_uri(request)
         if original is None:
             return json_error(
                 400, "X-Original-URI or X-Original-URL is missing: /auth answers a proxy's auth subrequest", NO_STORE
             )
-        values = parse_qs(original.partition("?")[2]).get("token")
-        token = request.header(b"x-auth-token") or (values[-1] if values else None)
-        if not token:
-            return json_error(
-                401, "a token is required: send it as the X-Auth-Token header or the token query parameter", NO_STORE
-            )
-        grant = tokens.grant(token)
-        if grant is None:
-            return json_error(401, "the token is not valid", NO_STORE)
-        status, message = _decide(grant, original)
-        if status == 204:
-            # A grant may be cached by the proxy for as long as it is configured to (no Cache-Control here:
-            # no-store would forbid it); refusals are never cached, so a new grant works at once.
-            return Answer(204, [])
-        return json_error(status, message, NO_STORE)
+        raw_path, _, query = original.partition("?")
+        if not raw_path.startswith("/"):
+            return json_error(403, "the original URI is not a path", NO_STORE)
+        try:
+            token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"))
+            await self.gateway.authorize(token, access_names(request_path(raw_path)))
+        except HttpError as exc:
+            if exc.status in (401, 403):
+                return json_error(exc.status, exc.message, NO_STORE)
+            return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
+        except NodeNotFound:
+            return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
+        # A grant may be cached by the proxy for as long as it is configured to (no Cache-Control here:
+        # no-store would forbid it); refusals are never cached, so a new grant works at once.
+        return Answer(204, [])
 
     # --- draining -----------------------------------------------------------------------------
 

@@ -62,8 +62,8 @@ def _range_applies(headers: Headers, resource: Resource) -> bool:
 
 
 STREAM_PIECE = 4 << 20  # larger reads of a virtual object are sent piece by piece
-# A range of a resource with local reads up to this size is read on the event loop: a thread hand-off
-# costs more than such a read (a few positioned reads, see docs/architecture.md).
+# A range of a resource with local reads that decodes up to this many bytes is read on the event loop: a
+# thread hand-off costs more than such a read (a few positioned reads, see docs/architecture.md).
 INLINE_READ_BYTES = 1 << 20
 
 
@@ -81,7 +81,7 @@ class Reader:
             return resource.body if (start, end) == (0, resource.size) else resource.body[start:end]
         reader: Callable[[int, int], bytes] | None = resource.reader
         assert reader is not None
-        if resource.local_reads and end - start <= INLINE_READ_BYTES:
+        if resource.local_reads and resource.work(start, end) <= INLINE_READ_BYTES:
             return reader(start, end)
         return await anyio.to_thread.run_sync(reader, start, end, limiter=self.limiter)
 
@@ -95,10 +95,11 @@ class Reader:
             return b"", None
         if self.resource.body is None and end - start > STREAM_PIECE:
             first = await self.read(start, start + STREAM_PIECE)
-            return first, self._rest(start + STREAM_PIECE, end)
+            return first, self.stream(start + STREAM_PIECE, end)
         return await self.read(start, end), None
 
-    async def _rest(self, start: int, end: int) -> AsyncIterator[bytes]:
+    async def stream(self, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes ``[start, end)`` piece by piece; a fault aborts the response (its status is sent already)."""
         for offset in range(start, end, STREAM_PIECE):
             try:
                 piece = await self.read(offset, min(offset + STREAM_PIECE, end))
@@ -184,9 +185,23 @@ async def _multipart(
     closing = f"--{boundary}--\r\n".encode()
     length = sum(len(h) + (e - s) + 2 for h, s, e in parts) + len(closing)
     out.append((b"content-length", str(length).encode()))
-    chunks = []
-    if not head:
-        for part_header, start, end in parts:
-            chunks += [part_header, await reader.read(start, end), b"\r\n"]
-        chunks.append(closing)
-    return Answer(206, out, b"".join(chunks), f"multipart/byteranges; boundary={boundary}")
+    if head:
+        return Answer(206, out, b"", f"multipart/byteranges; boundary={boundary}")
+    # Streamed part by part, piece by piece, as one range is: only the first piece is read before the
+    # status is sent (so a fault there gets its own status), and no part is ever held whole.
+    first_header, first_start, first_end = parts[0]
+    first_piece_end = min(first_end, first_start + STREAM_PIECE)
+    first = first_header + await reader.read(first_start, first_piece_end)
+
+    async def rest() -> AsyncIterator[bytes]:
+        async for piece in reader.stream(first_piece_end, first_end):
+            yield piece
+        yield b"\r\n"
+        for part_header, start, end in parts[1:]:
+            yield part_header
+            async for piece in reader.stream(start, end):
+                yield piece
+            yield b"\r\n"
+        yield closing
+
+    return Answer(206, out, first, f"multipart/byteranges; boundary={boundary}", rest())

@@ -8,11 +8,15 @@ says why, and anything deeper than an array is a chunk key.
 
 import enum
 from dataclasses import dataclass
+from urllib.parse import unquote
 
+from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .errors import HttpError
 
 DATA_PREFIX = "/data/"
+PREVIEW_PREFIX = "/preview/"
+MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 
 
 class Level(enum.IntEnum):
@@ -84,11 +88,7 @@ def parse_data_path(path: str) -> DataTarget:
     tree = TREES.get(tree_name)
     if tree is None:
         raise NodeNotFound(f"unknown tree {tree_name!r}; there are {', '.join(TREES)}")
-    segments = [s for s in rest.split("/") if s]
-    if ".." in rest or "\\" in rest or "\0" in rest or "/./" in f"/{rest}/":  # rare: then look closer
-        for segment in segments:
-            if segment in (".", "..") or "\\" in segment or "\0" in segment:
-                raise HttpError(400, "path segments '.' and '..' are not allowed")
+    segments = _segments(rest)
     files_by_depth = _FILES[tree_name]
     last = len(segments) - 1
     for depth, segment in enumerate(segments):
@@ -114,3 +114,75 @@ def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[
             tree, tree_name, Level.ARRAY, names, misplaced=tree.misplaced(first, "array", tree.array_files)
         )
     return DataTarget(tree, tree_name, Level.ARRAY, names, key="/".join(rest))
+
+
+def _segments(rest: str) -> list[str]:
+    """The non-empty segments of ``rest``, each one checked (the one check of every URL path segment)."""
+    segments = [s for s in rest.split("/") if s]
+    if ".." in rest or "\\" in rest or "\0" in rest or "/./" in f"/{rest}/":  # rare: then look closer
+        for segment in segments:
+            if not is_safe_segment(segment):
+                raise HttpError(400, "path segments '.' and '..', backslashes and NUL are not allowed")
+    return segments
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewTarget:
+    """``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
+
+    organization: str
+    dataset: str
+    layer: str
+
+
+def parse_preview_path(path: str) -> PreviewTarget:
+    rest = path[len(PREVIEW_PREFIX) :]
+    parts = rest.split("/")
+    if len(parts) != 3 or not all(parts) or not parts[2].endswith(".png"):
+        raise HttpError(404, f"a preview is at {PREVIEW_PREFIX}{{organization}}/{{dataset}}/{{layer}}.png")
+    _segments(rest)
+    return PreviewTarget(parts[0], parts[1], parts[2].removesuffix(".png"))
+
+
+@dataclass(frozen=True, slots=True)
+class MeshTarget:
+    """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a file of a layer's mesh source."""
+
+    organization: str
+    dataset: str
+    layer: str
+    kind: str
+    file: str
+
+
+def parse_mesh_path(path: str) -> MeshTarget:
+    rest = path[len(MESH_PREFIX) :]
+    parts = rest.split("/", 4)
+    if len(parts) < 5 or not all(parts[:4]) or not parts[4]:
+        raise HttpError(
+            404, f"a mesh file is at {MESH_PREFIX}{{organization}}/{{dataset}}/{{layer}}/{{multires|legacy}}/{{file}}"
+        )
+    _segments(rest)
+    return MeshTarget(*parts)
+
+
+def request_path(raw_path: str) -> str:
+    """A raw (percent-encoded) request path as the server decodes it for the routes: what ``/auth`` parses."""
+    return unquote(raw_path) if "%" in raw_path else raw_path
+
+
+def access_names(path: str) -> tuple[str, ...]:
+    """The organization and the dataset (as far as it names them) that the access to ``path`` is decided on.
+
+    Parsed as the routes parse it, so the proxy's ``/auth`` and the routes decide on the same names.
+    Raises what the routes raise for a path they refuse (a 400, or :class:`NodeNotFound`).
+    """
+    if path.startswith(MESH_PREFIX):
+        mesh = parse_mesh_path(path)
+        return mesh.organization, mesh.dataset
+    if path.startswith(DATA_PREFIX):
+        return parse_data_path(path).names[:2]
+    if path.startswith(PREVIEW_PREFIX):
+        target = parse_preview_path(path)
+        return target.organization, target.dataset
+    return ()

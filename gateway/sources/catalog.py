@@ -1,6 +1,5 @@
 """Discovering datasets under the data root and loading them, re-reading only what changed."""
 
-import json
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavaila
 from gateway_storage.geometry import Vec3, mag_name, mag_names
 from wkw_adapter import WkwError
 
+from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource
 from .paths import is_plain_name
@@ -46,6 +46,14 @@ class Dataset:
     properties: DatasourceProperties
     document: dict[str, Any]  # datasource-properties.json as read
     layers: dict[str, Layer]
+
+
+class DatasetUnusable(ValueError):
+    """A request for a dataset whose properties cannot be used; the message says why.
+
+    Not a 404, which a Zarr client would read as "no data" (zeros), and not a 500: the gateway is
+    well, the dataset's metadata is not, and it stays so until someone fixes the file.
+    """
 
 
 @dataclass
@@ -127,7 +135,7 @@ class Catalog:
         if cached is not None and unchanged and (not cached.problems or now < cached.reload_at):
             loaded, problems, reload_at = cached.dataset, cached.problems, cached.reload_at
         else:
-            loaded = self._load(organization, name, directory, path)
+            loaded = self._load_guarded(organization, name, directory, path)
             problems = _problems(loaded)
             reload_at = now + RELOAD_PROBLEMS_SECONDS
             if cached is None or problems != cached.problems:  # said once, not at every reload
@@ -148,6 +156,20 @@ class Catalog:
         if before is not None and before.problems and not problems:
             log.info("dataset %s/%s: every layer can be served now", organization, name)
 
+    def _load_guarded(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
+        """:meth:`_load`, with any fault it did not foresee confined to this one dataset.
+
+        Whatever a dataset's files hold, the dataset is served or listed with a reason; it never turns
+        its organization's listing or its neighbours into errors.
+        """
+        try:
+            return self._load(organization, name, directory, path)
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            log.warning("dataset %s/%s could not be loaded", organization, name, exc_info=exc)
+            return BrokenDataset(organization, name, f"it could not be loaded ({type(exc).__name__}: {exc})")
+
     def _load(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
         if self.storage.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
@@ -155,11 +177,13 @@ class Catalog:
             found = self.storage.read_whole(path)
             if found is None:
                 return BrokenDataset(organization, name, f"{PROPERTIES} vanished while it was read")
-            document = json.loads(found[0])
+            document = load_json(found[0])
         except StoreUnavailableError:
             raise  # transient: answered 503 and never remembered as a broken dataset
         except (OSError, StorageError, WkwError, ValueError) as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is not readable JSON: {exc}")
+        if not isinstance(document, dict):
+            return BrokenDataset(organization, name, f"{PROPERTIES} is a JSON {type(document).__name__}, not an object")
         try:
             properties = DatasourceProperties.model_validate(document)
         except ValidationError as exc:
@@ -182,7 +206,7 @@ class Catalog:
                 source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order)
             except StoreUnavailableError:
                 raise  # transient: the layer must not be remembered as unusable
-            except (OSError, StorageError, WkwError, SourceError, KeyError, TypeError) as exc:
+            except (OSError, StorageError, WkwError, SourceError) as exc:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: {exc}")
                 continue
             if np.dtype(source.dtype.name) != layer.dtype or source.channels != layer.channels:

@@ -19,6 +19,7 @@ class SourceFormat(ABC):
     """One storage format of mags, opened from one store with one share of the cache budget."""
 
     data_formats: tuple[str, ...]  # the dataFormat values of datasource-properties.json it serves
+    cache_weight = 1  # its share of the formats' cache budget, relative to the others' (0: it keeps no cache)
 
     def __init__(self, store: Store, cache_bytes: int) -> None:
         self.store = store

@@ -20,6 +20,10 @@ class ChunkNotFound(LookupError):
     """A chunk or shard that is absent by design (outside the bounding box, past the grid, not stored): a 404."""
 
 
+class SourceError(ValueError):
+    """A mag the gateway cannot serve (its metadata is wrong or unsupported); the message is the reason shown."""
+
+
 class StoredEncoding(enum.Enum):
     """How stored bytes are encoded, so the Zarr layer knows how to frame them."""
 
@@ -119,6 +123,11 @@ class MagSource:
         """Served extent in this mag's voxels: every voxel of the bounding box, from the origin."""
         return self.bbox.hi
 
+    def decoded_bytes(self, shape: Vec3) -> int:
+        """The most voxel bytes that reading a grid-aligned box of ``shape`` decodes: by default its own
+        voxels; a source that decodes whole stored chunks counts every one the box touches."""
+        return shape[0] * shape[1] * shape[2] * self.channels * self.dtype.itemsize
+
     @property
     def reads_are_cheap(self) -> bool:
         """Whether a stat and a small read may run on the event loop (local page cache, not a network)."""
@@ -140,6 +149,11 @@ class MagSource:
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         """Voxels of a box that lies inside the bounding box, as ``[c, x, y, z]``."""
         raise NotImplementedError
+
+    def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
+        """False only where the source knows that nothing is stored for box ``[lo, hi)`` (it reads as the
+        fill value), so that such a chunk is answered as absent instead of being made of fill values."""
+        return True
 
     # --- stored bytes, where a source can hand them out unchanged ------------------------------
 

@@ -4,12 +4,15 @@ Unknown keys are kept (``extra="allow"``) so that the rewritten file a client
 reads back carries everything the original said.
 """
 
+import math
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway_storage.geometry import Box, Vec3, parse_mag
+
+from .paths import is_plain_name
 
 ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
     "uint8": ("uint8", 1),
@@ -43,9 +46,14 @@ class VoxelSize(_Model):
     @field_validator("factor")
     @classmethod
     def _positive(cls, factor: tuple[float, float, float]) -> tuple[float, float, float]:
-        if any(f <= 0 for f in factor):
-            raise ValueError("voxel size factors must be positive")
+        if not all(math.isfinite(f) and f > 0 for f in factor):
+            raise ValueError("voxel size factors must be positive finite numbers")
         return factor
+
+
+# webKnossos stores bounding boxes as 32-bit integers; a larger extent is no real dataset, and arrays and
+# coordinates as long as it would be absurd.
+MAX_EXTENT = 2**31 - 1
 
 
 class BoundingBox(_Model):
@@ -53,6 +61,17 @@ class BoundingBox(_Model):
     width: int = Field(ge=0)
     height: int = Field(ge=0)
     depth: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _served_extent(self) -> "BoundingBox":
+        if any(t < 0 for t in self.top_left):
+            raise ValueError(
+                f"topLeft {list(self.top_left)} is negative: a Zarr array starts at voxel 0, so it cannot be served"
+            )
+        end = self.box.hi
+        if any(e > MAX_EXTENT for e in end):
+            raise ValueError(f"the bounding box ends at {list(end)}, past the largest extent {MAX_EXTENT}")
+        return self
 
     @property
     def size(self) -> Vec3:
@@ -90,7 +109,7 @@ class DataLayer(_Model):
     category: Literal["color", "segmentation"]
     bounding_box: BoundingBox = Field(alias="boundingBox")
     element_class: Literal[tuple(ELEMENT_CLASSES)] = Field(alias="elementClass")  # type: ignore[valid-type]
-    data_format: Literal["wkw", "zarr", "zarr3"] = Field(alias="dataFormat")
+    data_format: Literal["wkw", "zarr", "zarr3", "n5", "neuroglancerPrecomputed"] = Field(alias="dataFormat")
     num_channels: int | None = Field(default=None, alias="numChannels", ge=1)
     mags: list[MagEntry] | None = None
     wkw_resolutions: list[WkwResolution] | None = Field(default=None, alias="wkwResolutions")
@@ -99,7 +118,7 @@ class DataLayer(_Model):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if "/" in name or "\\" in name or name.startswith("."):
+        if not is_plain_name(name):
             raise ValueError(f"layer name {name!r} must be a plain directory name")
         return name
 

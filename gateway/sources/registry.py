@@ -4,18 +4,21 @@ from gateway_storage import Store
 from gateway_storage.cache import CacheCounts
 
 from .formats import SourceFormat
+from .n5_source import N5Format
+from .precomputed_source import PrecomputedFormat
 from .wkw_source import WkwFormat
 from .zarr_source import ZarrFormat
 
-FORMATS: tuple[type[SourceFormat], ...] = (WkwFormat, ZarrFormat)
+FORMATS: tuple[type[SourceFormat], ...] = (WkwFormat, ZarrFormat, N5Format, PrecomputedFormat)
 
 
 class SourceFormats:
-    """The formats of one store, each given an equal share of ``cache_bytes`` for its caches."""
+    """The formats of one store, each given its share (``cache_weight``) of ``cache_bytes`` for its caches."""
 
     def __init__(self, store: Store, cache_bytes: int, kinds: tuple[type[SourceFormat], ...] = FORMATS) -> None:
         self.store = store
-        formats = [kind(store, cache_bytes // len(kinds)) for kind in kinds]
+        weights = sum(kind.cache_weight for kind in kinds) or 1
+        formats = [kind(store, cache_bytes * kind.cache_weight // weights) for kind in kinds]
         self._by_name = {name: f for f in formats for name in f.data_formats}
         self.formats = tuple(formats)
 

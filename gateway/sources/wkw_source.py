@@ -7,13 +7,40 @@ import numpy as np
 from gateway_storage import FileSource, OutsideRootError, Store, TruncatedFileError
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
-from wkw_adapter import WkwFileCache, WkwMag, morton_grid
+from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid
 
 from .formats import SourceFormat
 from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 
 MARKER = "header.wkw"  # every WKW mag directory holds one
+
+# The geometry real writers produce: webKnossos, webknossos-libs and the wkw library write 32-voxel blocks
+# and 32 blocks per file edge by default, and let a writer choose other powers of two. Headers outside
+# these bounds are refused, because their cost is out of proportion to what they serve: 1-voxel blocks
+# make one chunk thousands of block reads, a 1024-voxel block decodes 1 GiB for any chunk it touches,
+# and 1024 blocks per file edge give a jump table and a shard index of a billion entries.
+BLOCK_EDGES = range(3, 7)  # log2: 8 to 64 voxels per block edge
+BLOCKS_PER_FILE_EDGE = range(0, 6)  # log2: 1 to 32 blocks per file edge
+MAX_BLOCK_BYTES = 4 << 20  # the decoded size of one block: 64^3 voxels of 16 bytes
+
+
+def check_geometry(header: WkwHeader, where: str) -> None:
+    """Refuse a header whose geometry no real writer produces (see BLOCK_EDGES), with the reason."""
+    if header.block_len_log2 not in BLOCK_EDGES:
+        raise HeaderError(
+            f"{where}: blocks of {header.block_len} voxels per edge are not served "
+            f"(from {1 << BLOCK_EDGES[0]} to {1 << BLOCK_EDGES[-1]}; webKnossos writes 32)"
+        )
+    if header.file_len_log2 not in BLOCKS_PER_FILE_EDGE:
+        raise HeaderError(
+            f"{where}: {header.file_len} blocks per file edge are not served "
+            f"(from 1 to {1 << BLOCKS_PER_FILE_EDGE[-1]}; webKnossos writes 32)"
+        )
+    if header.block_bytes > MAX_BLOCK_BYTES:
+        raise HeaderError(
+            f"{where}: a block decodes to {header.block_bytes} bytes, more than the {MAX_BLOCK_BYTES} served"
+        )
 
 
 class WkwMagSource(MagSource):
@@ -26,12 +53,33 @@ class WkwMagSource(MagSource):
         self.location = directory
         self.root = files.store.root_of(directory)  # the root it lies under: replicas agree on relative paths
         header = self.wkw.header
+        check_geometry(header, "header.wkw")  # data files must match it (WkwMag checks each one)
         super().__init__(mag, bbox, header.dtype, header.num_channels)
         self._encoding = StoredEncoding.LZ4_BLOCK if header.block_type.compressed else StoredEncoding.RAW_BLOCK
 
     @property
     def reads_are_cheap(self) -> bool:
         return self.wkw.files.store.is_local
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        side = self.wkw.header.block_len
+        blocks = 1
+        for edge in shape:
+            aligned = edge % side == 0 or side % edge == 0
+            blocks *= -(-edge // side) + (0 if aligned else 1)
+        return blocks * self.wkw.header.block_bytes
+
+    def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
+        """Whether any data file covers part of ``[lo, hi)``: a box without one reads as zeros."""
+        edge = self.wkw.header.file_voxel_len
+        first = [v // edge for v in lo]
+        last = [(v - 1) // edge for v in hi]
+        return any(
+            self.wkw.open_file((x, y, z)) is not None
+            for x in range(first[0], last[0] + 1)
+            for y in range(first[1], last[1] + 1)
+            for z in range(first[2], last[2] + 1)
+        )
 
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)

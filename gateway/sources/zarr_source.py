@@ -3,8 +3,6 @@
 import functools
 import itertools
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +12,55 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
+from .axes import AxisMap, axis_names
+from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
+from .decoding import MemoryDecoder, fetch_all
+from .documents import load_json
 from .formats import SourceFormat
-from .mag import ChunkNotFound, MagSource, NativeEncoding, StoredChunk, StoredEncoding
+from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
-SERVED_AXES = ("c", "x", "y", "z")
-_FETCHES = ThreadPoolExecutor(8, thread_name_prefix="chunk-fetch")  # chunk reads from object storage, in parallel
+# Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
+# whole, and a shard index is read whole. Zarr writers use chunks of a few MiB at most (webknossos-libs:
+# 32^3 voxels in shards of 32^3 chunks); metadata past these bounds is refused with the reason.
+MAX_CHUNK_BYTES = 128 << 20
+MAX_CHUNKS_PER_SHARD = 1 << 18
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
 
-class SourceError(ValueError):
-    """A Zarr array the gateway cannot serve; the message is the reason shown to users."""
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SourceError(f"{what} must be a JSON object, not {json_type(value)}")
+    return value
+
+
+def _codec_list(value: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise SourceError(f"{what} must be a JSON array, not {json_type(value)}")
+    for codec in value:
+        if not isinstance(_mapping(codec, f"each of {what}").get("name"), str):
+            raise SourceError(f"each of {what} needs a 'name' string")
+        _mapping(codec.get("configuration") or {}, f"the configuration of codec {codec['name']!r}")
+    return value
+
+
+def _lengths(value: Any, rank: int, what: str, least: int) -> tuple[int, ...]:
+    """``rank`` integers of at least ``least`` (a shape: 0; a chunk shape: 1)."""
+    if (
+        not isinstance(value, list)
+        or len(value) != rank
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value)
+    ):
+        raise SourceError(f"{what} must be {rank} integers of at least {least}, not {json_type(value)} {value!r:.80}")
+    return tuple(value)
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a parsed value, for messages."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,41 +71,16 @@ class _Sharding:
 
     @property
     def chunks(self) -> int:
-        return int(np.prod(self.chunks_per_shard))
+        return int(np.prod(self.chunks_per_shard, dtype=object))
 
     @property
     def index_size(self) -> int:
         return index_nbytes(self.chunks, self.index_checksum)
 
 
-def _separator(value: object, default: str) -> str:
-    """A chunk key separator (``default`` where none is given): the specs allow ``.`` and ``/`` only."""
-    if value is None:
-        return default
-    if value not in (".", "/"):
-        raise SourceError(f"chunk key separator {value!r} is neither '.' nor '/'")
-    return str(value)
-
-
-def _axes(document: dict[str, Any], rank: int, axis_order: dict[str, int] | None) -> list[str]:
-    names = document.get("dimension_names")
-    if names and all(isinstance(n, str) for n in names):
-        axes = [n.lower() for n in names]
-    elif axis_order:
-        axes = [""] * rank
-        for name, position in axis_order.items():
-            if 0 <= position < rank:
-                axes[position] = name.lower()
-    elif rank in (3, 4):
-        axes = list(SERVED_AXES[4 - rank :])
-    else:
-        raise SourceError(f"a {rank}-dimensional array without axis names cannot be mapped to c, x, y, z")
-    if sorted(a for a in axes if a != "c") != ["x", "y", "z"] or len(axes) != rank or axes.count("c") > 1:
-        raise SourceError(f"axes {axes} cannot be mapped to c, x, y, z (need x, y, z and at most one c)")
-    return axes
-
-
-def _v3_codec_chain(codecs: list[dict[str, Any]]) -> tuple[list[int] | None, str, tuple[dict[str, Any], ...]]:
+def _v3_codec_chain(
+    codecs: list[dict[str, Any]], rank: int
+) -> tuple[list[int] | None, str, tuple[dict[str, Any], ...]]:
     """(transpose order, endian, bytes-to-bytes codecs) of a chain without sharding."""
     order = None
     endian = "little"
@@ -85,10 +94,14 @@ def _v3_codec_chain(codecs: list[dict[str, Any]]) -> tuple[list[int] | None, str
         if name == "transpose":
             if seen_bytes or order is not None:
                 raise SourceError("only one transpose, before 'bytes', is supported")
-            order = list(config["order"])
+            order = config.get("order")
+            if not isinstance(order, list) or sorted(order) != list(range(rank)):
+                raise SourceError(f"transpose order {order!r:.80} is not a permutation of the {rank} dimensions")
         elif name == "bytes":
             seen_bytes = True
             endian = config.get("endian", "little")
+            if endian not in ("little", "big"):
+                raise SourceError(f"bytes endian {endian!r:.40} is neither 'little' nor 'big'")
         else:
             rest.append(codec)
     if not seen_bytes:
@@ -115,27 +128,48 @@ class ZarrMagSource(MagSource):
         self.root = storage.root_of(directory)  # the root it lies under: replicas agree on relative paths
         self.index_cache = index_cache
         document, self.zarr_format, self.version = self._read_metadata(directory)
-        self.source_shape = tuple(int(s) for s in document["shape"])
-        rank = len(self.source_shape)
-        self.axes = _axes(document, rank, axis_order)
-        # served axis of each source dimension
-        self.served_axis = [SERVED_AXES.index(a) for a in self.axes]
-        channels = self.source_shape[self.axes.index("c")] if "c" in self.axes else 1
+        try:
+            self._parse(mag, bbox, document, axis_order)
+        except SourceError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # Every field's type is checked above where it matters; this catches what is left, so that
+            # malformed metadata makes the mag unusable with a reason instead of failing its requests.
+            raise SourceError(f"malformed Zarr metadata ({type(exc).__name__}: {exc})") from None
+
+    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
+        shape = document.get("shape")
+        if not isinstance(shape, list):
+            raise SourceError(f"shape must be a JSON array, not {json_type(shape)}")
+        rank = len(shape)
+        self.source_shape = _lengths(shape, rank, "shape", 0)
+        self.axis_map = AxisMap(tuple(axis_names(document.get("dimension_names"), rank, axis_order)), self.source_shape)
+        channels = self.axis_map.channels
         dtype, fill_value = self._dtype_and_fill(document)
         super().__init__(mag, bbox, dtype, channels, fill_value)
         self.sharding: _Sharding | None = None
         self.native = self._native_encoding(document, dtype)
-        self._metadata_file = self._decoding_metadata(document)
-        self._decoders = threading.local()
+        name, metadata = self._decoding_metadata(document)
+        driver = "zarr3" if self.zarr_format == 3 else "zarr"
+        self._decoder = MemoryDecoder({"driver": driver}, {name: metadata}, self.location_key)
+        self._check_bounds(dtype)
+
+    def _check_bounds(self, dtype: np.dtype) -> None:
+        chunk_bytes = int(np.prod(self._inner(), dtype=object)) * dtype.itemsize
+        if chunk_bytes > MAX_CHUNK_BYTES:
+            raise SourceError(f"a chunk of {self._inner()} decodes to {chunk_bytes} bytes, more than {MAX_CHUNK_BYTES}")
+        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
+            raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
 
     def _read_metadata(self, directory: str) -> tuple[dict[str, Any], int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
             found = self.storage.read_whole(self.storage.join(directory, name))
             if found is not None:
                 try:
-                    document = json.loads(found[0])
+                    document = load_json(found[0])
                 except ValueError as exc:
-                    raise SourceError(f"{name} is not JSON: {exc}") from None
+                    raise SourceError(f"{name} is not usable: {exc}") from None
+                _mapping(document, name)
                 if version == 3 and document.get("node_type") != "array":
                     raise SourceError("zarr.json does not describe an array")
                 return document, version, found[1].version
@@ -149,16 +183,9 @@ class ZarrMagSource(MagSource):
         if dtype.kind not in "uif" or dtype.itemsize > 8:
             raise SourceError(f"unsupported data type {dtype}")
         fill = document.get("fill_value") or 0
-        if not isinstance(fill, int | float):
+        if not isinstance(fill, int | float) or isinstance(fill, bool):
             raise SourceError(f"unsupported fill value {fill!r}")
         return dtype, fill
-
-    def _permutation(self, stored_order: list[int]) -> tuple[int, ...]:
-        """Served-axis permutation whose C order is the stored byte order."""
-        order = [self.served_axis[d] for d in stored_order]
-        if "c" not in self.axes:
-            order = [0, *order]  # a channel axis of length 1 may sit anywhere
-        return tuple(order)
 
     def _native_encoding(self, document: dict[str, Any], dtype: np.dtype) -> NativeEncoding | None:
         rank = len(self.source_shape)
@@ -166,33 +193,43 @@ class ZarrMagSource(MagSource):
             if document.get("filters"):
                 raise SourceError("Zarr v2 filters are not supported")
             compressor = document.get("compressor")
-            if compressor is not None and compressor.get("id") not in _SUPPORTED_V2_COMPRESSORS:
+            if compressor is not None and _mapping(compressor, "compressor").get("id") not in _SUPPORTED_V2_COMPRESSORS:
                 raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
-            self.chunks = tuple(int(c) for c in document["chunks"])
-            self.separator = _separator(document.get("dimension_separator"), ".")
+            self.chunks = _lengths(document.get("chunks"), rank, "chunks", 1)
+            self.separator = document.get("dimension_separator", ".")
+            if self.separator not in (".", "/"):
+                raise SourceError(f"dimension_separator {self.separator!r} is neither '.' nor '/'")
             self.key_prefix = ""
-            stored = list(range(rank)) if document.get("order", "C") == "C" else list(range(rank))[::-1]
-            return NativeEncoding(2, self._served_chunk(self.chunks), self._permutation(stored), dtype, compressor)
-        grid = document.get("chunk_grid", {})
+            order = document.get("order", "C")
+            if order not in ("C", "F"):
+                raise SourceError(f"order {order!r} is neither 'C' nor 'F'")
+            stored = list(range(rank)) if order == "C" else list(range(rank))[::-1]
+            return NativeEncoding(
+                2, self.axis_map.served_chunk(self.chunks), self.axis_map.permutation(stored), dtype, compressor
+            )
+        grid = _mapping(document.get("chunk_grid"), "chunk_grid")
         if grid.get("name") != "regular":
             raise SourceError(f"chunk grid {grid.get('name')!r} is not regular")
-        self.chunks = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
-        encoding = document.get("chunk_key_encoding", {"name": "default"})
-        config = encoding.get("configuration") or {}
+        grid_config = _mapping(grid.get("configuration"), "the configuration of chunk_grid")
+        self.chunks = _lengths(grid_config.get("chunk_shape"), rank, "chunk_shape", 1)
+        encoding = _mapping(document.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding")
+        config = _mapping(encoding.get("configuration") or {}, "the configuration of chunk_key_encoding")
         if encoding.get("name") == "default":
-            self.separator, self.key_prefix = _separator(config.get("separator"), "/"), "c"
+            self.separator, self.key_prefix = config.get("separator", "/"), "c"
         elif encoding.get("name") == "v2":
-            self.separator, self.key_prefix = _separator(config.get("separator"), "."), ""
+            self.separator, self.key_prefix = config.get("separator", "."), ""
         else:
             raise SourceError(f"chunk key encoding {encoding.get('name')!r} is not supported")
-        codecs = document.get("codecs") or []
+        if self.separator not in (".", "/"):
+            raise SourceError(f"chunk key separator {self.separator!r} is neither '.' nor '/'")
+        codecs = _codec_list(document.get("codecs") or [], "codecs")
         inner_chunks = self.chunks
         if codecs and codecs[0].get("name") == "sharding_indexed":
             if len(codecs) != 1:
                 raise SourceError("codecs after sharding_indexed are not supported")
-            sharding = codecs[0]["configuration"]
-            inner_chunks = tuple(int(c) for c in sharding["chunk_shape"])
-            index_codecs = [c.get("name") for c in sharding.get("index_codecs", [])]
+            sharding = _mapping(codecs[0].get("configuration"), "the configuration of sharding_indexed")
+            inner_chunks = _lengths(sharding.get("chunk_shape"), rank, "the inner chunk_shape", 1)
+            index_codecs = [c["name"] for c in _codec_list(sharding.get("index_codecs", []), "index_codecs")]
             if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
                 raise SourceError(f"shard index codecs {index_codecs} are not supported")
             if any(s % c for s, c in zip(self.chunks, inner_chunks)):
@@ -202,24 +239,19 @@ class ZarrMagSource(MagSource):
                 sharding.get("index_location", "end") == "end",
                 "crc32c" in index_codecs,
             )
-            codecs = sharding["codecs"]
-        order, endian, rest = _v3_codec_chain(codecs)
+            codecs = _codec_list(sharding.get("codecs"), "the codecs of sharding_indexed")
+        order, endian, rest = _v3_codec_chain(codecs, rank)
         self.inner_chunks = inner_chunks
         stored_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
         stored = order if order is not None else list(range(rank))
-        return NativeEncoding(3, self._served_chunk(inner_chunks), self._permutation(stored), stored_dtype, None, rest)
-
-    def _served_chunk(self, chunks: tuple[int, ...]) -> tuple[int, int, int, int]:
-        served = [1, 1, 1, 1]
-        for d, size in enumerate(chunks):
-            served[self.served_axis[d]] = size
-        c, x, y, z = served
-        return (c, x, y, z)
+        return NativeEncoding(
+            3, self.axis_map.served_chunk(inner_chunks), self.axis_map.permutation(stored), stored_dtype, None, rest
+        )
 
     # --- stored chunks -------------------------------------------------------------------------
 
     def _source_coords(self, index: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(index[self.served_axis[d]] for d in range(len(self.source_shape)))
+        return self.axis_map.stored_index(index)
 
     def _chunk_name(self, coords: tuple[int, ...]) -> str:
         parts = [self.key_prefix] if self.key_prefix else []
@@ -243,6 +275,15 @@ class ZarrMagSource(MagSource):
 
     def _inner(self) -> tuple[int, ...]:
         return self.inner_chunks if self.sharding is not None else self.chunks
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
+        inner = self.axis_map.served_chunk(self._inner())
+        total = self.dtype.itemsize * -(-self.channels // inner[0]) * inner[0]
+        for edge, chunk in zip(shape, inner[1:]):
+            aligned = edge % chunk == 0 or chunk % edge == 0
+            total *= (-(-edge // chunk) + (0 if aligned else 1)) * chunk
+        return total
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
         key = (path, identity)
@@ -321,10 +362,7 @@ class ZarrMagSource(MagSource):
         checks.
         """
         out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
-        served_lo = (0, *offset)
-        served_hi = (self.channels, *(o + s for o, s in zip(offset, shape)))
-        lo = [served_lo[a] for a in self.served_axis]
-        hi = [min(served_hi[a], n) for a, n in zip(self.served_axis, self.source_shape)]
+        lo, hi = self.axis_map.stored_box(offset, shape)
         if any(h <= low for low, h in zip(lo, hi)):
             return out, None
         grid = self._inner()
@@ -332,61 +370,17 @@ class ZarrMagSource(MagSource):
         shards = None
         if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
             shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
-        if self.storage.is_local or len(covered) == 1:
-            stored = [self._stored_bytes(coords, shards) for coords in covered]
-        else:  # object storage: one request per chunk, so several at a time
-            stored = list(_FETCHES.map(functools.partial(self._stored_bytes, shards=shards), covered))
-        try:
-            data = self._decode(dict(zip(covered, stored)), lo, hi)
-        except ValueError as exc:
-            raise ChunkDecodeError(f"{self.location_key}: {exc}") from None
-        order = sorted(range(len(self.axes)), key=lambda d: self.served_axis[d])
-        data = np.transpose(data, order)
-        if "c" not in self.axes:
-            data = data[None]
+        stored = fetch_all(self.storage, functools.partial(self._stored_bytes, shards=shards), covered)
+        data = self._decode(dict(zip(covered, stored)), lo, hi)
+        data = self.axis_map.to_served(data)
         out[tuple(slice(0, n) for n in data.shape)] = data
         return out, None
 
     def _decode(
         self, stored: dict[tuple[int, ...], tuple[bytes, str, FileIdentity] | None], lo: list[int], hi: list[int]
     ) -> np.ndarray:
-        memory, array = self._decoder()
-        keys = [self._decoding_key(coords) for coords, found in stored.items() if found is not None]
-        try:
-            for key, found in zip(keys, (f for f in stored.values() if f is not None)):
-                memory[key] = found[0]
-            window = array[tuple(slice(a, b) for a, b in zip(lo, hi))]
-            voxels: np.ndarray = window.read(order="F").result()
-            return voxels  # Fortran order, as ``out`` is: the copy into it is cheaper
-        finally:
-            for key in keys:  # the store holds exactly the chunks of one read: absent ones read as the fill value
-                del memory[key]
-
-    def _decoder(self) -> tuple[Any, Any]:
-        """This thread's in-memory store and the array tensorstore decodes from it (opened once: 0.1 ms).
-
-        One per thread, so each read sees only its own chunks; the context keeps no chunk cache, so
-        nothing of an earlier read is ever decoded again.
-        """
-        found: tuple[Any, Any] | None = getattr(self._decoders, "opened", None)
-        if found is None:
-            import tensorstore as ts
-
-            context = ts.Context()
-            memory = ts.KvStore.open({"driver": "memory"}, context=context).result()
-            name, metadata = self._metadata_file
-            memory[name] = metadata
-            driver = "zarr3" if self.zarr_format == 3 else "zarr"
-            array = ts.open({"driver": driver, "kvstore": {"driver": "memory"}}, context=context, read=True).result()
-            found = self._decoders.opened = (memory, array)
-        return found
-
-
-class ChunkDecodeError(OSError):
-    """Stored chunks that tensorstore cannot decode: the bytes are wrong (a storage fault, never absent data).
-
-    Tensorstore only decodes here, from memory: store faults were raised by the store before it ran.
-    """
+        chunks = {self._decoding_key(coords): found[0] for coords, found in stored.items() if found is not None}
+        return self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi)))
 
 
 class ZarrFormat(SourceFormat):

@@ -6,17 +6,15 @@ source's chunk unchanged. Everything else is read as voxels, masked to the
 bounding box and encoded as the layout declares.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from gateway_storage.geometry import Vec3
-from wkw_adapter import BlockDecodeError
+from gateway_storage.geometry import Box, Vec3
 
-from ..sources.mag import ChunkNotFound, MagSource, StoredChunk, StoredEncoding
-from .blosc import lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
+from ..sources.mag import ChunkNotFound, MagSource
 from .codecs import encode
+from .framing import framing_for
 from .layout import ArrayLayout
 from .native import encode_native
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag, stored_etag
@@ -52,32 +50,6 @@ def check_grid(layout: ArrayLayout, index: tuple[int, ...]) -> None:
             raise ChunkNotFound(f"index {i} along axis {'cxyz'[axis]} is past the array's {n} chunks")
 
 
-def _framed_lz4(stored: StoredChunk) -> bytes:
-    """An LZ4 block framed as Blosc. It is not decoded: only an impossible size is refused."""
-    if len(stored.data) > lz4_bound(stored.uncompressed_size):
-        raise BlockDecodeError(
-            f"stored LZ4 block of {len(stored.data)} bytes is larger than any "
-            f"{stored.uncompressed_size}-byte block can compress to"
-        )
-    return lz4_chunk_prefix(len(stored.data), stored.uncompressed_size) + stored.data
-
-
-def _framed_raw(stored: StoredChunk) -> bytes:
-    return memcpy_chunk_prefix(stored.uncompressed_size) + stored.data
-
-
-def _unchanged(stored: StoredChunk) -> bytes:
-    return stored.data
-
-
-# How each kind of stored bytes becomes the body of a chunk the layout declares.
-FRAMING: dict[StoredEncoding, Callable[[StoredChunk], bytes]] = {
-    StoredEncoding.LZ4_BLOCK: _framed_lz4,
-    StoredEncoding.RAW_BLOCK: _framed_raw,
-    StoredEncoding.NATIVE: _unchanged,
-}
-
-
 def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3, bool]:
     """The chunk's voxel box and whether it lies wholly inside the bounding box (written out: per request)."""
     grid = served.layout.grid_shape
@@ -107,13 +79,15 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
         return None
     identity = stored.identity
     if identity is None:
-        etag, mtime = make_etag(served.fingerprint, index, stored.origin, stored.data), None
+        etag, mtime, verdict_key = make_etag(served.fingerprint, index, stored.origin, stored.data), None, None
     else:
         etag, mtime = (
             stored_etag(served.fingerprint, index, stored.origin, identity.size, identity.version),
             identity.mtime,
         )
-    return bytes_resource(FRAMING[stored.encoding](stored), OCTET_STREAM, etag, mtime)
+        verdict_key = (stored.origin, identity.version, index)
+    body = framing_for(stored.encoding).frame(stored.data, stored.uncompressed_size, verdict_key)
+    return bytes_resource(body, OCTET_STREAM, etag, mtime)
 
 
 def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
@@ -128,6 +102,10 @@ def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
 def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     """A chunk read as voxels, masked to the bounding box and encoded as the layout declares."""
     lo, hi, _ = _chunk_box(served, index)
+    inner = served.source.bbox.clip(Box(lo, hi))
+    if inner is None or not served.source.holds_data(inner.lo, inner.hi):
+        # Not made of fill values: a large chunk of absent data would cost its whole size in memory.
+        raise ChunkNotFound("no stored data lies in this chunk: it reads as the fill value")
     region = served.source.read_box(lo, hi)
     body = encode_chunk(served.layout, region.data)
     if region.sources is None:

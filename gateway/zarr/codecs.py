@@ -5,10 +5,13 @@ offered; numcodecs' ``lz4`` is not one of them.
 """
 
 import enum
+import gzip
+from typing import Any
 
 import numcodecs
 import numpy as np
 from numcodecs.abc import Codec as NumcodecsCodec
+from numcodecs.compat import ensure_contiguous_ndarray
 
 from .documents import CodecDocument
 
@@ -31,6 +34,25 @@ class Codec(enum.StrEnum):
         return self in (Codec.BLOSC_LZ4, Codec.BLOSC_ZSTD)
 
 
+class DeterministicGZip(numcodecs.GZip):
+    """GZip whose header carries no time stamp (numcodecs' stamps the time of encoding).
+
+    One ETag names one body: the same chunk must encode to the same bytes on every request and every
+    replica, and a time stamp in the header would make them differ.
+    """
+
+    def encode(self, buf: Any) -> bytes:
+        data = memoryview(ensure_contiguous_ndarray(buf)).cast("B")
+        return gzip.compress(data, compresslevel=self.level, mtime=0)
+
+
+def codec_from_config(config: dict) -> NumcodecsCodec:
+    """A numcodecs codec from its v2 configuration, deterministic for every codec the gateway encodes with."""
+    if config.get("id") == "gzip":
+        return DeterministicGZip(config.get("level", GZIP_LEVEL))
+    return numcodecs.get_codec(dict(config))
+
+
 def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
     if codec.is_blosc:
         shuffle = numcodecs.Blosc.SHUFFLE if itemsize > 1 else numcodecs.Blosc.NOSHUFFLE
@@ -38,7 +60,7 @@ def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
     if codec is Codec.ZSTD:
         return numcodecs.Zstd(level=ZSTD_LEVEL)
     if codec is Codec.GZIP:
-        return numcodecs.GZip(level=GZIP_LEVEL)
+        return DeterministicGZip(level=GZIP_LEVEL)
     return None
 
 

@@ -13,6 +13,7 @@ import numcodecs
 import numpy as np
 
 from ..sources.mag import NativeEncoding
+from .codecs import DeterministicGZip, codec_from_config
 from .documents import CodecDocument
 
 _V2_TO_V3 = {"blosc", "gzip", "zstd"}
@@ -86,7 +87,7 @@ def _v3_numcodec(codec: CodecDocument) -> numcodecs.abc.Codec | None:
         shuffle = {v: k for k, v in _SHUFFLE_NAMES.items()}[config.get("shuffle", "noshuffle")]
         return numcodecs.Blosc(config["cname"], config.get("clevel", 5), shuffle, config.get("blocksize", 0))
     if codec["name"] == "gzip":
-        return numcodecs.GZip(config.get("level", 5))
+        return DeterministicGZip(config.get("level", 5))
     if codec["name"] == "zstd":
         return numcodecs.Zstd(config.get("level", 0), checksum=config.get("checksum", False))
     return None  # crc32c: appended below
@@ -99,7 +100,7 @@ def encode_native(native: NativeEncoding, data: np.ndarray) -> bytes:
         if native.v2_compressor is None:
             return raw
         # an array, not bytes: Blosc's typesize (and so its shuffle) is the item size, as a Zarr writer's
-        return bytes(numcodecs.get_codec(dict(native.v2_compressor)).encode(np.frombuffer(raw, native.dtype)))
+        return bytes(codec_from_config(native.v2_compressor).encode(np.frombuffer(raw, native.dtype)))
     import crc32c
 
     for codec in native.v3_codecs:

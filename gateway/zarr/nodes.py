@@ -54,9 +54,15 @@ class ArrayNode(ABC):
     def costly_chunk(self, index: tuple[int, ...]) -> Resource:
         """The chunk, produced with any I/O and computation it needs: run it off the event loop."""
 
+    @property
+    def working_bytes(self) -> int:
+        """The most memory producing one chunk holds at once: what it counts against the worker's budget."""
+        return 0
 
-# A chunk of at most this many raw bytes from local files is read and encoded on the event loop: a
+
+# A chunk whose production decodes at most this many bytes of local files is made on the event loop: a
 # thread hand-off costs about as much as encoding a 32^3 chunk, and the worker's CPU is busy either way.
+# It is the bytes decoded that count, not the bytes served: a small chunk of large blocks decodes them whole.
 INLINE_ENCODE_BYTES = 512 << 10
 
 
@@ -78,8 +84,14 @@ class SourceArray(ArrayNode):
         # Without a channel dimension, keys have one index fewer than the source's (c, x, y, z) grid.
         self._channel_dropped = len(dimension_names) == len(served.layout.shape) - 1
         self._local = served.source.reads_are_cheap
-        chunk_bytes = int(np.prod(served.layout.chunk_shape)) * served.layout.dtype.itemsize
-        self._encodes_inline = self._local and plans is None and chunk_bytes <= INLINE_ENCODE_BYTES
+        _, cx, cy, cz = served.layout.chunk_shape
+        self._chunk_bytes = int(np.prod(served.layout.chunk_shape)) * served.layout.dtype.itemsize
+        self._decoded_bytes = served.source.decoded_bytes((cx, cy, cz))
+        self._encodes_inline = self._local and plans is None and self._decoded_bytes <= INLINE_ENCODE_BYTES
+        # The pass-through decodes the stored chunk once, to check it (cached per file version after that).
+        stored = served.source.stored_chunk_shape
+        stored_bytes = None if stored is None else int(np.prod(stored)) * served.layout.dtype.itemsize
+        self._passes_inline = self._local and stored_bytes is not None and stored_bytes <= INLINE_ENCODE_BYTES
 
     def zarr_json(self) -> documents.ArrayZarrJson:
         return array_zarr_json(self.layout, self.dimension_names, self.attributes)
@@ -98,40 +110,58 @@ class SourceArray(ArrayNode):
             return self.plans.shard(self.served, full)  # a stat and a cached plan; its bytes are read later
         if self._encodes_inline:
             return plain_chunk(self.served, full)
-        return passthrough_chunk(self.served, full)
+        return passthrough_chunk(self.served, full) if self._passes_inline else None
 
     def costly_chunk(self, index: tuple[int, ...]) -> Resource:
         full = self._source_index(index)
         if self.plans is not None:
             return self.plans.shard(self.served, full)
-        # A local source was offered the pass-through already; what is left is read and encoded.
-        return encoded_chunk(self.served, full) if self._local else plain_chunk(self.served, full)
+        # A chunk offered the pass-through on the event loop already is what is left: read and encoded.
+        return encoded_chunk(self.served, full) if self._passes_inline else plain_chunk(self.served, full)
+
+    @property
+    def working_bytes(self) -> int:
+        if self.plans is not None:
+            return 0  # a shard's bytes are read piece by piece as it is sent
+        # the decoded blocks, the masked chunk, and its encoded copy
+        return self._decoded_bytes + 2 * self._chunk_bytes
 
 
-class MemoryArray(ArrayNode):
-    """A small 1-D float64 array held in memory as one uncompressed chunk (the xarray tree's coordinates)."""
+# Values per chunk of a coordinate array: 512 KiB of float64, cheap to compute on the event loop.
+COORDINATE_CHUNK = 1 << 16
 
-    def __init__(self, name: str, values: np.ndarray, attributes: Attributes) -> None:
+
+class CoordinateArray(ArrayNode):
+    """A 1-D float64 coordinate ``i * step`` (the xarray tree's coordinates), computed one chunk at a time.
+
+    Its values are never held whole, so an extent as long as the bounding box costs nothing until a
+    chunk of it is asked for.
+    """
+
+    def __init__(self, name: str, size: int, step: float, attributes: Attributes) -> None:
         self.dimension_names = (name,)
         self.attributes = attributes
-        self.size = int(values.size)
-        self._body = values.astype("<f8").tobytes()
-        self._etag = make_etag("memory", name, self._body)
+        self.size = size
+        self.step = float(step)
+        self.chunk = max(1, min(size, COORDINATE_CHUNK))
+        self._etag_parts = ("coordinate", name, size, self.step)
 
     def zarr_json(self) -> documents.ArrayZarrJson:
-        chunk = [max(self.size, 1)]
         codecs = [documents.bytes_codec("little")]
         return documents.array_zarr_json(
-            [self.size], "float64", chunk, 0.0, codecs, self.dimension_names, self.attributes
+            [self.size], "float64", [self.chunk], 0.0, codecs, self.dimension_names, self.attributes
         )
 
     def zarray(self) -> documents.ZArray:
-        return documents.zarray([self.size], [max(self.size, 1)], "<f8", 0.0, "C")
+        return documents.zarray([self.size], [self.chunk], "<f8", 0.0, "C")
 
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
-        if index != (0,):
-            raise ChunkNotFound(f"a coordinate array has one chunk, (0,); there is no {index}")
-        return bytes_resource(self._body, OCTET_STREAM, self._etag)
+        chunks = -(-self.size // self.chunk)
+        if len(index) != 1 or not 0 <= index[0] < max(chunks, 1):
+            raise ChunkNotFound(f"a coordinate array of {self.size} values has {chunks} chunks; there is no {index}")
+        start = index[0] * self.chunk
+        body = (np.arange(start, start + self.chunk, dtype="<f8") * self.step).astype("<f8").tobytes()
+        return bytes_resource(body, OCTET_STREAM, make_etag(*self._etag_parts, index[0]))
 
     def costly_chunk(self, index: tuple[int, ...]) -> Resource:
         found = self.cheap_chunk(index)

@@ -28,9 +28,9 @@ class Resource:
     """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
 
     A reader produces only the bytes asked for. It may do I/O, so callers run it off the event loop,
-    unless ``local_reads`` says its reads are positioned reads of local files: then a small range
-    costs less than the hand-off to a thread and the caller may read it in place. A body is sliced
-    in place.
+    unless ``local_reads`` says its reads are positioned reads of local files: then a range that
+    decodes little (``decoded_bytes(start, end)``, by default the range's length) costs less than the
+    hand-off to a thread and the caller may read it in place. A body is sliced in place.
     """
 
     size: int
@@ -40,6 +40,11 @@ class Resource:
     reader: Callable[[int, int], bytes] | None = None
     last_modified: float | None = None
     local_reads: bool = False
+    decoded_bytes: Callable[[int, int], int] | None = None
+
+    def work(self, start: int, end: int) -> int:
+        """The bytes that producing ``[start, end)`` decodes or reads: what decides event loop or thread."""
+        return end - start if self.decoded_bytes is None else self.decoded_bytes(start, end)
 
 
 def bytes_resource(

@@ -13,26 +13,30 @@ from gateway_storage import ByteLRU, FileChangedError
 from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import BlockDecodeError
 
-from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks, StoredEncoding
+from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks
 from ..sources.shard_index import encode_shard_index
-from .blosc import LZ4_PREFIX_SIZE, MEMCPY_PREFIX_SIZE, lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
+from .blosc import MEMCPY_PREFIX_SIZE, memcpy_chunk_prefix
 from .chunks import ServedMag, check_grid
 from .codecs import Codec
+from .framing import Framing, framing_for
 from .resource import OCTET_STREAM, Resource, make_etag
-
-_STORED_LZ4, _STORED_RAW, _MASKED = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
 class ShardPlan:
-    """Where each present inner chunk of a shard lies, in the virtual shard and in the stored file."""
+    """Where each present inner chunk of a shard lies, in the virtual shard and in the stored file.
+
+    An inner chunk wholly inside the bounding box is its stored block, framed (``seg_stored``); one that
+    straddles it is read, masked and sent uncompressed.
+    """
 
     blocks: StoredBlocks
+    framing: Framing
     cube: Vec3
     seg_start: np.ndarray  # virtual offset of each present inner chunk, in file order
     seg_end: np.ndarray
     seg_block: np.ndarray  # its block number in the file
-    seg_kind: np.ndarray
+    seg_stored: np.ndarray
     seg_file_offset: np.ndarray
     seg_file_length: np.ndarray
     index: bytes  # the shard index with its crc32c, at the end of the shard
@@ -49,11 +53,24 @@ class ShardPlan:
     def cache_bytes(self) -> int:
         return 6 * 8 * self.seg_start.size + len(self.index) + 512
 
+    def segments(self, start: int, end: int) -> range:
+        """The present inner chunks that bytes ``[start, end)`` of the shard overlap."""
+        if start >= self.data_size:
+            return range(0)
+        first = int(np.searchsorted(self.seg_end, start, side="right"))
+        last = int(np.searchsorted(self.seg_start, min(end, self.data_size), side="left"))
+        return range(first, last)
+
+    def decoded_bytes(self, start: int, end: int) -> int:
+        """The voxel bytes that producing ``[start, end)`` decodes: every inner chunk it overlaps is
+        checked (stored) or read (masked) whole."""
+        return len(self.segments(start, end)) * self.blocks.block_bytes + (end - start)
+
 
 def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan:
     """Lay out the shard of ``cube`` from the block table alone (no block is read)."""
     side, n, block_bytes = blocks.block_edge, blocks.blocks_per_edge, blocks.block_bytes
-    compressed = blocks.encoding is StoredEncoding.LZ4_BLOCK
+    framing = framing_for(blocks.encoding)
     lo = (np.array(cube) * n + blocks.block_coords) * side
     hi = lo + side
     bbox_lo, bbox_hi = np.array(source.bbox.lo), np.array(source.bbox.hi)
@@ -62,10 +79,10 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
     offsets, lengths = blocks.block_table()
     if np.any(present & (lengths == 0)):
         raise BlockDecodeError(f"{blocks.origin}: a block has no bytes in the jump table")
-    if compressed and np.any(present & inside & (lengths > lz4_bound(block_bytes))):
-        raise BlockDecodeError(f"{blocks.origin}: a stored LZ4 block is larger than any block can compress to")
-    kind = np.where(inside, _STORED_LZ4 if compressed else _STORED_RAW, _MASKED)
-    sizes = np.where(kind == _STORED_LZ4, LZ4_PREFIX_SIZE + lengths, MEMCPY_PREFIX_SIZE + block_bytes).astype(np.int64)
+    most = framing.max_stored_length(block_bytes)
+    if most is not None and np.any(present & inside & (lengths > most)):
+        raise BlockDecodeError(f"{blocks.origin}: a stored block is larger than any block can be stored in")
+    sizes = np.where(inside, framing.prefix_size + lengths, MEMCPY_PREFIX_SIZE + block_bytes).astype(np.int64)
     sizes[~present] = 0
     ends = np.cumsum(sizes)
     starts = ends - sizes
@@ -79,11 +96,12 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
     index_present[position] = present
     return ShardPlan(
         blocks,
+        framing,
         cube,
         starts[present],
         ends[present],
         np.flatnonzero(present),
-        kind[present],
+        inside[present],
         offsets[present],
         lengths[present],
         encode_shard_index(index_offsets, index_sizes, index_present),
@@ -100,34 +118,48 @@ def _masked_block(source: MagSource, plan: ShardPlan, block: int) -> bytes:
     return memcpy_chunk_prefix(blocks.block_bytes) + region.data.tobytes(order="F")
 
 
+def _stored_runs(plan: ShardPlan, segments: range) -> list[tuple[int, int]]:
+    """``(offset, length)`` in the file of each run of adjacent stored blocks among ``segments``.
+
+    Only the stored bytes of the covered inner chunks are read: a gap between two of them in the file
+    (blocks outside the bounding box, or masked ones) is never read.
+    """
+    runs: list[tuple[int, int]] = []
+    for i in segments:
+        if not plan.seg_stored[i]:
+            continue
+        offset, length = int(plan.seg_file_offset[i]), int(plan.seg_file_length[i])
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + length)
+        else:
+            runs.append((offset, length))
+    return runs
+
+
 def read_shard(source: MagSource, plan: ShardPlan, start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of the virtual shard, reading from the file only the blocks they cover."""
+    """Bytes ``[start, end)`` of the virtual shard, reading from the file only the blocks they cover.
+
+    Every stored block covered, even in part, is checked to decode to exactly its size first.
+    """
     pieces: list[bytes] = []
     data_size = plan.data_size
     blocks = plan.blocks
-    if start < data_size:
-        first = int(np.searchsorted(plan.seg_end, start, side="right"))
-        last = int(np.searchsorted(plan.seg_start, min(end, data_size), side="left"))
-        stored = [i for i in range(first, last) if plan.seg_kind[i] != _MASKED]
-        span = b""
-        span_start = 0
-        if stored:
-            span_start = int(plan.seg_file_offset[stored[0]])
-            span_end = int(plan.seg_file_offset[stored[-1]] + plan.seg_file_length[stored[-1]])
-            span = blocks.read_span(span_start, span_end - span_start)
-        for i in range(first, last):
-            kind = plan.seg_kind[i]
-            if kind == _MASKED:
-                segment = _masked_block(source, plan, int(plan.seg_block[i]))
-            else:
-                offset = int(plan.seg_file_offset[i]) - span_start
-                length = int(plan.seg_file_length[i])
-                prefix = (
-                    lz4_chunk_prefix(length, blocks.block_bytes) if kind == _STORED_LZ4 else memcpy_chunk_prefix(length)
-                )
-                segment = prefix + span[offset : offset + length]
-            seg_start = int(plan.seg_start[i])
-            pieces.append(segment[max(start - seg_start, 0) : end - seg_start])
+    segments = plan.segments(start, end)
+    runs = [(offset, blocks.read_span(offset, length)) for offset, length in _stored_runs(plan, segments)]
+    run = 0
+    for i in segments:
+        if plan.seg_stored[i]:
+            offset, length = int(plan.seg_file_offset[i]), int(plan.seg_file_length[i])
+            while runs[run][0] + len(runs[run][1]) <= offset:
+                run += 1
+            run_offset, span = runs[run]
+            data = span[offset - run_offset : offset - run_offset + length]
+            key = (blocks.origin, blocks.identity.version, "block", int(plan.seg_block[i]))
+            segment = plan.framing.frame(data, blocks.block_bytes, key)
+        else:
+            segment = _masked_block(source, plan, int(plan.seg_block[i]))
+        seg_start = int(plan.seg_start[i])
+        pieces.append(segment[max(start - seg_start, 0) : end - seg_start])
     if end > data_size:
         pieces.append(plan.index[max(start - data_size, 0) : end - data_size])
     return b"".join(pieces)
@@ -169,6 +201,7 @@ class ShardPlans:
             reader=read,
             last_modified=blocks.identity.mtime,
             local_reads=source.reads_are_cheap,
+            decoded_bytes=plan.decoded_bytes,
         )
 
 

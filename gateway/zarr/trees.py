@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
 from ..sources.catalog import Dataset
@@ -42,7 +40,7 @@ from .documents import (
 )
 from .keys import MalformedKey, parse_v2_key, parse_v3_key
 from .layout import AXES, ArrayLayout, LayerDescription, MagArray, ome_v04, ome_v05
-from .nodes import ArrayNode, GroupNode, MemoryArray, SourceArray
+from .nodes import ArrayNode, CoordinateArray, GroupNode, SourceArray
 from .resource import JSON, Resource, bytes_resource
 from .shards import ShardPlans, shard_inner_codec
 
@@ -352,7 +350,7 @@ class XarrayTree(Tree):
             arrays: dict[str, ArrayNode] = {}
             for axis, axis_name in enumerate(AXES[1:]):
                 step = scale.factor[axis] * mag[axis]
-                arrays[axis_name] = MemoryArray(axis_name, np.arange(grid[axis]) * step, {"units": scale.unit})
+                arrays[axis_name] = CoordinateArray(axis_name, grid[axis], step, {"units": scale.unit})
             # A layer named like a coordinate would replace it, and every variable is indexed by the coordinates.
             coordinates = {*arrays, *(f"c_{name}" for name, source in sources.items() if source.channels > 1)}
             clashing = [name for name in sources if name in coordinates]
@@ -370,7 +368,7 @@ class XarrayTree(Tree):
                 channel = f"c_{layer_name}"
                 names = (channel, *AXES[1:]) if source.channels > 1 else AXES[1:]
                 if source.channels > 1:
-                    arrays[channel] = MemoryArray(channel, np.arange(source.channels), {})
+                    arrays[channel] = CoordinateArray(channel, source.channels, 1, {})
                 category = dataset.layers[layer_name].properties.category
                 attributes = {"long_name": layer_name, "category": category}
                 arrays[layer_name] = SourceArray(served_mag(source, layout), names, attributes)

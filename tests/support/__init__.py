@@ -16,5 +16,6 @@ Test modules import it as ``support`` (pytest puts ``tests/`` on ``sys.path``, s
 - ``s3``: moto's real S3 server (``start_moto``, ``Moto``), ``upload_tree``, and ``CountingProxy``,
   a recording, fault-injecting HTTP proxy in front of it.
 - ``browser``: a small DevTools client for headless Chromium.
+- ``viewer``: Neuroglancer in that browser: its layers' load states, drawn frames, the gateway's access log.
 - ``tree_names``: which metadata names belong at which level of each tree.
 """

@@ -1,0 +1,1 @@
+"""Neuroglancer precomputed meshes and segment lists of segmentation layers, made on demand."""

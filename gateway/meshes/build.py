@@ -1,0 +1,83 @@
+"""``zarr-gateway index-segments``: build a layer's segment index and write it where every replica reads it."""
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..sources.catalog import Dataset
+from .errors import MeshInputError
+from .index import SegmentIndex, build_index, data_stamp
+from .service import MeshService
+from .surfaces import window_of
+
+
+class DataChangedWhileIndexing(RuntimeError):
+    """The layer's files changed during the build: the index would describe no version of the data."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltIndex:
+    path: Path
+    index: SegmentIndex
+    voxels: int  # of the layer's bounding box at the finest mag (the cubes read hold a margin more)
+    seconds: float
+
+    @property
+    def voxels_per_second(self) -> float:
+        return self.voxels / self.seconds if self.seconds > 0 else float("inf")
+
+
+def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bool = True) -> BuiltIndex:
+    """Read the layer's finest mag once, cube by cube, and write its index atomically (a reader sees the old
+    file or the new one). Rerun it after the data changes: the gateway ignores an index older than the data."""
+    if not service.storage.is_local and service.index_dir is None:
+        raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
+    meshes = service.layer(dataset, layer)
+    grid = meshes.grid
+    level = grid.levels[0]
+    cubes = grid.cubes_of_finest()
+    total = 0
+    for cube in cubes:
+        lo, hi = window_of(*level.box(cube))
+        total += (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2])
+    local = service.storage.is_local
+    before = data_stamp(meshes.layer.mags, local)
+    started = time.perf_counter()
+    # rich comes with the 'meshes' extra, as zmesh does; imported here so the gateway's core never needs it
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} voxels"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+    ) as bar:
+        task = bar.add_task(f"indexing {dataset.organization}/{dataset.name}/{layer}", total=total)
+        index = build_index(grid, layer, before, advance=lambda voxels: bar.advance(task, voxels))
+    seconds = time.perf_counter() - started
+    if data_stamp(meshes.layer.mags, local) != before:
+        raise DataChangedWhileIndexing(f"the files of layer {layer!r} changed while it was indexed: run it again")
+    path = Path(service.index_location(dataset, layer))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(index.to_bytes())
+        os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return BuiltIndex(path, index, grid.voxels, seconds)

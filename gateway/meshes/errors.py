@@ -1,0 +1,26 @@
+"""What can go wrong with a mesh request, as exception types the HTTP edge maps to statuses."""
+
+
+class MeshInputError(ValueError):
+    """The request names something that has no mesh by its nature: a malformed id, a color layer (a 400)."""
+
+
+class SegmentIndexRequired(LookupError):
+    """The layer needs a segment index (none, or a stale one, and too large to scan on demand): a 409."""
+
+
+class MeshTooLarge(ValueError):
+    """The segment needs more meshing than one request may do: a 413 that names the way out."""
+
+
+class MeshExtraMissing(ImportError):
+    """The optional packages for meshes (``zarr-gateway[meshes]``) are not installed: a 501."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"meshes need the optional package {missing!r}: install the extra with pip install 'zarr-gateway[meshes]'"
+        )
+
+
+class MeshNotFound(LookupError):
+    """No such layer, source or cube: absent by design (a 404)."""

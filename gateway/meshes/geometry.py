@@ -1,0 +1,122 @@
+"""The fixed grid meshes are cut on: cubes of the finest mag, doubled per level of detail.
+
+Coordinates here are mag-1 voxel faces ("stored model" space of the multi-resolution format): voxel
+``k`` of mag ``m`` covers ``[k * m, (k + 1) * m)``, so a surface between two voxels lies on their
+common face and lines up with the voxels in every view.
+
+A fragment at level of detail ``lod`` and grid position ``p`` is the mesh of a segment within the cube
+``[p * size, (p + 1) * size)``, ``size = cube_edge * finest_mag * 2**lod``, made from the voxels of the
+mag that level uses. Marching cubes runs on voxel centres, so a cube's mesh is made from the voxel
+window ``[lo - 1, hi)`` of that mag: it owns the cells between those centres, the cells of
+neighbouring cubes do not overlap it, and their surfaces meet on shared vertices. That window's
+surfaces lie half a voxel below the cube, which the format's per-level ``vertex_offsets`` say.
+"""
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from gateway_storage.geometry import Vec3
+
+from ..sources.mag import MagSource
+
+CUBE_EDGE = 64  # voxels of the finest mag per edge of a level-0 cube
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of detail: the mag it is meshed from and the extent of its cubes."""
+
+    lod: int
+    source: MagSource
+    cube_size: Vec3  # mag-1 voxels per cube edge
+
+    @property
+    def mag(self) -> Vec3:
+        return self.source.mag
+
+    @property
+    def cube_voxels(self) -> Vec3:
+        """Voxels of this level's mag per cube edge."""
+        return (
+            self.cube_size[0] // self.mag[0],
+            self.cube_size[1] // self.mag[1],
+            self.cube_size[2] // self.mag[2],
+        )
+
+    @property
+    def vertex_offset(self) -> tuple[float, float, float]:
+        """Where the quantization box of a cube starts, relative to the cube: half a voxel below it."""
+        return (-0.5 * self.mag[0], -0.5 * self.mag[1], -0.5 * self.mag[2])
+
+    def box(self, position: Vec3) -> tuple[Vec3, Vec3]:
+        """The cube at ``position`` in voxels of this level's mag."""
+        edge = self.cube_voxels
+        lo = (position[0] * edge[0], position[1] * edge[1], position[2] * edge[2])
+        return lo, (lo[0] + edge[0], lo[1] + edge[1], lo[2] + edge[2])
+
+    def parts(self, position: Vec3) -> list[tuple[Vec3, Vec3]]:
+        """The boxes a fragment is meshed in: the cube itself at level 0, else its 2x2x2 octants (the format
+        requires that no triangle of a coarser fragment cross the octant boundaries)."""
+        lo, hi = self.box(position)
+        if self.lod == 0:
+            return [(lo, hi)]
+        mid = tuple((a + b) // 2 for a, b in zip(lo, hi))
+        boxes = []
+        for z in range(2):
+            for y in range(2):
+                for x in range(2):
+                    corner = (x, y, z)
+                    part_lo = tuple(m if c else a for a, m, c in zip(lo, mid, corner))
+                    part_hi = tuple(b if c else m for b, m, c in zip(hi, mid, corner))
+                    boxes.append((part_lo, part_hi))
+        return boxes  # type: ignore[return-value]
+
+
+class MeshGrid:
+    """The levels of detail of a segmentation layer, from its own mags (finest first)."""
+
+    def __init__(self, mags: dict[Vec3, MagSource]) -> None:
+        ordered = sorted(mags.values(), key=lambda s: (max(s.mag), s.mag))
+        self.finest = ordered[0]
+        base = tuple(CUBE_EDGE * m for m in self.finest.mag)
+        levels: list[Level] = []
+        lod = 0
+        while True:
+            factor = 1 << lod
+            fits = [s for s in ordered if all(m <= f * factor for m, f in zip(s.mag, self.finest.mag))]
+            source = max(fits, key=lambda s: (s.mag[0] * s.mag[1] * s.mag[2], s.mag))
+            size = (base[0] * factor, base[1] * factor, base[2] * factor)
+            if lod > 0 and any(s // m < 4 for s, m in zip(size, source.mag)):
+                break  # octants of fewer than two voxels: no finer structure left to show
+            levels.append(Level(lod, source, size))
+            if source is ordered[-1] or lod >= 10:
+                break
+            lod += 1
+        self.levels = levels
+
+    @property
+    def chunk_shape(self) -> Vec3:
+        return self.levels[0].cube_size
+
+    @cached_property
+    def voxels(self) -> int:
+        """Voxels of the finest mag: what a scan without an index reads."""
+        x, y, z = self.finest.bbox.size
+        return x * y * z
+
+    def cubes_of_finest(self) -> list[Vec3]:
+        """Every level-0 cube that holds a voxel of the bounding box, or a voxel just below it: the upper
+        neighbour of the last voxel owns the cells between it and the fill value outside."""
+        lo, hi = self.finest.bbox.lo, self.finest.bbox.hi
+        edge = self.levels[0].cube_voxels
+        ranges = [range(a // e, b // e + 1) for a, b, e in zip(lo, hi, edge)]
+        return [(x, y, z) for z in ranges[2] for y in ranges[1] for x in ranges[0]]
+
+
+def morton_key(position: Vec3) -> int:
+    """The x, y, z Z-curve index of a grid position (x in the lowest bit), the order fragments are listed in."""
+    key = 0
+    for bit in range(21):
+        for axis in range(3):
+            key |= ((position[axis] >> bit) & 1) << (3 * bit + axis)
+    return key

@@ -1,0 +1,278 @@
+"""The segment index of a layer: which level-0 cubes hold each segment id, its voxel count and bounding box.
+
+A manifest needs the cubes of a segment before anything is meshed. ``zarr-gateway index-segments``
+writes the index once per layer (beside the layer, or in the ``segment_index_dir`` setting for data
+roots mounted read-only); without one the gateway scans a small layer itself (``SCAN_VOXELS``).
+The index records a stamp of the data it was built from (every file of every mag: path, size,
+modification time), and an index whose stamp is not the data's is never used.
+"""
+
+import io
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway_storage.geometry import Vec3
+
+from ..sources.mag import MagSource
+from .errors import MeshInputError
+from .geometry import MeshGrid, morton_key
+from .surfaces import window_of
+
+FORMAT = "zarr-gateway-segment-index"
+VERSION = 1
+# Without an index, a layer whose finest mag holds at most this many voxels is scanned on demand (once per
+# data version per worker, in a thread); a larger one answers 409 until `zarr-gateway index-segments` ran.
+SCAN_VOXELS = 64 << 20
+
+
+class SegmentIndexCorrupt(OSError):
+    """An index file that cannot be read as one: a storage fault (500), never a wrong answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentEntry:
+    voxels: int
+    bbox_lo: Vec3  # mag-1 voxels
+    bbox_hi: Vec3
+    cubes: list[Vec3]  # level-0 grid positions, in Z-curve order
+
+
+def segment_dtype(source: MagSource) -> np.dtype:
+    """The layer's labels dtype; float labels have no segments."""
+    if source.dtype.kind not in "ui":
+        raise MeshInputError(f"a {source.dtype.name} layer has no segment ids: meshes need integer labels")
+    return source.dtype
+
+
+class SegmentIndex:
+    """Segments sorted by id, with the cubes of each as one concatenated array."""
+
+    def __init__(
+        self,
+        meta: dict,
+        ids: np.ndarray,
+        voxels: np.ndarray,
+        bboxes: np.ndarray,
+        starts: np.ndarray,
+        cubes: np.ndarray,
+    ) -> None:
+        self.meta = meta
+        self.ids = ids
+        self.voxels = voxels
+        self.bboxes = bboxes
+        self.starts = starts
+        self.cubes = cubes
+
+    @property
+    def stamp(self) -> str:
+        return str(self.meta.get("stamp", ""))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.ids, self.voxels, self.bboxes, self.starts, self.cubes)) + 256
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def lookup(self, segment: int) -> SegmentEntry | None:
+        at = int(np.searchsorted(self.ids, np.uint64(segment)))
+        if at >= len(self.ids) or int(self.ids[at]) != segment:
+            return None
+        box = [int(v) for v in self.bboxes[at]]
+        cubes = [(int(x), int(y), int(z)) for x, y, z in self.cubes[self.starts[at] : self.starts[at + 1]]]
+        return SegmentEntry(int(self.voxels[at]), (box[0], box[1], box[2]), (box[3], box[4], box[5]), cubes)
+
+    def largest(self, count: int) -> list[int]:
+        """The ids of the ``count`` segments with the most voxels (ties: the smaller id first)."""
+        order = np.lexsort((self.ids, -self.voxels.astype(np.int64)))
+        return [int(i) for i in self.ids[order[:count]]]
+
+    # --- files ---------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        meta = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), dtype=np.uint8)
+        np.savez(
+            buffer,
+            meta=meta,
+            ids=self.ids,
+            voxels=self.voxels,
+            bboxes=self.bboxes,
+            starts=self.starts,
+            cubes=self.cubes,
+        )
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, origin: str) -> "SegmentIndex":
+        """An index read back; anything that is not a consistent index raises :class:`SegmentIndexCorrupt`."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                meta = json.loads(arrays["meta"].tobytes())
+                ids, voxels, bboxes = arrays["ids"], arrays["voxels"], arrays["bboxes"]
+                starts, cubes = arrays["starts"], arrays["cubes"]
+        except Exception as exc:  # a truncated zip, a missing array, bad JSON: all the same fault
+            raise SegmentIndexCorrupt(f"segment index {origin} is unreadable: {exc}") from exc
+        n = len(ids)
+        consistent = (
+            isinstance(meta, dict)
+            and meta.get("format") == FORMAT
+            and ids.dtype == np.uint64
+            and voxels.shape == (n,)
+            and bboxes.shape == (n, 6)
+            and starts.shape == (n + 1,)
+            and cubes.ndim == 2
+            and cubes.shape[1] == 3
+            and cubes.dtype.kind == "i"
+            and (cubes.size == 0 or int(cubes.min()) >= 0)
+            and (
+                n == 0 or (int(starts[0]) == 0 and int(starts[-1]) == len(cubes) and bool(np.all(np.diff(starts) >= 0)))
+            )
+            and bool(np.all(np.diff(ids.astype(np.float64)) > 0) if n > 1 else True)
+        )
+        if not consistent:
+            raise SegmentIndexCorrupt(f"segment index {origin} is not a consistent {FORMAT} file")
+        if meta.get("version") != VERSION:
+            raise SegmentIndexCorrupt(f"segment index {origin} has version {meta.get('version')}, expected {VERSION}")
+        return cls(meta, ids, voxels.astype(np.uint64), bboxes.astype(np.int64), starts.astype(np.int64), cubes)
+
+
+def data_stamp(mags: dict[Vec3, MagSource], local: bool) -> str | None:
+    """A digest of every file of every mag (path below the mag, size, modification time); None where the
+    data is not on a local file system (the index cannot be checked against it there)."""
+    if not local:
+        return None
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for mag in sorted(mags):
+        location = mags[mag].location
+        digest.update(f"mag {mag}\0".encode())
+        for directory, subdirectories, files in os.walk(location):
+            subdirectories.sort()
+            for name in sorted(files):
+                path = os.path.join(directory, name)
+                try:
+                    stat = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                relative = os.path.relpath(path, location)
+                digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+def build_index(
+    grid: MeshGrid, layer: str, stamp: str | None, advance: Callable[[int], None] = lambda voxels: None
+) -> SegmentIndex:
+    """Read every level-0 cube of the finest mag once and record what it holds.
+
+    A segment belongs to a cube when its mesh window (the cube and one voxel below it) holds one of its
+    voxels; voxel counts and bounding boxes come from the cubes themselves, so each voxel counts once.
+    ``advance`` is told the voxels read after each cube (for a progress bar).
+    """
+    source = grid.finest
+    segment_dtype(source)
+    level = grid.levels[0]
+    mag = np.asarray(source.mag, dtype=np.int64)
+    members: list[np.ndarray] = []  # per cube: its ids
+    member_cubes: list[np.ndarray] = []
+    member_keys: list[np.ndarray] = []  # the cube's Z-curve index, per member
+    found_ids: list[np.ndarray] = []
+    found_counts: list[np.ndarray] = []
+    found_lo: list[np.ndarray] = []
+    found_hi: list[np.ndarray] = []
+    for cube in grid.cubes_of_finest():
+        lo, hi = level.box(cube)
+        window_lo, window_hi = window_of(lo, hi)
+        window = source.read_box(window_lo, window_hi).data[0]
+        inner = window[1:, 1:, 1:]
+        values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
+        margins = np.concatenate([window[0].ravel(), window[:, 0].ravel(), window[:, :, 0].ravel()])
+        present = np.union1d(values, np.unique(margins))
+        present = present[present > 0].astype(np.uint64)
+        if len(present):
+            members.append(present)
+            member_cubes.append(np.tile(np.asarray(cube, dtype=np.int32), (len(present), 1)))
+            member_keys.append(np.full(len(present), morton_key(cube), dtype=np.uint64))
+            keep = values > 0
+            if keep.any():
+                box_lo, box_hi = _label_boxes(inverse.reshape(inner.shape), len(values))
+                found_ids.append(values[keep].astype(np.uint64))
+                found_counts.append(counts[keep].astype(np.uint64))
+                found_lo.append((box_lo[keep] + np.asarray(lo)) * mag)
+                found_hi.append((box_hi[keep] + np.asarray(lo)) * mag)
+        advance(int(window.size))
+    return _assemble(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "layer": layer,
+            "mag": list(source.mag),
+            "cube_edge": list(level.cube_voxels),
+            "stamp": stamp,
+        },
+        members,
+        member_cubes,
+        member_keys,
+        found_ids,
+        found_counts,
+        found_lo,
+        found_hi,
+    )
+
+
+def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per label ``0..count-1`` of an ``(x, y, z)`` array: the lowest and one past the highest index on each axis,
+    from a table of which labels occur in which plane across each axis."""
+    lo = np.empty((count, 3), dtype=np.int64)
+    hi = np.empty((count, 3), dtype=np.int64)
+    flat = labels.ravel()
+    for axis in range(3):
+        planes = labels.shape[axis]
+        shape = [1, 1, 1]
+        shape[axis] = planes
+        plane_of = np.broadcast_to(np.arange(planes).reshape(shape), labels.shape).ravel()
+        present = np.zeros((count, planes), dtype=bool)
+        present[flat, plane_of] = True
+        lo[:, axis] = present.argmax(axis=1)
+        hi[:, axis] = planes - present[:, ::-1].argmax(axis=1)
+    return lo, hi
+
+
+def _assemble(
+    meta: dict,
+    members: list[np.ndarray],
+    member_cubes: list[np.ndarray],
+    member_keys: list[np.ndarray],
+    found_ids: list[np.ndarray],
+    found_counts: list[np.ndarray],
+    found_lo: list[np.ndarray],
+    found_hi: list[np.ndarray],
+) -> SegmentIndex:
+    if not members:
+        empty = np.zeros(0, dtype=np.uint64)
+        return SegmentIndex(
+            meta, empty, empty, np.zeros((0, 6), np.int64), np.zeros(1, np.int64), np.zeros((0, 3), np.int32)
+        )
+    pair_ids = np.concatenate(members)
+    pair_cubes = np.concatenate(member_cubes)
+    keys = np.concatenate(member_keys)
+    order = np.lexsort((keys, pair_ids))
+    pair_ids, pair_cubes = pair_ids[order], pair_cubes[order]
+    ids, starts = np.unique(pair_ids, return_index=True)
+    starts = np.append(starts, len(pair_ids)).astype(np.int64)
+    voxels = np.zeros(len(ids), dtype=np.uint64)
+    lo = np.full((len(ids), 3), np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full((len(ids), 3), np.iinfo(np.int64).min, dtype=np.int64)
+    if found_ids:
+        cube_ids = np.concatenate(found_ids)
+        at = np.searchsorted(ids, cube_ids)
+        np.add.at(voxels, at, np.concatenate(found_counts))
+        np.minimum.at(lo, at, np.concatenate(found_lo))
+        np.maximum.at(hi, at, np.concatenate(found_hi))
+    # An id seen only in the one-voxel margin below a cube is in the cube above it too (with its voxels).
+    return SegmentIndex(meta, ids, voxels, np.concatenate([lo, hi], axis=1), starts, pair_cubes)

@@ -1,0 +1,85 @@
+"""The surface of one segment within one box of one mag: marching cubes, then simplification (zmesh).
+
+The same voxels the Zarr trees serve (``MagSource.read_box``) go in; a storage fault while reading
+them propagates (a 5xx), so a fault is never answered as an empty mesh.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway_storage.geometry import Vec3
+
+from ..sources.mag import MagSource
+from .errors import MeshExtraMissing
+
+# Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
+MAX_ERROR_VOXELS = 0.5
+REDUCTION_FACTOR = 8  # aim at 1/8 of the triangles where the error bound allows
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """Triangles in face coordinates of the mag meshed: ``vertices`` (n, 3) float64, ``faces`` (m, 3) uint32."""
+
+    vertices: np.ndarray
+    faces: np.ndarray
+
+    @property
+    def empty(self) -> bool:
+        return len(self.faces) == 0
+
+    @staticmethod
+    def concatenate(parts: list["Surface"]) -> "Surface":
+        kept = [p for p in parts if not p.empty]
+        if not kept:
+            return EMPTY
+        offsets = np.cumsum([0] + [len(p.vertices) for p in kept[:-1]])
+        vertices = np.concatenate([p.vertices for p in kept])
+        faces = np.concatenate([p.faces + np.uint32(o) for p, o in zip(kept, offsets)])
+        return Surface(vertices, faces)
+
+
+EMPTY = Surface(np.zeros((0, 3)), np.zeros((0, 3), dtype=np.uint32))
+
+
+def _mesher() -> type:
+    try:
+        import zmesh
+    except ImportError as exc:
+        raise MeshExtraMissing("zmesh") from exc
+    return zmesh.Mesher
+
+
+def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
+    """The voxels a box's mesh is made from: one more below, so the box owns the cells up to its lower face."""
+    return (lo[0] - 1, lo[1] - 1, lo[2] - 1), hi
+
+
+def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surface:
+    """The surface of ``segment`` in box ``[lo, hi)`` of ``source`` (voxels of its mag), in face coordinates.
+
+    Vertex ``v`` of the marching cubes over the window ``[lo - 1, hi)`` lies at window index ``v`` with
+    voxel centres on integers, so its face coordinate is ``lo - 0.5 + v``.
+    """
+    window_lo, window_hi = window_of(lo, hi)
+    voxels = source.read_box(window_lo, window_hi).data[0]  # read first: a storage fault is never "no mesh"
+    if segment > np.iinfo(voxels.dtype).max:
+        return EMPTY  # an id the layer's type cannot hold (say 300 in a uint8 layer)
+    mask = voxels == voxels.dtype.type(segment)
+    if not mask.any():
+        return EMPTY
+    return mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
+
+
+def mask_surface(mask: np.ndarray, origin: tuple[float, float, float]) -> Surface:
+    """The simplified surface of a boolean ``(x, y, z)`` mask whose voxel ``(0, 0, 0)`` is centred at ``origin``."""
+    mesher = _mesher()((1, 1, 1))
+    mesher.mesh(np.asfortranarray(mask.astype(np.uint8)))
+    mesh = mesher.get(1, normals=False, reduction_factor=REDUCTION_FACTOR, max_error=MAX_ERROR_VOXELS)
+    mesher.clear()
+    faces = np.asarray(mesh.faces, dtype=np.uint32).reshape(-1, 3)
+    if len(faces) == 0:
+        return EMPTY
+    vertices = np.asarray(mesh.vertices, dtype=np.float64).reshape(-1, 3) + np.asarray(origin)
+    return Surface(vertices, faces)

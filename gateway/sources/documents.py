@@ -1,0 +1,63 @@
+"""Reading the JSON documents a data root holds (datasource properties, Zarr metadata) as strict JSON.
+
+Anyone who can write a dataset can write these files, so they are parsed with bounds: no NaN or
+Infinity (Python's json accepts them, and they would be served back as non-JSON), no number too
+large for a float, and no nesting deeper than any real document has (a deep one exhausts the
+parser's recursion).
+"""
+
+import json
+import math
+from typing import Any
+
+MAX_DEPTH = 64  # webknossos-libs and Zarr writers nest a few levels; 64 leaves room for user metadata
+
+
+class DocumentError(ValueError):
+    """A file that is not a JSON document the gateway accepts; the message says why."""
+
+
+def _no_constant(name: str) -> float:
+    raise DocumentError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise DocumentError(f"the number {text[:40]} does not fit a double")
+    return value
+
+
+def _depth(document: Any) -> int:
+    """How deeply arrays and objects nest in ``document``, counted without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(document, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        elif not isinstance(value, list):
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+        pending.extend((item, depth) for item in value)
+    return deepest
+
+
+def load_json(data: bytes | str) -> Any:
+    """The document in ``data``; :class:`DocumentError` if it is not strict JSON within the bounds."""
+    try:
+        document = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise DocumentError(f"it nests deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"it is not UTF-8 text: {exc}") from None
+    except DocumentError:
+        raise
+    except ValueError as exc:
+        raise DocumentError(f"it is not JSON: {exc}") from None
+    if _depth(document) > MAX_DEPTH:
+        raise DocumentError(f"it nests deeper than {MAX_DEPTH} levels")
+    return document

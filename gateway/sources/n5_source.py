@@ -1,0 +1,219 @@
+"""An N5 mag of a layer (``dataFormat: n5``): its full blocks passed through, any region decoded by tensorstore.
+
+An N5 dataset is a directory with an ``attributes.json`` (``dimensions``, ``blockSize``, ``dataType``,
+``compression``) and one file per block at ``<i0>/<i1>/...`` in the order of ``dimensions``. A block is a
+big-endian header (mode, rank, the block's own shape, in mode 1 also its element count) followed by
+the block's voxels, big-endian and first dimension fastest, through the dataset's compression.
+
+A default-mode block of the full ``blockSize`` is, once its header is stripped, exactly a Zarr chunk
+whose metadata says: that chunk shape, a big-endian dtype, Fortran order over the N5 dimensions
+(a transpose in v3), and the compression as a compressor (``raw``: none, ``gzip``: gzip, or zlib for
+``useZlib``, ``zstd``: zstd, ``blosc``: blosc, whose chunks carry their own typesize and shuffle).
+Any other block (cut short at the array's edge, in varlength mode, or at the bounding box) is read
+as voxels and encoded in that same encoding.
+"""
+
+import itertools
+import json
+
+import numpy as np
+
+from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store
+from gateway_storage.geometry import Vec3
+
+from .axes import AxisMap, axis_names
+from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
+from .formats import SourceFormat
+from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
+from .properties import BoundingBox, DataLayer
+
+ATTRIBUTES = "attributes.json"  # every N5 dataset directory holds one
+_DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
+_DEFAULT_MODE = 0
+_DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
+
+
+def _int_list(document: dict, name: str, rank: int | None = None, minimum: int = 0) -> list[int]:
+    value = document.get(name)
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value)
+        or (rank is not None and len(value) != rank)
+    ):
+        wanted = f"{rank} integers" if rank is not None else "a list of integers"
+        raise SourceError(f"{ATTRIBUTES}: {name!r} must be {wanted} of at least {minimum}, not {value!r}")
+    return value
+
+
+def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict | None]:
+    """(passes through, the Zarr v2 compressor) of an N5 ``compression``; other compressions are only decoded."""
+    if not isinstance(compression, dict) or not isinstance(compression.get("type"), str):
+        raise SourceError(f"{ATTRIBUTES}: 'compression' must be an object with a 'type', not {compression!r}")
+    kind = compression["type"]
+    level = compression.get("level", -1)
+    level = level if isinstance(level, int) and 0 <= level <= 9 else _DEFAULT_GZIP_LEVEL
+    if kind == "raw":
+        return True, None
+    if kind == "gzip":
+        return True, {"id": "zlib" if compression.get("useZlib") is True else "gzip", "level": level}
+    if kind == "zstd":
+        zstd_level = compression.get("level")
+        return True, {
+            "id": "zstd",
+            "level": zstd_level if isinstance(zstd_level, int) and -7 <= zstd_level <= 22 else 3,
+        }
+    if kind == "blosc":
+        config = {key: compression.get(key) for key in ("cname", "clevel", "shuffle", "blocksize")}
+        if not isinstance(config["cname"], str) or not all(
+            isinstance(config[key], int) for key in ("clevel", "shuffle", "blocksize") if config[key] is not None
+        ):
+            raise SourceError(f"{ATTRIBUTES}: blosc compression {compression!r} is malformed")
+        return True, {
+            "id": "blosc",
+            "cname": config["cname"],
+            "clevel": config["clevel"] if config["clevel"] is not None else 5,
+            "shuffle": config["shuffle"] if config["shuffle"] is not None else 1,
+            "blocksize": config["blocksize"] or 0,
+        }
+    return False, None  # bzip2, xz...: tensorstore decodes them (or refuses the mag when it opens)
+
+
+class N5MagSource(MagSource):
+    """One mag of a layer stored as an N5 dataset, on a local disk or in object storage."""
+
+    kind = "n5"
+
+    def __init__(
+        self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, axis_order: dict[str, int] | None
+    ) -> None:
+        self.storage = storage
+        self.location = directory
+        self.root = storage.root_of(directory)
+        found = storage.read_whole(storage.join(directory, ATTRIBUTES))
+        if found is None:
+            raise SourceError(f"no N5 dataset ({ATTRIBUTES}) at {self.location_key}")
+        try:
+            document = json.loads(found[0])
+        except ValueError as exc:
+            raise SourceError(f"{ATTRIBUTES} is not JSON: {exc}") from None
+        if not isinstance(document, dict):
+            raise SourceError(f"{ATTRIBUTES} is not a JSON object")
+        if "compression" not in document and isinstance(document.get("compressionType"), str):
+            document = {**document, "compression": {"type": document["compressionType"]}}  # N5 before version 2
+        dimensions = _int_list(document, "dimensions")
+        rank = len(dimensions)
+        self.block_shape = tuple(_int_list(document, "blockSize", rank, minimum=1))
+        data_type = document.get("dataType")
+        if data_type not in _DATA_TYPES:
+            raise SourceError(f"{ATTRIBUTES}: dataType {data_type!r} is not one of {', '.join(_DATA_TYPES)}")
+        dtype = np.dtype(data_type)
+        self.axis_map = AxisMap(tuple(axis_names(document.get("axes"), rank, axis_order)), tuple(dimensions))
+        super().__init__(mag, bbox, dtype, self.axis_map.channels)
+        passes, compressor = _compressor(document.get("compression"), dtype)
+        stored_order = list(range(rank))[::-1]  # first dimension fastest: C order of the reversed dimensions
+        if passes:
+            chunk = self.axis_map.served_chunk(self.block_shape)
+            permutation = self.axis_map.permutation(stored_order)
+            self.native = NativeEncoding(2, chunk, permutation, dtype.newbyteorder(">"), compressor)
+        self._block_bytes = int(np.prod(self.block_shape)) * dtype.itemsize
+        self._header_bytes = 4 + 4 * rank
+        self._decoder = MemoryDecoder({"driver": "n5"}, {ATTRIBUTES: json.dumps(document).encode()}, self.location_key)
+        self._decoder.check()
+
+    @property
+    def reads_are_cheap(self) -> bool:
+        return self.storage.is_local
+
+    def _block_name(self, coords: tuple[int, ...]) -> str:
+        return "/".join(map(str, coords))
+
+    @property
+    def stored_chunk_shape(self) -> tuple[int, int, int, int] | None:
+        return None if self.native is None else self.native.chunk_shape
+
+    def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
+        """The payload of a full default-mode block; None for any other block (it is read as voxels)."""
+        if self.native is None:
+            return None  # a compression Zarr cannot name: every block is decoded
+        coords = self.axis_map.stored_index(index)
+        shape = self.axis_map.shape
+        if any(c * b >= s for c, b, s in zip(coords, self.block_shape, shape)):
+            raise ChunkNotFound("the source holds no such block: it reads as the fill value")
+        if any((c + 1) * b > s for c, b, s in zip(coords, self.block_shape, shape)):
+            return None  # a block at the array's edge is cut short in N5 and whole in Zarr
+        path = self.storage.join(self.location, self._block_name(coords))
+        found = self.storage.read_whole(path)
+        if found is None:
+            raise ChunkNotFound("the source holds no such block: it reads as the fill value")
+        data, identity = found
+        header = self._header_bytes
+        if len(data) < header:
+            raise ChunkDecodeError(f"{self.relative(path)}: the N5 block is shorter than its header")
+        mode, rank = int.from_bytes(data[0:2], "big"), int.from_bytes(data[2:4], "big")
+        dims = tuple(int.from_bytes(data[4 + 4 * d : 8 + 4 * d], "big") for d in range(len(self.block_shape)))
+        if mode != _DEFAULT_MODE or rank != len(self.block_shape) or dims != self.block_shape:
+            return None  # tensorstore reads (or refuses) it
+        payload = data[header:]
+        self._check_size(payload, path)
+        return StoredChunk(payload, StoredEncoding.NATIVE, self._block_bytes, self.relative(path), identity)
+
+    def _check_size(self, payload: bytes, path: str) -> None:
+        """Refuse a payload whose length cannot be right: a raw block must hold every voxel, a Blosc one says how
+        long it is, a gzip one ends with its size. A cut-short block is a fault, never sent as if whole."""
+        assert self.native is not None
+        compressor = self.native.v2_compressor
+        if compressor is None:
+            expected = self._block_bytes
+        elif compressor["id"] == "blosc" and len(payload) >= 16:
+            if int.from_bytes(payload[4:8], "little") != self._block_bytes:
+                raise ChunkDecodeError(f"{self.relative(path)}: the Blosc block does not hold a whole block")
+            expected = int.from_bytes(payload[12:16], "little")
+        elif compressor["id"] == "blosc":
+            expected = 16
+        elif compressor["id"] == "gzip":  # a gzip member ends with the size it holds (modulo 2^32)
+            if payload[:2] != b"\x1f\x8b" or int.from_bytes(payload[-4:], "little") != self._block_bytes % 2**32:
+                raise ChunkDecodeError(f"{self.relative(path)}: the gzip block is cut short or not gzip")
+            return
+        else:
+            return
+        if len(payload) != expected:
+            raise ChunkDecodeError(
+                f"{self.relative(path)}: the N5 block holds {len(payload)} bytes after its header, expected {expected}"
+            )
+
+    def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
+        """Voxels of a box: the blocks it covers read through the store, decoded by tensorstore from memory."""
+        out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
+        lo, hi = self.axis_map.stored_box(offset, shape)
+        if any(h <= low for low, h in zip(lo, hi)):
+            return out, None
+        ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
+        names = [self._block_name(coords) for coords in itertools.product(*ranges)]
+        found = fetch_all(
+            self.storage, lambda name: self.storage.read_whole(self.storage.join(self.location, name)), names
+        )
+        chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
+        data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
+        out[tuple(slice(0, n) for n in data.shape)] = data
+        return out, None
+
+
+class N5Format(SourceFormat):
+    """``dataFormat: n5``: a mag is an N5 dataset directory (it holds an ``attributes.json``); no caches."""
+
+    data_formats = ("n5",)
+    cache_weight = 0
+
+    def holds_mag(self, directory: str) -> bool:
+        try:
+            return self.store.identity(self.store.join(directory, ATTRIBUTES)) is not None
+        except OutsideRootError:
+            return False  # the attributes are a symlink out of the root: the mag is not served
+
+    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
+        return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order)
+
+    @property
+    def caches(self) -> dict[str, ByteLRU]:
+        return {}
