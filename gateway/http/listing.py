@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway_storage.geometry import Vec3, mag_name
@@ -217,11 +218,15 @@ def mesh_source(base: str, organization: str, dataset: str, layer: str, token: s
 
 def neuroglancer_layer(
     source: str, name: str, category: str, meshes: str | None = None, segments: Sequence[int] = ()
-) -> dict:
+) -> dict[str, Any]:
     """One layer of a Neuroglancer state; a segmentation with its mesh source and the segments to show."""
     if category != "segmentation":
         return {"type": "image", "source": source, "name": name}
-    layer: dict = {"type": "segmentation", "source": source if meshes is None else [source, meshes], "name": name}
+    layer: dict[str, Any] = {
+        "type": "segmentation",
+        "source": source if meshes is None else [source, meshes],
+        "name": name,
+    }
     if segments:
         layer["segments"] = [str(segment) for segment in segments]
     return layer
@@ -234,7 +239,7 @@ def neuroglancer_link(
     category: str,
     voxel_size: tuple[float, float, float],
     unit: str,
-    layers: Sequence[dict] = (),
+    layers: Sequence[dict[str, Any]] = (),
 ) -> str:
     """A link that opens Neuroglancer on ``layers`` (by default the one layer), ``layer_name`` selected, its
     x, y, z dimensions the dataset's voxel size.

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class SegmentIndex:
 
     def __init__(
         self,
-        meta: dict,
+        meta: dict[str, Any],
         ids: np.ndarray,
         voxels: np.ndarray,
         bboxes: np.ndarray,
@@ -244,7 +245,7 @@ def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray
 
 
 def _assemble(
-    meta: dict,
+    meta: dict[str, Any],
     members: list[np.ndarray],
     member_cubes: list[np.ndarray],
     member_keys: list[np.ndarray],

@@ -167,7 +167,7 @@ class MeshService:
         layer; otherwise a 409 that says to run ``index-segments``."""
         stamp = meshes.stamp(self.storage.is_local)
         key = ("segments", meshes.key, stamp)
-        cached = self.cache.get(key)
+        cached: SegmentIndex | None = self.cache.get(key)
         if cached is not None:
             return cached
         location = self.index_location(meshes.dataset, meshes.name)
@@ -223,7 +223,7 @@ class MeshService:
             lock = self._pending.setdefault(key, threading.Lock())
         try:
             with lock:
-                cached = self.cache.get(key)
+                cached: T | None = self.cache.get(key)
                 if cached is not None:
                     return cached
                 value = compute()
@@ -287,7 +287,7 @@ class MeshSource(ABC):
     name: str
 
     @abstractmethod
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         """The source's ``info`` document."""
 
     @abstractmethod
@@ -301,7 +301,7 @@ class MultiresSource(MeshSource):
 
     name = "multires"
 
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return multires_info(meshes.voxel_nm, properties)
 
     def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
@@ -354,7 +354,7 @@ class LegacySource(MeshSource):
 
     name = "legacy"
 
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return legacy_info(properties)
 
     def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:

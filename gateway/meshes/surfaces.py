@@ -48,7 +48,8 @@ def _mesher() -> type:
         import zmesh
     except ImportError as exc:
         raise MeshExtraMissing("zmesh") from exc
-    return zmesh.Mesher
+    mesher: type = zmesh.Mesher
+    return mesher
 
 
 def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:

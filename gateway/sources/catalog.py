@@ -15,11 +15,10 @@ from wkw_adapter import WkwError
 
 from .documents import load_json
 from .formats import SourceFormat
-from .mag import MagSource
+from .mag import MagSource, SourceError
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
-from .zarr_source import SourceError
 
 log = logging.getLogger("gateway.catalog")
 

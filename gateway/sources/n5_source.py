@@ -15,10 +15,12 @@ as voxels and encoded in that same encoding.
 
 import itertools
 import json
+from typing import Any
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileSource, OutsideRootError, Store
+from gateway_storage import FileSource, OutsideRootError, Store
+from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
@@ -33,7 +35,7 @@ _DEFAULT_MODE = 0
 _DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
 
 
-def _int_list(document: dict, name: str, rank: int | None = None, minimum: int = 0) -> list[int]:
+def _int_list(document: dict[str, Any], name: str, rank: int | None = None, minimum: int = 0) -> list[int]:
     value = document.get(name)
     if (
         not isinstance(value, list)
@@ -46,7 +48,7 @@ def _int_list(document: dict, name: str, rank: int | None = None, minimum: int =
     return value
 
 
-def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict | None]:
+def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, Any] | None]:
     """(passes through, the Zarr v2 compressor) of an N5 ``compression``; other compressions are only decoded."""
     if not isinstance(compression, dict) or not isinstance(compression.get("type"), str):
         raise SourceError(f"{ATTRIBUTES}: 'compression' must be an object with a 'type', not {compression!r}")
@@ -215,5 +217,5 @@ class N5Format(SourceFormat):
         return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {}

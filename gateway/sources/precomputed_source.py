@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OutsideRootError, Store
+from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
@@ -158,7 +159,14 @@ class PrecomputedMagSource(MagSource):
 
     kind = "precomputed"
 
-    def __init__(self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, minishards: ByteLRU) -> None:
+    def __init__(
+        self,
+        mag: Vec3,
+        storage: Store,
+        directory: str,
+        bbox: BoundingBox,
+        minishards: ByteLRU[dict[int, tuple[int, int]]],
+    ) -> None:
         self.storage = storage
         self.location = directory
         self.root = storage.root_of(directory)
@@ -309,7 +317,7 @@ class PrecomputedFormat(SourceFormat):
 
     def __init__(self, store: Store, cache_bytes: int) -> None:
         super().__init__(store, cache_bytes)
-        self.minishards: ByteLRU = ByteLRU(cache_bytes)
+        self.minishards: ByteLRU[dict[int, tuple[int, int]]] = ByteLRU(cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
         volume = directory.rstrip("/").rpartition("/")[0]
@@ -322,5 +330,5 @@ class PrecomputedFormat(SourceFormat):
         return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"minishard_indexes": self.minishards}

@@ -196,7 +196,7 @@ class ZarrMagSource(MagSource):
             if compressor is not None and _mapping(compressor, "compressor").get("id") not in _SUPPORTED_V2_COMPRESSORS:
                 raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
             self.chunks = _lengths(document.get("chunks"), rank, "chunks", 1)
-            self.separator = document.get("dimension_separator", ".")
+            self.separator: str = document.get("dimension_separator", ".")
             if self.separator not in (".", "/"):
                 raise SourceError(f"dimension_separator {self.separator!r} is neither '.' nor '/'")
             self.key_prefix = ""

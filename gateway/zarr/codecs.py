@@ -34,7 +34,7 @@ class Codec(enum.StrEnum):
         return self in (Codec.BLOSC_LZ4, Codec.BLOSC_ZSTD)
 
 
-class DeterministicGZip(numcodecs.GZip):
+class DeterministicGZip(numcodecs.GZip):  # type: ignore[misc]  # numcodecs ships no types: its GZip is Any
     """GZip whose header carries no time stamp (numcodecs' stamps the time of encoding).
 
     One ETag names one body: the same chunk must encode to the same bytes on every request and every
@@ -46,7 +46,7 @@ class DeterministicGZip(numcodecs.GZip):
         return gzip.compress(data, compresslevel=self.level, mtime=0)
 
 
-def codec_from_config(config: dict) -> NumcodecsCodec:
+def codec_from_config(config: dict[str, Any]) -> NumcodecsCodec:
     """A numcodecs codec from its v2 configuration, deterministic for every codec the gateway encodes with."""
     if config.get("id") == "gzip":
         return DeterministicGZip(config.get("level", GZIP_LEVEL))
