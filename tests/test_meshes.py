@@ -31,6 +31,7 @@ from support.processes import free_port, stop_process
 from support.servers import Server
 
 from gateway.sample import DATASET, ORGANIZATION, SIZE, TOP_LEFT, VOXEL_SIZE_NM, make_sample
+from gateway_storage.geometry import vec3
 
 MESH_TOKEN = "mesh-test-token"
 VOXEL = np.asarray(VOXEL_SIZE_NM)
@@ -61,7 +62,7 @@ def server(sample_root: Path, mesh_tokens: Path, server_factory: Callable[..., S
 def labels(sample_root: Path) -> np.ndarray:
     """The sample's segmentation at mag 1, ``[x, y, z]`` over ``[0, end)``, as the wkw package reads it."""
     with wkw.Dataset.open(str(sample_root / ORGANIZATION / DATASET / "segmentation" / "1")) as ds:
-        data = ds.read((0, 0, 0), tuple(int(v) for v in VOLUME_HI))[0]
+        data: np.ndarray = ds.read((0, 0, 0), tuple(int(v) for v in VOLUME_HI))[0]
     out = np.zeros_like(data)
     inside = tuple(slice(a, b) for a, b in zip(VOLUME_LO, VOLUME_HI))
     out[inside] = data[inside]
@@ -126,9 +127,9 @@ def read_multires(server: Server, segment: int, base: str | None = None) -> list
         offset += 12 * count
         sizes = np.frombuffer(raw, "<u4", count, offset)
         offset += 4 * count
-        keys = [z_order(tuple(int(v) for v in p)) for p in positions]
+        keys = [z_order(vec3(int(v) for v in p)) for p in positions]
         assert keys == sorted(keys) and len(set(keys)) == len(keys), f"lod {lod} positions are not in Z-curve order"
-        listed += [(lod, tuple(int(v) for v in p), int(s)) for p, s in zip(positions, sizes)]
+        listed += [(lod, vec3(int(v) for v in p), int(s)) for p, s in zip(positions, sizes)]
     assert offset == len(raw), "the manifest has bytes after its last level"
     fragments = []
     start = 0
@@ -437,7 +438,7 @@ def synthetic_base(layer: str = "labels", kind: str = "multires") -> str:
     return mesh_base(layer=layer, kind=kind, dataset="synthetic/balls")
 
 
-def index_segments(root: Path, layer: str, *extra: str) -> subprocess.CompletedProcess:
+def index_segments(root: Path, layer: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "index-segments", str(root), "synthetic/balls", layer, *extra],
         capture_output=True,
