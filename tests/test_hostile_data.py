@@ -302,7 +302,7 @@ def test_bytes_decoded_decide_event_loop_or_thread(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> Root:
+def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> tuple[Root, Root]:
     root = tmp_path_factory.mktemp("shards")
     # sparse: only the column of blocks (0, 0, 0..7) of a 16 MiB raw file lies in the box, and in Morton
     # order blocks (0, 0, 3) and (0, 0, 4) are 219 blocks (7 MiB) apart in the file
@@ -318,7 +318,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..
     garble_block(root / "sh" / "corrupt" / "color" / "1" / "z0" / "y0" / "x0.wkw", 0)
     plain = server_factory(root)
     sharded = server_factory(root, v3_layout="sharded")
-    return Root(sharded, root), Root(plain, root)  # type: ignore[return-value]
+    return Root(sharded, root), Root(plain, root)
 
 
 SEGMENT = 16 + 32**3  # a raw block framed as a Blosc chunk

@@ -15,7 +15,7 @@ surfaces lie half a voxel below the cube, which the format's per-level ``vertex_
 from dataclasses import dataclass
 from functools import cached_property
 
-from gateway_storage.geometry import Vec3
+from gateway_storage.geometry import Vec3, vec3
 
 from ..sources.mag import MagSource
 
@@ -60,16 +60,16 @@ class Level:
         lo, hi = self.box(position)
         if self.lod == 0:
             return [(lo, hi)]
-        mid = tuple((a + b) // 2 for a, b in zip(lo, hi))
+        mid = vec3((a + b) // 2 for a, b in zip(lo, hi))
         boxes = []
         for z in range(2):
             for y in range(2):
                 for x in range(2):
                     corner = (x, y, z)
-                    part_lo = tuple(m if c else a for a, m, c in zip(lo, mid, corner))
-                    part_hi = tuple(b if c else m for b, m, c in zip(hi, mid, corner))
+                    part_lo = vec3(m if c else a for a, m, c in zip(lo, mid, corner))
+                    part_hi = vec3(b if c else m for b, m, c in zip(hi, mid, corner))
                     boxes.append((part_lo, part_hi))
-        return boxes  # type: ignore[return-value]
+        return boxes
 
 
 class MeshGrid:
