@@ -11,8 +11,9 @@ from typing import Any
 DEPLOY = Path(__file__).resolve().parent
 TEMPLATE = DEPLOY / "nginx.conf"
 AUTH_SCOPE = DEPLOY / "auth-scope.conf"
+TLS = DEPLOY / "tls.conf"  # the optional TLS listener, included by the server block when PROXY_TLS is on
 # The templates docker-compose.yml mounts into the nginx image, by the name each is rendered to in conf.d.
-TEMPLATES = {"default.conf": TEMPLATE, "auth-scope.conf": AUTH_SCOPE}
+TEMPLATES = {"default.conf": TEMPLATE, "auth-scope.conf": AUTH_SCOPE, "tls/on.conf": TLS}
 COMPOSE = DEPLOY / "docker-compose.yml"
 
 # What the nginx image's /etc/nginx/nginx.conf does, with paths in a directory of one's own ({dir}).
@@ -77,6 +78,7 @@ def write_proxy_config(directory: Path, values: dict[str, str]) -> list[str]:
     for name, template in TEMPLATES.items():
         rendered = render(template.read_text(), values)
         unset += unset_names(rendered)
+        (directory / "conf.d" / name).parent.mkdir(exist_ok=True)
         (directory / "conf.d" / name).write_text(rendered)
     (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
     return unset

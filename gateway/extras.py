@@ -1,6 +1,6 @@
 """The optional parts of the gateway, each a pip extra of the package, and the refusal when one is missing.
 
-The core serves local data roots on uvicorn. A feature that needs more (an ``s3://`` root, Granian, the
+The core serves local data roots on uvicorn. A feature that needs more (a store URL as root, Granian, the
 sample maker) imports its library only when it is used, through :meth:`Extra.require`, so that a missing
 library stops start-up with a message that names the extra to install rather than an ImportError.
 """
@@ -31,7 +31,12 @@ class Extra:
 
 
 S3 = Extra("s3", ("boto3", "botocore"))
+GCS = Extra("gcs", ("obstore",))
+AZURE = Extra("azure", ("obstore",))
+HTTPS = Extra("https", ("obstore",))
 GRANIAN = Extra("granian", ("granian",))
 SAMPLE = Extra("sample", ("rich",))
 MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"))
-ALL = (S3, GRANIAN, SAMPLE, MESHES)  # every extra a feature of the gateway may require
+
+# By name, as gateway_storage.STORE_KINDS names the extra of each store.
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES)}

@@ -44,35 +44,45 @@ def _refusal(status: int, reason: str, message: str) -> bytes:
 
 
 class _HeadWithBody:
-    """A transport whose response-head writes wait for the next write and go out with it.
+    """A transport whose response head waits for the body and goes out with it in one ``writelines``.
 
-    A head waits no longer than the current step of the event loop: the app sends its body in the same
-    step as its ``http.response.start`` (nothing to await in between), and an answer without body bytes
-    (HEAD, 304) has its head sent as soon as the step ends.
+    The head and every write after it in the same step of the event loop are held and handed to the
+    transport together when the response is complete (or when the step ends, for an answer whose body
+    is still being read): one ``writelines`` call, which uvloop sends as one ``writev`` without joining
+    the buffers, so no body is copied to prepend its head. The app sends its body in the same step as
+    its ``http.response.start`` (nothing to await in between); an answer without body bytes (HEAD, 304)
+    has its head sent as soon as it is complete.
     """
+
+    __slots__ = ("_held", "_transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._head: bytes | None = None
+        self._held: list[bytes | bytearray | memoryview] | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        chunk = data if isinstance(data, bytes) else bytes(data)
-        if self._head is not None:
-            chunk, self._head = self._head + chunk, None
-        elif chunk.startswith(b"HTTP/1.1 ") and not chunk.startswith(b"HTTP/1.1 1") and chunk.endswith(b"\r\n\r\n"):
-            self._head = chunk  # a final response's head, as uvicorn writes it at http.response.start
-            asyncio.get_running_loop().call_soon(self._release)
-            return
-        self._transport.write(chunk)
+        held = self._held
+        if held is not None:
+            held.append(data)
+        elif (
+            type(data) is bytes
+            and data.startswith(b"HTTP/1.1 ")
+            and not data.startswith(b"HTTP/1.1 1")
+            and data.endswith(b"\r\n\r\n")
+        ):
+            self._held = [data]  # a final response's head, as uvicorn writes it at http.response.start
+            asyncio.get_running_loop().call_soon(self.release)
+        else:
+            self._transport.write(data)
 
-    def _release(self) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            if not self._transport.is_closing():
-                self._transport.write(head)
+    def release(self) -> None:
+        """Hand what is held (a head and the body written with it) to the transport in one call."""
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.writelines(held)
 
     def close(self) -> None:
-        self._release()
+        self.release()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
@@ -90,7 +100,8 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_HeadWithBody(transport))  # type: ignore[arg-type]
+        self._one_write = _HeadWithBody(transport)
+        super().connection_made(self._one_write)  # type: ignore[arg-type]
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -117,6 +128,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        self._one_write.release()  # the whole answer is written: it goes out now, head and body together
         super().on_response_complete()
         if not self.pipeline and not self.transport.is_closing():
             self._arm_head_timer()  # waiting for the next request now

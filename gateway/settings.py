@@ -23,6 +23,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from gateway_storage import remote_schemes, store_kind
+
 from .zarr.codecs import Codec
 
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
@@ -34,8 +36,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True)
 
     root: str = Field(
-        description="data root: a directory, file:// or s3://bucket/prefix URL holding "
-        "<organization>/<dataset>/datasource-properties.json"
+        description="data root: a directory, file:// URL or store URL (s3://bucket/prefix, gs://bucket/prefix, "
+        "az://container/prefix, https://host/prefix) holding <organization>/<dataset>/datasource-properties.json"
     )
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
@@ -123,6 +125,17 @@ class Settings(BaseSettings):
         description="directory of the segment indexes that index-segments writes, as <org>/<dataset>/<layer>"
         ".segment-index.npz; unset: beside each layer (<dataset>/<layer>.segment-index.npz), for a writable root",
     )
+    remote_roots: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="store URLs (gs://bucket/prefix, az://container/prefix, https://host/prefix) that mag and "
+        "layer paths in datasource-properties.json may point below, read with the gateway's credentials; "
+        "a path to any other URL is refused; separated by ',' or a JSON list",
+    )
+    store_headers_file: Path | None = Field(
+        default=None,
+        description='JSON file of HTTP headers for stores by URL prefix, {"https://host/prefix": '
+        '{"Authorization": "Bearer ..."}}: a store whose root lies below a prefix sends its headers',
+    )
 
     @field_validator("chunk_edge")
     @classmethod
@@ -203,16 +216,42 @@ class Settings(BaseSettings):
         """The PATH-style text that start-up hands to the workers through the environment."""
         return os.pathsep.join(roots)
 
+    @field_validator("remote_roots", mode="before")
+    @classmethod
+    def _split_remote_roots(cls, value: Any) -> Any:
+        """A JSON list or ``url,url`` text (URLs hold ':', so they are not separated like extra_roots)."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        return [part.strip() for part in value.split(",") if part.strip()]
+
+    @field_validator("remote_roots")
+    @classmethod
+    def _store_urls(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        schemes = ", ".join(f"{scheme}://" for scheme in remote_schemes())
+        wrong = [r for r in roots if r.partition("://")[0] not in remote_schemes() or not urlsplit(r).netloc]
+        if wrong:
+            raise ValueError(f"remote_roots must be URLs of {schemes}, got {', '.join(map(repr, wrong))}")
+        return tuple(root.rstrip("/") for root in roots)
+
+    @field_serializer("remote_roots")
+    def _join_remote_roots(self, roots: tuple[str, ...]) -> str:
+        return ",".join(roots)
+
     @model_validator(mode="after")
     def _extra_roots_are_local(self) -> "Settings":
-        if self.extra_roots and self.root.startswith("s3://"):
-            raise ValueError("extra_roots apply to a local data root, not to s3:// (objects cannot be symlinked)")
+        if self.extra_roots and store_kind(self.root) is not None:
+            raise ValueError(
+                f"extra_roots apply to a local data root, not to {self.root.partition('://')[0]}:// "
+                "(objects cannot be symlinked)"
+            )
         return self
 
     @field_validator("root")
     @classmethod
     def _root_exists(cls, root: str) -> str:
-        if root.startswith("s3://"):
+        if store_kind(root) is not None:
             return root
         if not Path(root.removeprefix("file://")).is_dir():
             raise ValueError(f"data root {root!r} is not a directory")

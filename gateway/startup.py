@@ -7,18 +7,20 @@ cannot be used.
 
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .extras import S3, MissingExtraError
+from .extras import EXTRAS, MissingExtraError
 from .logs import configure_logging
 from .settings import ENV_PREFIX, Settings
 
@@ -48,39 +50,80 @@ def check_tokens(settings: Settings) -> None:
 
 
 def check_root(settings: Settings) -> None:
-    """Say at start-up whether the data root answers and whether it holds any organization yet.
+    """Say at start-up whether the data root and each remote root answer, and whether the root holds datasets.
 
-    Neither stops start-up: an empty root may be filled and a store may come back (as it may go
-    away later); until a store answers, /readyz reports not ready and data requests answer 503.
+    A store whose extra is not installed, or a URL it cannot be opened from, stops start-up naming it.
+    Neither an empty root nor a silent store does: an empty root may be filled and a store may come
+    back (as it may go away later); until the data root answers, /readyz reports not ready and data
+    requests answer 503.
+
+    Network stores are asked in a spawned process: obstore's runtime, once it has sent a request,
+    leaves a forked child (a Granian worker) hanging on its first one.
     """
-    from gateway_storage import Store, open_store
-    from gateway_storage.s3 import S3Store
+    from gateway_storage import read_headers_file, store_kind
 
     try:
-        if settings.root.startswith("s3://"):
-            S3.require("an s3:// data root")
-        storage: Store = (
-            S3Store(settings.root, timeout=5.0, max_attempts=1)
-            if settings.root.startswith("s3://")
-            else open_store(settings.root)
-        )
-    except (ValueError, MissingExtraError) as exc:
-        sys.exit(f"zarr-gateway: data root: {exc}")
-    endpoint = f" (endpoint {getattr(storage, 'endpoint_url', None) or 'AWS default'})" if not storage.is_local else ""
-    try:
-        organizations = storage.list_directories(storage.root)
-    except Exception as exc:
-        log.error(
-            "data root %s cannot be reached%s: %s; serving anyway, not ready until it answers",
-            settings.root,
-            endpoint,
-            exc,
-        )
-        return
-    if organizations:
-        log.info("data root %s answers%s: %d organizations", settings.root, endpoint, len(organizations))
+        headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    except ValueError as exc:
+        sys.exit(f"zarr-gateway: store_headers_file: {exc}")
+    roots = [(settings.root, "data root"), *((url, "remote root") for url in settings.remote_roots)]
+    for url, what in roots:
+        kind = store_kind(url)
+        if kind is not None:
+            try:
+                EXTRAS[kind.extra].require(f"the {what} {url}")
+            except MissingExtraError as exc:
+                sys.exit(f"zarr-gateway: {exc}")
+    if all(store_kind(url) is None for url, _ in roots):
+        said = probe_roots(roots, headers)
     else:
-        log.warning("data root %s%s holds no datasets yet (no organization directories)", settings.root, endpoint)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as probe:
+            said = probe.submit(probe_roots, roots, headers).result()
+    for level, message in said:
+        if level == "exit":
+            sys.exit(message)
+        log.log(logging.getLevelName(level), "%s", message)
+
+
+def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    """Open each root's store and ask it once: what start-up says, as (level, message); "exit" stops it."""
+    from gateway_storage import LocalStore, Store, headers_for, store_kind
+
+    said: list[tuple[str, str]] = []
+    stores: list[tuple[str, str, Store]] = []
+    for url, what in roots:
+        kind = store_kind(url)
+        try:
+            store = (
+                LocalStore(url.removeprefix("file://"))
+                if kind is None
+                else kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
+            )
+        except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors
+            return [("exit", f"zarr-gateway: {what} {url}: {exc}")]
+        stores.append((url, what, store))
+    for url, what, store in stores:
+        named = getattr(store, "endpoint_url", None)  # an S3 endpoint other than AWS's, where one is set
+        endpoint = f" (endpoint {named})" if named else ""
+        try:
+            if what == "remote root":
+                store.is_directory(store.root)
+                said.append(("INFO", f"remote root {url} answers: mag and layer paths below it are served"))
+                continue
+            organizations = store.list_directories(store.root)
+        except Exception as exc:
+            then = (
+                "its layers answer 503 until then"
+                if what == "remote root"
+                else "serving anyway, not ready until it answers"
+            )
+            said.append(("ERROR", f"{what} {url} cannot be reached{endpoint}: {exc}; {then}"))
+            continue
+        if organizations:
+            said.append(("INFO", f"data root {url} answers{endpoint}: {len(organizations)} organizations"))
+        else:
+            said.append(("WARNING", f"data root {url}{endpoint} holds no datasets yet (no organization directories)"))
+    return said
 
 
 def prepare(settings: Settings) -> Callable[[], None]:

@@ -95,6 +95,10 @@ class LocalStore(Store):
     def resolve(self, path: str) -> str | None:
         return resolve_inside(self.roots, path) if self.contained else os.path.realpath(path)
 
+    def locate(self, location: str) -> str | None:
+        path = location.removeprefix("file://")
+        return path if path.startswith("/") else None
+
     def root_of(self, path: str) -> str:
         """The trusted root a real path lies under (the longest that matches); the main root if none does.
 

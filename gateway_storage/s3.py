@@ -2,6 +2,7 @@
 
 import os
 import posixpath
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -23,7 +24,14 @@ class S3Store(Store):
 
     is_local = False
 
-    def __init__(self, url: str, endpoint_url: str | None = None, timeout: float = 10.0, max_attempts: int = 4) -> None:
+    def __init__(
+        self,
+        url: str,
+        endpoint_url: str | None = None,
+        timeout: float = 10.0,
+        max_attempts: int = 4,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         import boto3
         from botocore.config import Config
 
@@ -42,6 +50,13 @@ class S3Store(Store):
             max_pool_connections=64,
         )
         self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
+        if headers:
+            extra = dict(headers)
+
+            def add_headers(request: Any, **_: Any) -> None:
+                request.headers.update(extra)
+
+            self.client.meta.events.register("before-sign.s3", add_headers)
 
     def join(self, base: str, *parts: str) -> str:
         return posixpath.join(base, *parts) if base else posixpath.join(*parts)
@@ -54,6 +69,10 @@ class S3Store(Store):
 
     def root_of(self, path: str) -> str:
         return self.root
+
+    def locate(self, location: str) -> str | None:
+        bucket, _, key = location.removeprefix("s3://").partition("/")
+        return key if location.startswith("s3://") and bucket == self.bucket else None
 
     def _check_inside(self, path: str) -> None:
         """Keys are names, not links: a key is inside the root exactly when it is below the prefix."""

@@ -31,6 +31,14 @@ class Store(ABC):
     def root_of(self, path: str) -> str:
         """The trusted root a canonical path lies under: paths relative to it are the same on every replica."""
 
+    @abstractmethod
+    def locate(self, location: str) -> str | None:
+        """The path in this store that an absolute location names (a ``datasource-properties.json`` mag path
+        such as ``/mnt/x``, ``file://``, ``s3://bucket/key``, ``https://host/x``), or None if it is not here.
+
+        Not yet checked against the roots: :meth:`resolve` does that.
+        """
+
     def relative(self, path: str) -> str:
         """``path`` below its root, without the root: what messages and ETags may name."""
         root = self.root_of(path)
@@ -78,6 +86,11 @@ class Store(ABC):
     @abstractmethod
     def is_directory(self, path: str) -> bool:
         """Whether ``path`` is a directory (a prefix with objects below it)."""
+
+
+def is_absolute_location(location: str) -> bool:
+    """Whether a path from a properties file names its place itself (a URL or an absolute path), not relatively."""
+    return location.startswith("/") or "://" in location
 
 
 def is_listed(name: str) -> bool:

@@ -45,7 +45,8 @@ HEADERS = {"X-Auth-Token": TOKEN}
 
 
 def template_names() -> set[str]:
-    return set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", TEMPLATE.read_text()))
+    """The PROXY_* names of every template the proxy renders (nginx.conf and what it includes)."""
+    return {name for path in TEMPLATES.values() for name in re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", path.read_text())}
 
 
 # --- nginx in front of gateways --------------------------------------------------------------------------
@@ -794,7 +795,7 @@ def test_the_rendered_template_names_every_compose_value() -> None:
     assert "limit_req_zone $zg_limit_per_off " in rendered, "no request rate limit by default"
     assert "limit_conn_zone $zg_limit_per_client " in rendered
     assert "proxy_cache_path /dev/shm/" in rendered, "token checks are cached on a tmpfs"
-    assert "$request_uri" in rendered and "$uri" in rendered, "nginx's own variables are left alone"
+    assert "$request_uri" in rendered and "$request_method" in rendered, "nginx's own variables are left alone"
 
 
 def test_dockerfile_is_slim_non_root_multi_stage_with_a_health_check() -> None:
@@ -924,3 +925,138 @@ def test_a_client_s_forwarded_host_never_reaches_a_page(
         assert through.headers["Referrer-Policy"] == "no-referrer"
     finally:
         proxy.stop()
+
+
+# --- a token in the path (/t/{token}/data/...) at the proxy ---------------------------------------------
+
+
+def _in_path(path: str, token: str = TOKEN) -> str:
+    return f"/t/{token}{path}"
+
+
+@pytest.mark.nginx
+def test_a_path_token_is_checked_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
+    chunk = f"{DATASET}/color_u8/1/0.2.2.1"
+    plain = requests.get(proxy.url + chunk, headers=HEADERS, timeout=10)
+    tokened = requests.get(proxy.url + _in_path(chunk), timeout=10)
+    assert (tokened.status_code, tokened.content) == (200, plain.content)
+    assert requests.get(proxy.url + _in_path(f"{THEIRS}/color_u8/1/0.2.2.1", OTHER_TOKEN), timeout=10).ok
+    before = [len(s.access_lines()) for s in pair]
+    for path, status in (
+        (_in_path(chunk, "not-a-token"), 401),
+        (_in_path(chunk, OTHER_TOKEN), 403),
+        (_in_path(f"{THEIRS}/color_u8/1/0.2.2.1"), 403),
+        (_in_path(f"/data/zarr/{ORG}/", OTHER_TOKEN), 403),
+        (chunk, 401),  # a grant cached for the path token is not one for a request without a token
+    ):
+        answer = requests.get(proxy.url + path, timeout=10)
+        assert answer.status_code == status and answer.json()["status"] == status, path
+    time.sleep(0.3)
+    reached = [line["path"] for s, n in zip(pair, before) for line in s.access_lines()[n:]]
+    assert set(reached) <= {"/auth"}, f"a refused request reached a gateway route: {reached}"
+
+
+@pytest.mark.nginx
+def test_a_path_token_check_is_cached_per_token_and_dataset(pair: list[Server], tmp_path: Path) -> None:
+    fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
+    cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
+    paths = [f"{DATASET}/color_u8/1/0.{x}.{y}.{z}" for x in range(1, 6) for y in range(4) for z in range(3)]
+    started = time.monotonic()
+    try:
+        with requests.Session() as session:
+            for number, path in enumerate(paths):
+                headers = {"X-Request-Id": f"path-token-{number}"}
+                assert session.get(fresh.url + _in_path(path), headers=headers, timeout=10).status_code == 200
+            # another dataset of the same token, and another token for the same dataset: checked apart
+            other = session.get(
+                fresh.url + _in_path(f"{THEIRS}/color_u8/1/.zarray"), headers={"X-Request-Id": "path-token-x"}
+            )
+            assert other.status_code == 403
+            refused = session.get(
+                fresh.url + _in_path(paths[0], OTHER_TOKEN), headers={"X-Request-Id": "path-token-y"}, timeout=10
+            )
+            assert refused.status_code == 403, "a grant cached for one token is not another token's"
+    finally:
+        fresh.stop()
+    checks_allowed = 1 + int((time.monotonic() - started) // cache_seconds)
+    assert wait_until(lambda: _data_and_auth(pair, "path-token-")[0] == len(paths))
+    time.sleep(0.2)
+    data, checks = _data_and_auth(pair, "path-token-")
+    assert data == len(paths) and 1 + 2 <= checks <= checks_allowed + 2, (data, checks)
+    # the cache key holds the token as the path carries it: the proxy's access log shows it as /t/***
+    logged = [line["path"] for line in fresh.access_log() if line["request_id"].startswith("path-token-")]
+    assert logged and all(path.startswith("/t/***/data/") for path in logged), logged
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize(
+    ("query", "headers"),
+    [(f"?token={TOKEN}", {}), ("?token=decoy", {}), ("", HEADERS), ("", {"X-Auth-Token": "decoy"})],
+    ids=["same-query", "decoy-query", "same-header", "decoy-header"],
+)
+def test_a_path_token_and_another_token_are_a_400_at_the_proxy(
+    proxy: Proxy, pair: list[Server], query: str, headers: dict[str, str]
+) -> None:
+    path = _in_path(f"{DATASET}/color_u8/1/.zarray")
+    assert requests.get(proxy.url + path, timeout=10).status_code == 200  # a grant for the path token is cached
+    marker = f"path-many-{abs(hash((query, tuple(headers.items()))))}"
+    answer = requests.get(proxy.url + path + query, headers={**headers, "X-Request-Id": marker}, timeout=10)
+    assert answer.status_code == 400 and "more than one token" in answer.json()["error"], answer.text
+    time.sleep(0.3)
+    assert not [line for s in pair for line in s.access_lines() if line["request_id"] == marker], "refused by nginx"
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        (f"/t/{DATASET}/color_u8/1/.zarray", 400),  # empty: the gateway's own 400 (an auth check cannot say it)
+        (f"/t/not-a-token{DATASET}/color_u8/1/.zarray", 401),
+        (f"/t/{TOKEN}/metrics", 404),  # a token path that names nothing
+        (f"/t/{TOKEN}/auth", 404),
+    ],
+)
+def test_hostile_path_tokens_at_the_proxy(proxy: Proxy, pair: list[Server], path: str, status: int) -> None:
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"  # raw: a client would normalize
+    answer = _raw_exchange(proxy.url, head)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:300]
+
+
+@pytest.mark.nginx
+def test_the_rate_can_be_limited_per_path_token(pair: list[Server], tmp_path: Path) -> None:
+    strict = start_proxy(
+        tmp_path,
+        [address(s) for s in pair],
+        PROXY_RATE_LIMIT_PER="token",
+        PROXY_RATE_LIMIT="5r/s",
+        PROXY_RATE_BURST="10",
+    )
+    try:
+        url = f"{strict.url}{_in_path(f'{DATASET}/color_u8/1/.zarray')}"
+        started = time.monotonic()
+        statuses = _hammer(url, [{}] * 40)
+        assert 10 <= statuses.count(200) <= 11 + 5 * (time.monotonic() - started), statuses
+        for alike in ({"headers": HEADERS}, {"params": {"token": TOKEN}}):
+            refused = requests.get(f"{strict.url}{DATASET}/color_u8/1/.zarray", timeout=10, **alike)  # type: ignore[arg-type]
+            assert refused.status_code == 429, f"the same token as {alike} counts alike"
+        other = requests.get(f"{strict.url}{_in_path(f'{THEIRS}/color_u8/1/.zarray', OTHER_TOKEN)}", timeout=10)
+        assert other.status_code == 200, "another token from the same address is not held back"
+    finally:
+        strict.stop()
+
+
+@pytest.mark.nginx
+def test_no_path_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None:
+    chunk = f"{DATASET}/color_u8/1/0.2.2.1"
+    for token in (TOKEN, OTHER_TOKEN):
+        for path in (chunk, f"{THEIRS}/color_u8/1/0.2.2.1", "/nope", "/auth", "/metrics", ""):
+            requests.get(proxy.url + _in_path(path, token), timeout=10)
+            requests.get(proxy.url + _in_path(path, token), headers=HEADERS, timeout=10)  # two tokens: 400
+    for raw in (f"/%74/{TOKEN}{chunk}", f"/t%2F{TOKEN}{chunk}", f"//t/{TOKEN}{chunk}", f"/x/../t/{TOKEN}{chunk}"):
+        _raw_exchange(proxy.url, f"GET {raw} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    requests.get(proxy.url + _in_path(chunk) + "?" + "x" * 9000, timeout=10)  # 414, logged by nginx
+    time.sleep(0.3)
+    logs = proxy.logs() + "".join(s.log() for s in pair)
+    assert f"/t/***{chunk}" in logs
+    for secret in (TOKEN, OTHER_TOKEN, TOKEN[4:16]):
+        assert secret not in logs

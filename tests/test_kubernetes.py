@@ -360,6 +360,7 @@ def test_the_ingress_routes_data_but_no_internal_route(rendered: dict[str, list[
         "/data/zarr/org/dataset/.zgroup",
         "/data/zarr3/org/dataset/color/1/zarr.json",
         "/preview/org/dataset/color.png",  # the images of every dataset page
+        "/t/token/data/zarr3/org/dataset/color/zarr.json",  # a token in the path, for viewers
     ):
         assert any(ingress_matches(path, wanted) for path in paths), f"{wanted} is not routed"
     for path in paths:
@@ -809,6 +810,36 @@ def test_through_the_ingress_grants_are_cached_per_token_and_dataset(
     assert get(prefix + "%2Ezarray" + probe, TOKEN) == 200
     assert get(prefix + "%2Ezattrs" + probe, TOKEN) == 200
     assert auth_calls() == 8
+
+
+@pytest.mark.nginx
+def test_through_the_ingress_a_path_token_is_routed_checked_and_cached_per_token_and_dataset(
+    controller: Controller, filesystem_pod: Pod
+) -> None:
+    """``/t/{token}/data/...`` (the token viewers carry in their source URLs) is routed, judged as a header
+    token is, and its grant cached per token and dataset."""
+    probe = f"?cache-probe={random.randrange(1 << 30)}"
+    prefix = f"/data/zarr/{ORG}/wk_dataset/color_u8/1/"
+    paths = [prefix + name for name in (".zarray", "0.1.1.0", "0.2.1.0", "0.1.2.0", ".zattrs")]
+    before = gateway_requests(filesystem_pod, "/auth")
+
+    def auth_calls() -> int:
+        time.sleep(0.2)  # access lines are written just after the answer
+        return gateway_requests(filesystem_pod, "/auth") - before
+
+    def get(path: str, token: str, **headers: str) -> int:
+        return requests.get(f"{controller.url}/t/{token}{path}{probe}", headers=headers, timeout=10).status_code
+
+    assert get(paths[0], "not-a-token") == 401
+    for path in paths:
+        assert get(path, TOKEN) == 200
+    assert auth_calls() == 2, "a grant is asked for once per token and dataset, then cached for its other paths"
+    assert get(paths[0], OTHER_TOKEN) == 403
+    assert get("/data/zarr/other_org/theirs/color_u8/1/.zarray", OTHER_TOKEN) == 200
+    assert get("/data/zarr/other_org/theirs/color_u8/1/.zarray", TOKEN) == 403
+    assert auth_calls() == 5
+    assert get(paths[0], TOKEN, **{"X-Auth-Token": TOKEN}) == 400, "two tokens: the gateway's own 400"
+    assert TOKEN not in filesystem_pod.log(), "the pod logs a path token as /t/***"
 
 
 @pytest.mark.nginx

@@ -80,8 +80,9 @@ def state(server: Server, kind: str, segments: list[int]) -> dict[str, Any]:
     """A 3-D view of the segmentation's meshes alone, looking down z; the token only in the query string.
 
     (Neuroglancer 2.41's zarr source cannot carry a query string: ``zarr3://URL?token=T`` is refused as
-    "query parameters not supported" and ``URL?token=T|zarr3:`` asks for ``...?token=Tzarr.json``, so the
-    volume source would need an open gateway; the mesh source alone draws the 3-D view.)
+    "query parameters not supported" and ``URL?token=T|zarr3:`` asks for ``...?token=Tzarr.json``; a volume
+    source takes the token in its path, ``/t/T/data/...``, see test_viewers.py. The mesh source alone draws
+    the 3-D view.)
     """
     meshes = f"{server.url}/data/meshes/{ORGANIZATION}/{DATASET}/segmentation/{kind}/?token={TOKEN}"
     meshes += "|neuroglancer-precomputed:"

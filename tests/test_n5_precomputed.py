@@ -670,8 +670,8 @@ def test_an_n5_dataset_of_the_first_version_is_served(
 
 _N5_GOOD = {"dimensions": [64, 64, 32], "blockSize": [32, 32, 16], "dataType": "uint8", "compression": {"type": "raw"}}
 N5_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
-    "not JSON": (b"{dimensions", "attributes.json is not JSON"),
-    "a list": (b"[1, 2, 3]", "is not a JSON object"),
+    "not JSON": (b"{dimensions", "attributes.json is not usable: it is not JSON"),
+    "a list": (b"[1, 2, 3]", "must be a JSON object, not an array"),
     "dimensions of strings": ({**_N5_GOOD, "dimensions": ["64", "64", "32"]}, "'dimensions' must be"),
     "a short blockSize": ({**_N5_GOOD, "blockSize": [32, 32]}, "'blockSize' must be 3 integers"),
     "a zero blockSize": ({**_N5_GOOD, "blockSize": [32, 0, 16]}, "'blockSize' must be 3 integers of at least 1"),
@@ -695,7 +695,7 @@ _INFO: dict[str, Any] = {
     "scales": [{**_SCALE, "resolution": [1, 1, 1]}],
 }
 PRECOMPUTED_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
-    "not JSON": (b"\x89PNG", "info is not JSON"),
+    "not JSON": (b"\x89PNG", "info is not usable"),
     "scales not a list": ({**_INFO, "scales": {"1": _SCALE}}, "a list of 'scales'"),
     "no scale of the key": ({**_INFO, "scales": [{**_SCALE, "key": "2"}]}, "no scale with key '1'"),
     "an unknown data_type": ({**_INFO, "data_type": "uint128"}, "data_type 'uint128'"),

@@ -35,7 +35,7 @@ OWN_MODULES = {
     "benchmark",
     *(path.stem for path in (REPO / "tests").iterdir()),
 }
-OPTIONAL = ("boto3", "botocore", "granian", "rich", "starlette")  # what the core must run without
+OPTIONAL = ("boto3", "botocore", "obstore", "granian", "rich", "starlette")  # what the core must run without
 
 BLOCKER = """
 import os
@@ -129,7 +129,7 @@ def test_the_core_imports_only_the_core_dependencies_at_module_level() -> None:
 
 
 def test_every_direct_import_is_declared() -> None:
-    gateway_extras = [extra.name for extra in extras.ALL]
+    gateway_extras = list(extras.EXTRAS)
     assert not _undeclared(
         imports(python_files("gateway", "gateway_storage", "wkw_adapter")), declared(*gateway_extras)
     )
@@ -141,7 +141,7 @@ def test_every_direct_import_is_declared() -> None:
 
 
 def test_each_extra_of_the_code_is_an_extra_of_the_package() -> None:
-    for extra in extras.ALL:
+    for extra in extras.EXTRAS.values():
         providers = distributions({module: {"gateway/extras.py"} for module in extra.modules})
         for module, names in providers.items():
             assert names & (declared(extra.name) - declared()), f"{module} is not declared by the {extra.name} extra"
@@ -192,9 +192,26 @@ def test_an_s3_root_without_the_s3_extra_is_refused_naming_it(blocked: Callable[
     port = str(free_port())
     done = _gateway(blocked("boto3", "botocore"), "serve", "--root", "s3://bucket/prefix", "--port", port)
     assert done.returncode == 1, done
-    assert "an s3:// data root needs the 's3' extra" in done.stderr, done.stderr
+    assert "the data root s3://bucket/prefix needs the 's3' extra" in done.stderr, done.stderr
     assert "pip install 'zarr-gateway[s3]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "extra"), [("gs://bucket/prefix", "gcs"), ("az://container/prefix", "azure"), ("https://host/x", "https")]
+)
+def test_a_store_root_without_its_extra_is_refused_naming_it(
+    blocked: Callable[..., dict[str, str]], tmp_path: Path, url: str, extra: str
+) -> None:
+    """As a data root, and as a remote root beside a local one: start-up stops naming the store and the extra."""
+    env = blocked("obstore")
+    for flags in (["--root", url], ["--root", str(tmp_path), "--remote-roots", url]):
+        done = _gateway(env, "serve", *flags, "--port", str(free_port()))
+        assert done.returncode == 1, done
+        what = "data root" if flags[1] == url else "remote root"
+        assert f"the {what} {url} needs the {extra!r} extra" in done.stderr, done.stderr
+        assert f"pip install 'zarr-gateway[{extra}]'" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_granian_without_the_granian_extra_is_refused_naming_it(

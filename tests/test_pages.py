@@ -288,16 +288,16 @@ def test_names_are_escaped_everywhere() -> None:
 @pytest.mark.parametrize(
     ("tree", "token", "source"),
     [
-        ("zarr", PAGE_TOKEN, f"zarr2://{PUBLIC}/data/zarr/{ORG}/{DATASET}/{{layer}}/?token=page%20token%2F%2B%26"),
+        ("zarr", PAGE_TOKEN, f"zarr2://{PUBLIC}/t/page%20token%2F%2B%26/data/zarr/{ORG}/{DATASET}/{{layer}}/"),
         ("zarr3", None, f"zarr3://{PUBLIC}/data/zarr3/{ORG}/{DATASET}/{{layer}}/"),
-        ("xarray", PAGE_TOKEN, f"zarr3://{PUBLIC}/data/zarr3/{ORG}/{DATASET}/{{layer}}/?token=page%20token%2F%2B%26"),
+        ("xarray", PAGE_TOKEN, f"zarr3://{PUBLIC}/t/page%20token%2F%2B%26/data/zarr3/{ORG}/{DATASET}/{{layer}}/"),
     ],
 )
 def test_neuroglancer_state_names_the_layer_source(dataset: Dataset, tree: str, token: str | None, source: str) -> None:
     """Every card opens every layer (images under the segmentation, which also has its mesh source), its own
     layer selected."""
     document = parse(page_of(dataset, tree, token))
-    query = "" if token is None else "?token=page%20token%2F%2B%26"
+    in_path = "" if token is None else "/t/page%20token%2F%2B%26"  # the token in the path, for every source
     images = [
         {"type": "image", "source": source.format(layer=name), "name": name} for name, *_, c in LAYERS if c == "color"
     ]
@@ -306,7 +306,7 @@ def test_neuroglancer_state_names_the_layer_source(dataset: Dataset, tree: str, 
             "type": "segmentation",
             "source": [
                 source.format(layer=name),
-                f"{PUBLIC}/data/meshes/{ORG}/{DATASET}/{name}/multires/{query}|neuroglancer-precomputed:",
+                f"{PUBLIC}{in_path}/data/meshes/{ORG}/{DATASET}/{name}/multires/|neuroglancer-precomputed:",
             ],
             "name": name,
         }

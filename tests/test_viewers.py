@@ -460,6 +460,84 @@ def test_dataset_page_link_opens_in_neuroglancer(
     assert_chunks_answered(access_lines(page_gateway, start))
 
 
+VIEWER_TOKEN = "viewer+token~1.x"  # characters that a path and a query encode differently
+
+
+@pytest.fixture(scope="module")
+def token_page_gateway(
+    sample_root: Path,
+    server_factory: Callable[..., Server],
+    neuroglancer_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Server:
+    """A gateway with tokens whose pages link to the local Neuroglancer."""
+    directory = tmp_path_factory.mktemp("token-page")
+    settings = directory / "settings.json"
+    settings.write_text(json.dumps({"neuroglancer_url": neuroglancer_url}))
+    tokens = directory / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": {VIEWER_TOKEN: [f"{ORGANIZATION}/*"]}}))
+    return server_factory(sample_root, settings_file=settings, tokens_file=tokens)
+
+
+@pytest.mark.parametrize("tree, scheme", [("zarr", "zarr2"), ("zarr3", "zarr3")])
+def test_dataset_page_link_with_a_token_opens_in_neuroglancer(
+    browser: Browser, token_page_gateway: Server, neuroglancer_url: str, tmp_path: Path, tree: str, scheme: str
+) -> None:
+    """With tokens on, the link of a page opened with ``?token=`` loads every source (image, labels, meshes) in
+    Neuroglancer's own client: every request carries the token (no 401), chunks and mesh files are answered
+    200/206, and no log line shows the token."""
+    gateway = token_page_gateway
+    encoded = quote(VIEWER_TOKEN, safe="")
+    meshes = f"{gateway.url}/t/{encoded}/data/meshes/{ORGANIZATION}/{DATASET}/segmentation/multires/"
+    # the segment list scans the layer once; from then on the page's link selects its largest segments
+    assert requests.get(meshes + "segment_properties/info", timeout=120).status_code == 200
+    html = requests.get(f"{gateway.url}/data/{tree}/{ORGANIZATION}/{DATASET}/?token={encoded}", timeout=30).text
+    links = {
+        neuroglancer_state(href, neuroglancer_url)["selectedLayer"]["layer"]: href
+        for href in _hrefs(html)
+        if href.startswith(neuroglancer_url)
+    }
+    assert set(links) == {"color", "segmentation"}, links
+    state = neuroglancer_state(links["segmentation"], neuroglancer_url)
+    sources = [
+        s
+        for layer in state["layers"]
+        for s in (layer["source"] if isinstance(layer["source"], list) else [layer["source"]])
+    ]
+    assert sorted(sources) == sorted(
+        [
+            f"{scheme}://{gateway.url}/t/{encoded}/data/{tree}/{ORGANIZATION}/{DATASET}/color/",
+            f"{scheme}://{gateway.url}/t/{encoded}/data/{tree}/{ORGANIZATION}/{DATASET}/segmentation/",
+            f"{meshes}|neuroglancer-precomputed:",
+        ]
+    )
+    segments = next(layer for layer in state["layers"] if layer["name"] == "segmentation").get("segments", [])
+    assert segments, state
+    time.sleep(0.5)  # the page's own access line is written once per event-loop turn: before ``start``
+    start = len(gateway.log())
+    with browser.page() as page:
+        page.navigate(links["segmentation"])
+        page.wait_for("typeof window.viewer === 'object'", timeout=60)
+        final = wait_until_drawn(page)
+        time.sleep(2)  # meshes arrive after their manifests
+        wait_until_drawn(page)
+        settled_screenshot(page, tmp_path / f"from-page-link-token-{tree}.png")
+        console = list(page.console)
+    loaded = [s for layer in final["layers"] for s in layer["sources"]]
+    assert len(loaded) == 3 and all(s["state"] == "loaded" for s in loaded), final
+    time.sleep(0.5)
+    access = access_lines(gateway, start)
+    assert access and all(line.path.startswith("/t/***/") for line in access), access  # the token went everywhere
+    assert not [line for line in access if line.status in (400, 401, 403) or line.status >= 500], access
+    assert_chunks_answered([AccessLine(line.method, line.path.removeprefix("/t/***"), line.status) for line in access])
+    mesh_files = [line for line in access if "/data/meshes/" in line.path and not line.path.endswith("/info")]
+    assert mesh_files, f"no mesh file was asked for; access log: {access}"
+    assert all(line.status in (200, 206, 304) for line in mesh_files), mesh_files
+    assert not [line for line in console if "status of 401" in line or "status of 403" in line], console
+    log = gateway.log()
+    assert VIEWER_TOKEN not in log and encoded not in log, "the token reached the gateway's log"
+
+
 def _hrefs(html: str) -> list[str]:
     parser = _Links()
     parser.feed(html)
@@ -483,8 +561,9 @@ def test_dataset_page_with_a_token(
         for layer_state in state["layers"]:
             name = layer_state["name"]
             sources = layer_state["source"] if isinstance(layer_state["source"], list) else [layer_state["source"]]
-            assert sources[0] == f"zarr3://{dataset_url}/{name}/?token={TOKEN}"
-            meshes = f"{gateway.url}/data/meshes/{ORG}/{test_data.dataset}/{name}/multires/?token={TOKEN}"
+            # the token in the path: Neuroglancer's zarr sources keep no query on the files below a source
+            assert sources[0] == f"zarr3://{gateway.url}/t/{TOKEN}/data/zarr3/{ORG}/{test_data.dataset}/{name}/"
+            meshes = f"{gateway.url}/t/{TOKEN}/data/meshes/{ORG}/{test_data.dataset}/{name}/multires/"
             assert sources[1:] == (
                 [f"{meshes}|neuroglancer-precomputed:"] if layer_state["type"] == "segmentation" else []
             )

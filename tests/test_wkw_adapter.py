@@ -36,6 +36,7 @@ from wkw_adapter import (
     parse_header,
     write_mag,
 )
+from wkw_adapter import file as wkw_file_module
 
 ALL_DTYPES = [
     np.uint8,
@@ -147,6 +148,9 @@ def sample_regions(edge: int, block_len: int) -> list[tuple[tuple[int, int, int]
         ((e + 5, 2, 3), (1, 1, 1)),  # one voxel
         ((b, 2 * b, 0), (b, b, b)),  # exactly one block
         ((1, e - 1, e - 1), (2 * e - 1, 2, 2)),  # long thin bar through y/z file boundary
+        ((b, 0, b), (2 * b, 3 * b, b)),  # block-aligned, several blocks of one file
+        ((e - b, e - b, 0), (2 * b, 2 * b, 2 * b)),  # block-aligned, straddles files
+        ((e, 0, e - b), (e, b, 2 * b)),  # block-aligned, partly in the missing file (1, 0, 1)
     ]
 
 
@@ -223,6 +227,14 @@ def test_read_region_matches_wkw_geometry(tmp_path: Path, block_len: int, file_l
     mag = open_mag(tmp_path / "mag")
     assert (mag.header.block_len, mag.header.file_len) == (block_len, file_len)
     check_regions_match_wkw(tmp_path / "mag", block_len, edge)
+
+
+@pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
+def test_read_region_in_many_small_reads(tmp_path: Path, block_type: BlockType, monkeypatch) -> None:
+    """Runs of consecutive blocks longer than the span limit are read in parts, with the same voxels."""
+    edge = build_sample(tmp_path / "mag", np.uint16, 2, block_type, block_len=8, file_len=2, seed=3)
+    monkeypatch.setattr(wkw_file_module, "MAX_SPAN", 1)  # every block a read of its own
+    check_regions_match_wkw(tmp_path / "mag", 8, edge)
 
 
 def test_read_region_empty_and_missing(tmp_path: Path) -> None:

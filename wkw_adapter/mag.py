@@ -8,7 +8,7 @@ from gateway_storage import FileSource
 from gateway_storage.geometry import Vec3
 
 from .errors import HeaderError
-from .file import StoredBlock, WkwFile, WkwFileCache, decode_block
+from .file import StoredBlock, WkwFile, WkwFileCache, decode_block, decompress_block_into
 from .header import HEADER_SIZE, WkwHeader, parse_header
 from .morton import morton_encode
 from .region import copy_overlap
@@ -80,16 +80,34 @@ class WkwMag:
         """
         header = self.header
         side = header.block_len
-        if shape == (side, side, side) and not any(o % side for o in offset):
+        aligned = not any(o % side for o in offset) and not any(n % side for n in shape)
+        if shape == (side, side, side) and aligned:
             return self._read_one_block(offset)
-        out = np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F")
-        sources: list[FileSource] = []
         if min(shape) <= 0:
-            return out, sources
-        end = [o + s for o, s in zip(offset, shape)]
+            return np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F"), []
+        if aligned:
+            return self._read_aligned(offset, shape)
+        out = np.zeros((header.num_channels, *shape), dtype=header.dtype, order="F")
+        scratch = np.empty((header.num_channels, side, side, side), dtype=header.dtype, order="F")
+        into = scratch.reshape(-1, order="F").view(np.uint8).data
+        sources: list[FileSource] = []
+        for _, wkw_file, blocks in self._blocks_by_file_sorted(self._blocks_by_file(offset, shape, sources)):
+            stored = self.files.stored_blocks(wkw_file, [index for index, _ in blocks])
+            for (_, (x, y, z)), data in zip(blocks, stored):
+                decompress_block_into(data, wkw_file.header.block_type, into)
+                copy_overlap(out, offset, scratch, (x * side, y * side, z * side))
+        return out, sources
+
+    def _blocks_by_file(
+        self, offset: Vec3, shape: Vec3, sources: list[FileSource]
+    ) -> list[tuple[Vec3, WkwFile, list[Vec3]]]:
+        """Each existing file the box ``[offset, offset + shape)`` touches, opened (its identity checked
+        once), with the blocks of the box inside it; every file consulted is added to ``sources``."""
+        side = self.header.block_len
+        log2 = self.header.file_len_log2
         first_block = [o // side for o in offset]
-        last_block = [(e - 1) // side for e in end]
-        log2 = header.file_len_log2
+        last_block = [(o + n - 1) // side for o, n in zip(offset, shape)]
+        found = []
         for cube in _cells([b >> log2 for b in first_block], [b >> log2 for b in last_block]):
             wkw_file = self.open_file(cube)
             sources.append((self.file_path(cube), None if wkw_file is None else wkw_file.identity))
@@ -97,10 +115,43 @@ class WkwMag:
                 continue
             lo = [max(f, c << log2) for f, c in zip(first_block, cube)]
             hi = [min(la, ((c + 1) << log2) - 1) for la, c in zip(last_block, cube)]
-            for block in _cells(lo, hi):
-                stored = self.files.stored_block(wkw_file, self.locate_block(block)[1])
-                copy_overlap(out, offset, decode_block(stored), (block[0] * side, block[1] * side, block[2] * side))
+            found.append((cube, wkw_file, _cells(lo, hi)))
+        return found
+
+    def _read_aligned(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource]]:
+        """A block-aligned region: each block decoded into one scratch buffer and copied into place once.
+
+        The copy moves whole rows of a block (its x-row of voxels and channels) as single items, which
+        numpy copies about twice as fast as the same bytes voxel by voxel.
+        """
+        header = self.header
+        side, channels = header.block_len, header.num_channels
+        sources: list[FileSource] = []
+        found = self._blocks_by_file(offset, shape, sources)
+        make = np.empty if len(found) == len(sources) else np.zeros  # absent files read as zeros
+        out = make((channels, *shape), dtype=header.dtype, order="F")
+        row = np.dtype((np.void, channels * side * header.dtype.itemsize))
+        # [z, y, x-row] views of the bytes: Fortran order [c, x, y, z] is C order [z, y, x, c].
+        out_rows = out.T.reshape(shape[2], shape[1], -1).view(np.uint8).view(row)
+        scratch = np.empty(header.block_bytes, dtype=np.uint8)
+        scratch_rows = scratch.view(row).reshape(side, side, 1)
+        into = scratch.data
+        first = (offset[0] // side, offset[1] // side, offset[2] // side)
+        for _, wkw_file, blocks in self._blocks_by_file_sorted(found):
+            stored = self.files.stored_blocks(wkw_file, [index for index, _ in blocks])
+            for (_, (x, y, z)), data in zip(blocks, stored):
+                decompress_block_into(data, wkw_file.header.block_type, into)
+                i, j, k = x - first[0], y - first[1], (z - first[2]) * side
+                out_rows[k : k + side, j * side : (j + 1) * side, i : i + 1] = scratch_rows
         return out, sources
+
+    def _blocks_by_file_sorted(
+        self, found: list[tuple[Vec3, WkwFile, list[Vec3]]]
+    ) -> list[tuple[Vec3, WkwFile, list[tuple[int, Vec3]]]]:
+        """The blocks of each file with their Morton numbers, in file order (so runs are read at once)."""
+        return [
+            (cube, wkw_file, sorted((self.locate_block(b)[1], b) for b in blocks)) for cube, wkw_file, blocks in found
+        ]
 
     def _read_one_block(self, offset: Vec3) -> tuple[np.ndarray, list[FileSource]]:
         """A block-aligned region of exactly one block: its decoded array, without a copy."""

@@ -8,7 +8,7 @@ top a sixteenth for preview images and a quarter for segment meshes.
 
 import logging
 
-from gateway_storage import open_store
+from gateway_storage import open_store, read_headers_file
 
 from ..logs import configure_logging
 from ..meshes.service import MeshService
@@ -26,7 +26,10 @@ log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
-    store = open_store(settings.root, settings.extra_roots, settings.settle_seconds)
+    headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    store = open_store(
+        settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
+    )
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
     previews = Previews(settings.cache_bytes // 16)

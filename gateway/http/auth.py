@@ -1,14 +1,15 @@
 """Who may read what: the one place that reads a request's token, keeps the tokens file current and
 decides grants. The data routes, the previews, the index and the proxy's ``/auth`` all ask here.
 
-A token is one token. It comes either as the ``X-Auth-Token`` header or as the ``token`` query
-parameter, once. The header's bytes are the token's UTF-8 encoding, exactly as ``?token=`` carries
-it percent-encoded, so a token of any characters works both ways. Following RFC 9110 (5.3, 5.6.1),
-header lines of one name are one comma-separated list and empty list elements are ignored; a token
-therefore cannot contain a comma (the tokens file is refused at start-up if one does). A request that
-offers more than one token, in any mix of header lines, list elements and query parameters, even
-equal ones, is a 400: a proxy in front might count or cache it under another token than the one
-read here.
+A token is one token. It comes as the ``X-Auth-Token`` header, as the ``token`` query parameter or as
+the path segment of ``/t/{token}/data/...`` (cut from the path by
+:func:`gateway.http.urls.split_path_token`), once. The header's bytes are the token's UTF-8 encoding,
+exactly as ``?token=`` and the path carry it percent-encoded, so a token of any characters works every
+way. Following RFC 9110 (5.3, 5.6.1), header lines of one name are one comma-separated list and empty
+list elements are ignored; a token therefore cannot contain a comma (the tokens file is refused at
+start-up if one does). A request that offers more than one token, in any mix of header lines, list
+elements, query parameters and the path, even equal ones, is a 400: a proxy in front might count or
+cache it under another token than the one read here.
 """
 
 import fnmatch
@@ -29,7 +30,7 @@ from .messages import HttpError
 log = logging.getLogger("gateway")
 SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
 TOKEN_HEADER = b"x-auth-token"
-HOW = "send it as the X-Auth-Token header or the token query parameter"
+HOW = "send it as the X-Auth-Token header, the token query parameter or the path /t/{token}/data/..."
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -159,7 +160,7 @@ class ReloadingTokens:
 @dataclass(frozen=True, slots=True)
 class Token:
     value: str
-    in_query: bool  # a page asked for with ?token= carries it on in its image and viewer URLs
+    in_url: bool  # a page asked for with ?token= or /t/{token}/ carries it on in its image and viewer URLs
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -176,8 +177,16 @@ def _query_values(query: bytes, name: str) -> list[bytes]:
     return [value.encode("latin-1") for key, value in pairs if key == name]
 
 
-def read_token(header_lines: list[bytes], query: bytes) -> Token | None:
-    """The one token offered by these ``X-Auth-Token`` lines and this raw query string, if any; 400 for more."""
+def _path_token(raw: bytes) -> Token:
+    """The token of a ``/t/{token}/`` path: 400 for one that is empty, or that URLs drop (``.``, ``..``)."""
+    if raw in (b"", b".", b".."):
+        raise HttpError(400, "the token in the path /t/{token}/ is empty, '.' or '..'")
+    return Token(_utf8(raw, "the path"), True)
+
+
+def read_token(header_lines: list[bytes], query: bytes, path_token: bytes | None = None) -> Token | None:
+    """The one token offered by these ``X-Auth-Token`` lines, this raw query string and the path's token
+    segment (see :func:`gateway.http.urls.split_path_token`), if any; 400 for more."""
     offered = [
         Token(element, False)
         for line in header_lines
@@ -187,6 +196,8 @@ def read_token(header_lines: list[bytes], query: bytes) -> Token | None:
     if b"token" in query or b"%" in query:  # the cheap test first; a percent-encoded name is found by the parse
         offered += [Token(_utf8(value, "the query"), True) for value in _query_values(query, "token")]
     offered = [token for token in offered if token.value]
+    if path_token is not None:
+        offered.append(_path_token(path_token))
     if len(offered) > 1:
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
     return offered[0] if offered else None

@@ -71,7 +71,7 @@ class Gateway:
     @staticmethod
     def token(request: Request) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here."""
-        return read_token(request.header_lines(TOKEN_HEADER), request.query_string)
+        return read_token(request.header_lines(TOKEN_HEADER), request.query_string, request.path_token)
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
         """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
@@ -125,7 +125,7 @@ class Gateway:
             return await self._listing(request, target.base, datasets)
         dataset = await self._dataset(organization, target.dataset)
         view = self.view(dataset, target.tree)
-        page_token = token.value if token is not None and token.in_query else None
+        page_token = token.value if token is not None and token.in_url else None
         resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
 

@@ -20,7 +20,7 @@ from .data import HTML, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, parse_data_path
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TOKEN_PREFIX, parse_data_path, split_path_token
 
 log = logging.getLogger("gateway")
 
@@ -61,14 +61,18 @@ class Edge:
         started = time.perf_counter()
         raw_headers = list(scope["headers"])
         client = scope.get("client")
+        path, path_token = scope["path"], None
+        if path.startswith(TOKEN_PREFIX):  # /t/{token}/data/...: served as the path below the token
+            path_token, path = split_path_token(_raw_path(scope), path)
         request = Request(
             scope["method"],
-            scope["path"],
+            path,
             dict(raw_headers),
             scope.get("query_string", b""),
             receive=receive,
             header_list=raw_headers,
             client=client[0] if client else "",
+            path_token=path_token,
         )
         given_id = request.headers.get(b"x-request-id", b"")
         request_id = given_id if _REQUEST_ID.fullmatch(given_id) else f"{_PROCESS}-{next(self._ids):x}".encode()
@@ -90,8 +94,8 @@ class Edge:
             elapsed = time.perf_counter() - started
             self.stats.record(route, request.method, status, elapsed, sent)
             self.stats.flush_now_and_then(started)
-            # The path only: the query string may carry a token and is never logged.
-            access_log.write(request_id.decode(), request.method, request.path, status, sent, elapsed * 1000)
+            # The path only, a path's token as ***: the query string may carry a token and is never logged.
+            access_log.write(request_id.decode(), request.method, request.logged_path, status, sent, elapsed * 1000)
 
     async def _answer(self, request: Request) -> tuple[str, Answer]:
         """The route label and the answer; every exception is mapped here, in one place."""
@@ -137,6 +141,12 @@ class Edge:
         self.stats.flush()
         self.ops.watch.sync()
         asyncio.get_running_loop().call_later(1.0, self._tick)
+
+
+def _raw_path(scope: Scope) -> str:
+    """The request path as sent, one character per byte (a server that gives no ``raw_path``: the decoded one)."""
+    raw = scope.get("raw_path")
+    return raw.decode("latin-1") if raw else scope["path"]
 
 
 def _options(request: Request) -> Answer:

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 from gateway_storage.geometry import Vec3, mag_name
 
 from ..sources.catalog import Dataset
+from .urls import TOKEN_PREFIX
 
 TOKEN_PLACEHOLDER = "<token>"
 NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
@@ -198,10 +199,19 @@ def _with_token(url: str, token: str | None) -> str:
     return url if token is None else f"{url}?token={quote(token, safe='')}"
 
 
+def _token_path(token: str | None) -> str:
+    """The ``/t/{token}`` path that carries ``token`` to every file below a viewer's source URL, or nothing.
+
+    Neuroglancer cannot be given a token any other way for every client in use: its zarr sources refuse a
+    query (or, in older clients, append keys to it), and a link cannot set a header.
+    """
+    return "" if token is None else f"{TOKEN_PREFIX}{quote(token, safe='')}"
+
+
 def neuroglancer_source(base: str, tree: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
     """The layer group as a Neuroglancer source: zarr2:// of the v2 tree, zarr3:// of the v3 tree for the others."""
     scheme, served_tree = NEUROGLANCER_SCHEMES.get(tree, NEUROGLANCER_SCHEMES["zarr3"])
-    return _with_token(f"{scheme}://{base}/data/{served_tree}/{_path(organization, dataset, layer)}/", token)
+    return f"{scheme}://{base}{_token_path(token)}/data/{served_tree}/{_path(organization, dataset, layer)}/"
 
 
 def meters_per_unit(unit: str) -> float:
@@ -210,9 +220,9 @@ def meters_per_unit(unit: str) -> float:
 
 
 def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
-    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, which
-    keeps a token in the query on every request (``precomputed://URL?token=`` is refused by Neuroglancer)."""
-    url = _with_token(f"{base}/data/meshes/{_path(organization, dataset, layer)}/multires/", token)
+    """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, with
+    a token in the path as for the volume sources."""
+    url = f"{base}{_token_path(token)}/data/meshes/{_path(organization, dataset, layer)}/multires/"
     return f"{url}|neuroglancer-precomputed:"
 
 
@@ -351,7 +361,7 @@ def build_dataset_page(
     """The page of a dataset as tree ``tree`` lists it.
 
     ``base`` is the public ``scheme://host`` (see ``public_base``) followed by any root path; ``token`` is the
-    one the page was requested with in its query (it goes into image and viewer URLs, which cannot send
+    one the page was requested with in its address (it goes into image and viewer URLs, which cannot send
     headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a placeholder);
     ``largest`` names a few of the largest segments of segmentation layers, for the viewer to select.
     """

@@ -17,6 +17,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 T = TypeVar("T")
 RawHeaders = list[tuple[bytes, bytes]]
+REDACTED_PATH_TOKEN = "/t/***"  # what log lines and messages show for the token of a /t/{token}/ path
 
 
 class ClientGone(Exception):
@@ -51,11 +52,17 @@ class Request:
     receive: Receive | None = None  # the ASGI channel that says when the client disconnects
     header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
     client: str = ""  # the peer's address: a proxy's when one is in front
+    path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
+
+    @property
+    def logged_path(self) -> str:
+        """The path as log lines show it: a token that stood in the path as ``/t/***``."""
+        return self.path if self.path_token is None else REDACTED_PATH_TOKEN + self.path
 
     @property
     def context(self) -> str:
-        """What a log line says about the request: method and path, never the query (it may hold a token)."""
-        return f"{self.method} {self.path}"
+        """What a log line says about the request: method and path, never the query nor a path's token."""
+        return f"{self.method} {self.logged_path}"
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)

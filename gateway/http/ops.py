@@ -4,7 +4,8 @@
 - ``/readyz`` answers 200 when the data root is readable and the process is not draining, else 503.
 - ``/metrics`` is the Prometheus text exposition (see :mod:`gateway.metrics`).
 - ``/auth`` answers a proxy's auth subrequest (nginx ``auth_request``, ingress-nginx ``auth-url``): 204
-  when the token (X-Auth-Token header, or ``token`` in the query of the original URI) grants what the
+  when the token (X-Auth-Token header, ``token`` in the query or ``/t/{token}/`` in the path of the
+  original URI) grants what the
   ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL) names, 401
   without a valid token, 403 when the token lacks the grant. The URI is parsed by the routes' own
   parser and judged by their own decision (:mod:`gateway.http.auth`), so the proxy lets through only
@@ -31,8 +32,8 @@ from ..zarr.trees import NodeNotFound
 from .auth import TOKEN_HEADER, read_token
 from .data import Gateway
 from .errors import HttpError, json_error
-from .messages import Answer, Request, raw_headers
-from .urls import access_names, request_path
+from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
+from .urls import access_names, request_path, split_path_token
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
@@ -130,8 +131,11 @@ class Ops:
         if not raw_path.startswith("/"):
             return json_error(403, "the original URI is not a path", NO_STORE)
         try:
-            token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"))
-            await self.gateway.authorize(token, access_names(request_path(raw_path)))
+            path_token, path = split_path_token(raw_path, request_path(raw_path))
+            if path == REDACTED_PATH_TOKEN:  # a /t/ path that names nothing: the routes' 404
+                return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
+            token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"), path_token)
+            await self.gateway.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):
                 return json_error(exc.status, exc.message, NO_STORE)

@@ -1,5 +1,10 @@
 """The URL space of the data routes, parsed once per request into a typed target.
 
+A token may also stand in the path: ``/t/{token}/data/...`` and ``/t/{token}/preview/...`` serve exactly
+what the path below the token serves, for clients that can carry a token neither as a header nor as a
+query kept on every file below a URL (Neuroglancer's zarr sources). The token segment is cut here, once
+(:func:`split_path_token`), and read, like every other token, by :func:`gateway.http.auth.read_token`.
+
 ``/data/{tree}/{organization}/{dataset}/{group}/{array}/{chunk key}``: each level
 answers its listing (the directory itself) and the metadata names its tree says
 belong there (:mod:`gateway.zarr.trees`); any other metadata name is a 404 that
@@ -8,15 +13,17 @@ says why, and anything deeper than an array is a chunk key.
 
 import enum
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_to_bytes
 
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .errors import HttpError
+from .messages import REDACTED_PATH_TOKEN
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
 MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
+TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 
 
 class Level(enum.IntEnum):
@@ -186,3 +193,22 @@ def access_names(path: str) -> tuple[str, ...]:
         target = parse_preview_path(path)
         return target.organization, target.dataset
     return ()
+
+
+def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
+    """The token of a ``/t/{token}/...`` path (its percent-decoded bytes) and the path below it, as the routes
+    read it; ``(None, path)`` for any other path.
+
+    ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same
+    decoded. The token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one
+    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/`` or ``/preview/`` path
+    below its token, names nothing: it comes back as a path that no route answers (a 404), with the token
+    replaced by ``***``, so that no message and no log line shows it.
+    """
+    if not path.startswith(TOKEN_PREFIX):
+        return None, path
+    segment, slash, rest = raw_path[len(TOKEN_PREFIX) :].partition("/")
+    below = request_path("/" + rest)
+    if not raw_path.startswith(TOKEN_PREFIX) or not slash or not below.startswith((DATA_PREFIX, PREVIEW_PREFIX)):
+        return None, REDACTED_PATH_TOKEN
+    return unquote_to_bytes(segment.encode("latin-1")), below

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..sources.catalog import Dataset
-from .errors import MeshInputError
+from .errors import MeshInputError, MeshTooLarge
 from .index import SegmentIndex, build_index, data_stamp
 from .service import MeshService
 from .surfaces import window_of
@@ -65,7 +65,10 @@ def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bo
         disable=not progress,
     ) as bar:
         task = bar.add_task(f"indexing {dataset.organization}/{dataset.name}/{layer}", total=total)
-        index = build_index(grid, layer, before, advance=lambda voxels: bar.advance(task, voxels))
+        try:
+            index = build_index(grid, layer, before, advance=lambda voxels: bar.advance(task, voxels))
+        except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
+            raise MeshInputError(f"layer {layer!r} cannot be indexed: {exc}") from None
     seconds = time.perf_counter() - started
     if data_stamp(meshes.layer.mags, local) != before:
         raise DataChangedWhileIndexing(f"the files of layer {layer!r} changed while it was indexed: run it again")

@@ -10,6 +10,7 @@ modification time), and an index whose stamp is not the data's is never used.
 import io
 import json
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +22,16 @@ from gateway_storage.geometry import Vec3
 from ..sources.mag import MagSource
 from .errors import MeshInputError
 from .geometry import MeshGrid, morton_key
-from .surfaces import window_of
+from .surfaces import read_window, window_of
 
 FORMAT = "zarr-gateway-segment-index"
 VERSION = 1
 # Without an index, a layer whose finest mag holds at most this many voxels is scanned on demand (once per
 # data version per worker, in a thread); a larger one answers 409 until `zarr-gateway index-segments` ran.
 SCAN_VOXELS = 64 << 20
+# An index file lies beside the layer, where anyone who writes datasets can put one: it is refused (a
+# storage fault) if it, or its arrays unpacked, hold more than this, rather than unpacked into memory.
+MAX_INDEX_BYTES = 1 << 30
 
 
 class SegmentIndexCorrupt(OSError):
@@ -112,6 +116,13 @@ class SegmentIndex:
     def from_bytes(cls, data: bytes, origin: str) -> "SegmentIndex":
         """An index read back; anything that is not a consistent index raises :class:`SegmentIndexCorrupt`."""
         try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                unpacked = len(data) + sum(member.file_size for member in archive.infolist())
+        except (zipfile.BadZipFile, ValueError, OSError) as exc:
+            raise SegmentIndexCorrupt(f"segment index {origin} is unreadable: {exc}") from None
+        if unpacked > MAX_INDEX_BYTES:
+            raise SegmentIndexCorrupt(f"segment index {origin} unpacks to more than {MAX_INDEX_BYTES} bytes")
+        try:
             with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
                 meta = json.loads(arrays["meta"].tobytes())
                 ids, voxels, bboxes = arrays["ids"], arrays["voxels"], arrays["bboxes"]
@@ -188,8 +199,7 @@ def build_index(
     found_hi: list[np.ndarray] = []
     for cube in grid.cubes_of_finest():
         lo, hi = level.box(cube)
-        window_lo, window_hi = window_of(lo, hi)
-        window = source.read_box(window_lo, window_hi).data[0]
+        window = read_window(source, *window_of(lo, hi))
         inner = window[1:, 1:, 1:]
         values, inverse, counts = np.unique(inner, return_inverse=True, return_counts=True)
         margins = np.concatenate([window[0].ravel(), window[:, 0].ravel(), window[:, :, 0].ravel()])

@@ -13,7 +13,6 @@ cached; a legacy fragment is one cube. Work per request is bounded (``MULTIRES_V
 depend only on the voxels, so replicas agree byte for byte.
 """
 
-import json
 import logging
 import re
 import threading
@@ -31,6 +30,7 @@ from gateway_storage.geometry import Vec3
 from wkw_adapter import WkwError
 
 from ..sources.catalog import Dataset, Layer
+from ..sources.documents import load_json
 from .encoding import (
     LevelFragments,
     draco_fragment,
@@ -44,7 +44,15 @@ from .encoding import (
 )
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
 from .geometry import MeshGrid, morton_key
-from .index import SCAN_VOXELS, SegmentIndex, build_index, data_stamp, segment_dtype
+from .index import (
+    MAX_INDEX_BYTES,
+    SCAN_VOXELS,
+    SegmentIndex,
+    SegmentIndexCorrupt,
+    build_index,
+    data_stamp,
+    segment_dtype,
+)
 from .surfaces import Surface, segment_surface, window_of
 
 log = logging.getLogger("gateway.meshes")
@@ -58,6 +66,7 @@ LABELS_SUFFIX = ".segment-labels.json"
 # that points to the legacy source, whose fragments are made one cube per request.
 MULTIRES_VOXELS = 128 << 20
 STAMP_SECONDS = 5.0  # the data's stamp (a walk of its mag directories) is taken again at most this often
+MAX_LABELS_BYTES = 64 << 20  # a segment labels file larger than this is ignored (and said so in the log)
 MAX_LISTED_SEGMENTS = 100_000  # segment properties list at most this many segments, the largest
 LARGEST_ON_PAGE = 3
 _ID = re.compile(r"[0-9]{1,20}")
@@ -159,6 +168,11 @@ class MeshService:
                 return Path(path).read_bytes()
             except FileNotFoundError:
                 return None
+        identity = self.storage.identity(path)
+        if identity is None:
+            return None
+        if identity.size > MAX_INDEX_BYTES:
+            raise SegmentIndexCorrupt(f"segment index {self.storage.relative(path)} is larger than {MAX_INDEX_BYTES}")
         found = self.storage.read_whole(path)
         return None if found is None else found[0]
 
@@ -268,12 +282,16 @@ class MeshService:
         """Names of segments, where the dataset has them: ``{layer}.segment-labels.json`` beside the layer (part
         of the dataset, wherever the index lives), a JSON object from id to name. A file that is not one is
         ignored, and said so in the log."""
-        found = self.storage.read_whole(path)
-        if found is None:
+        identity = self.storage.identity(path)
+        if identity is None:
             return {}
-        data = found[0]
         try:
-            document = json.loads(data)
+            if identity.size > MAX_LABELS_BYTES:
+                raise ValueError(f"it holds {identity.size} bytes, more than {MAX_LABELS_BYTES}")
+            found = self.storage.read_whole(path)
+            if found is None:
+                return {}
+            document = load_json(found[0])
             return {parse_segment_id(str(k)): str(v) for k, v in document.items()}
         except (ValueError, AttributeError, MeshInputError) as exc:
             log.warning("segment labels of layer %s are not a JSON object of id to name: %s", meshes.name, exc)

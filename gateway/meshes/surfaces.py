@@ -11,11 +11,18 @@ import numpy as np
 from gateway_storage.geometry import Vec3
 
 from ..sources.mag import MagSource
-from .errors import MeshExtraMissing
+from .errors import MeshExtraMissing, MeshTooLarge
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
 REDUCTION_FACTOR = 8  # aim at 1/8 of the triangles where the error bound allows
+# The most one read of a box may decode (``MagSource.decoded_bytes``: every stored chunk it touches, whole).
+# Mesh work runs in a thread outside the chunks' memory budget, so each read is bounded here: a layer whose
+# chunks are so large that one mesh box decodes more is refused (413) with the reason. Boxes are the level-0
+# windows (65 voxels per edge) and the octants of coarser levels (33 voxels where the layer has every mag in
+# between), so real layers decode a few MiB per read (Neuroglancer's 128^3 uint64 chunks: at most 432 MiB,
+# counted as 3 chunks per edge); the voxels a request reads in all are bounded by ``MULTIRES_VOXELS``.
+MAX_READ_DECODED_BYTES = 512 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +64,26 @@ def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
     return (lo[0] - 1, lo[1] - 1, lo[2] - 1), hi
 
 
+def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:
+    """The ``(x, y, z)`` voxels of box ``[lo, hi)`` of the first channel, once the read is known to decode at most
+    ``MAX_READ_DECODED_BYTES``: every read of voxels for meshes and segment indexes goes through here."""
+    shape = (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
+    decoded = source.decoded_bytes(shape)
+    if decoded > MAX_READ_DECODED_BYTES:
+        raise MeshTooLarge(
+            f"a box of {shape} voxels of mag {'-'.join(map(str, source.mag))} decodes {decoded} bytes of stored "
+            f"chunks, more than the {MAX_READ_DECODED_BYTES} a mesh read may: the layer's chunks are too large to mesh"
+        )
+    return source.read_box(lo, hi).data[0]
+
+
 def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surface:
     """The surface of ``segment`` in box ``[lo, hi)`` of ``source`` (voxels of its mag), in face coordinates.
 
     Vertex ``v`` of the marching cubes over the window ``[lo - 1, hi)`` lies at window index ``v`` with
     voxel centres on integers, so its face coordinate is ``lo - 0.5 + v``.
     """
-    window_lo, window_hi = window_of(lo, hi)
-    voxels = source.read_box(window_lo, window_hi).data[0]  # read first: a storage fault is never "no mesh"
+    voxels = read_window(source, *window_of(lo, hi))  # read first: a storage fault is never "no mesh"
     if segment > np.iinfo(voxels.dtype).max:
         return EMPTY  # an id the layer's type cannot hold (say 300 in a uint8 layer)
     mask = voxels == voxels.dtype.type(segment)

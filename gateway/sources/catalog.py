@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavailableError
+from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavailableError, is_absolute_location
 from gateway_storage.geometry import Vec3, mag_name, mag_names
 from wkw_adapter import WkwError
 
@@ -199,7 +199,7 @@ class Catalog:
         for entry in layer.mag_entries():
             mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, source_format)
             if mag_directory is None:
-                loaded.problems.append(f"mag {mag_name(entry.mag)}: directory not found or outside the data root")
+                loaded.problems.append(f"mag {mag_name(entry.mag)}: {self._not_found(entry.path)}")
                 continue
             try:
                 source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order)
@@ -217,19 +217,24 @@ class Catalog:
             loaded.mags[entry.mag] = source
         return loaded
 
+    def _not_found(self, path: str | None) -> str:
+        """Why a mag directory was not found: a URL the operator did not allow is said to be one."""
+        located = self.storage.locate(path) if path is not None and is_absolute_location(path) else None
+        if path is not None and "://" in path and (located is None or self.storage.resolve(located) is None):
+            # a local path is not echoed: it would tell every reader where the server's files lie
+            named = "its file:// path" if path.startswith("file://") else path
+            return f"{named} is outside the data root and every remote root the gateway allows (setting remote_roots)"
+        return "directory not found or outside the data root"
+
     def _mag_directory(
         self, directory: str, layer: str, mag: Vec3, path: str | None, source_format: SourceFormat
     ) -> str | None:
         storage = self.storage
-        if path is not None:
-            if path.startswith("s3://") and not storage.is_local:
-                bucket_and_key = path.removeprefix("s3://")
-                bucket, _, key = bucket_and_key.partition("/")
-                candidates = [key] if bucket == getattr(storage, "bucket", None) else []
-            elif path.startswith("file://") or path.startswith("/"):
-                candidates = [path.removeprefix("file://")] if storage.is_local else []
-            else:
-                candidates = [storage.join(directory, path.removeprefix("./"))]
+        if path is not None and is_absolute_location(path):
+            located = storage.locate(path)  # a local path, or a URL of the data root's store or a remote root
+            candidates = [] if located is None else [located]
+        elif path is not None:
+            candidates = [storage.join(directory, path.removeprefix("./"))]
         else:
             candidates = [storage.join(directory, layer, name) for name in mag_names(mag)]
         for candidate in candidates:

@@ -19,11 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from gateway_storage import FileSource, OutsideRootError, Store
+from gateway_storage import FileIdentity, FileSource, OutsideRootError, Store
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
+from .bounds import (
+    check_chunk_bytes,
+    chunked_decoded_bytes,
+    integers,
+    malformed_metadata,
+    read_chunk_file,
+    read_document,
+    stored_limit,
+)
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
@@ -33,19 +42,6 @@ ATTRIBUTES = "attributes.json"  # every N5 dataset directory holds one
 _DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
 _DEFAULT_MODE = 0
 _DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
-
-
-def _int_list(document: dict[str, Any], name: str, rank: int | None = None, minimum: int = 0) -> list[int]:
-    value = document.get(name)
-    if (
-        not isinstance(value, list)
-        or not value
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value)
-        or (rank is not None and len(value) != rank)
-    ):
-        wanted = f"{rank} integers" if rank is not None else "a list of integers"
-        raise SourceError(f"{ATTRIBUTES}: {name!r} must be {wanted} of at least {minimum}, not {value!r}")
-    return value
 
 
 def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, Any] | None]:
@@ -68,7 +64,9 @@ def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, A
     if kind == "blosc":
         config = {key: compression.get(key) for key in ("cname", "clevel", "shuffle", "blocksize")}
         if not isinstance(config["cname"], str) or not all(
-            isinstance(config[key], int) for key in ("clevel", "shuffle", "blocksize") if config[key] is not None
+            isinstance(config[key], int) and not isinstance(config[key], bool)
+            for key in ("clevel", "shuffle", "blocksize")
+            if config[key] is not None
         ):
             raise SourceError(f"{ATTRIBUTES}: blosc compression {compression!r} is malformed")
         return True, {
@@ -92,25 +90,25 @@ class N5MagSource(MagSource):
         self.storage = storage
         self.location = directory
         self.root = storage.root_of(directory)
-        found = storage.read_whole(storage.join(directory, ATTRIBUTES))
+        found = read_document(storage, storage.join(directory, ATTRIBUTES), ATTRIBUTES)
         if found is None:
             raise SourceError(f"no N5 dataset ({ATTRIBUTES}) at {self.location_key}")
-        try:
-            document = json.loads(found[0])
-        except ValueError as exc:
-            raise SourceError(f"{ATTRIBUTES} is not JSON: {exc}") from None
-        if not isinstance(document, dict):
-            raise SourceError(f"{ATTRIBUTES} is not a JSON object")
+        document = found[0]
         if "compression" not in document and isinstance(document.get("compressionType"), str):
             document = {**document, "compression": {"type": document["compressionType"]}}  # N5 before version 2
-        dimensions = _int_list(document, "dimensions")
+        with malformed_metadata(ATTRIBUTES):
+            self._parse(mag, bbox, document, axis_order)
+
+    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
+        dimensions = integers(document.get("dimensions"), f"{ATTRIBUTES}: 'dimensions'")
         rank = len(dimensions)
-        self.block_shape = tuple(_int_list(document, "blockSize", rank, minimum=1))
+        self.block_shape = integers(document.get("blockSize"), f"{ATTRIBUTES}: 'blockSize'", rank, least=1)
         data_type = document.get("dataType")
-        if data_type not in _DATA_TYPES:
-            raise SourceError(f"{ATTRIBUTES}: dataType {data_type!r} is not one of {', '.join(_DATA_TYPES)}")
+        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
+            raise SourceError(f"{ATTRIBUTES}: dataType {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
         dtype = np.dtype(data_type)
-        self.axis_map = AxisMap(tuple(axis_names(document.get("axes"), rank, axis_order)), tuple(dimensions))
+        self._block_bytes = check_chunk_bytes(self.block_shape, dtype.itemsize, f"{ATTRIBUTES}: a block")
+        self.axis_map = AxisMap(tuple(axis_names(document.get("axes"), rank, axis_order)), dimensions)
         super().__init__(mag, bbox, dtype, self.axis_map.channels)
         passes, compressor = _compressor(document.get("compression"), dtype)
         stored_order = list(range(rank))[::-1]  # first dimension fastest: C order of the reversed dimensions
@@ -118,10 +116,20 @@ class N5MagSource(MagSource):
             chunk = self.axis_map.served_chunk(self.block_shape)
             permutation = self.axis_map.permutation(stored_order)
             self.native = NativeEncoding(2, chunk, permutation, dtype.newbyteorder(">"), compressor)
-        self._block_bytes = int(np.prod(self.block_shape)) * dtype.itemsize
         self._header_bytes = 4 + 4 * rank
+        # a block file holds its header (mode 1 adds an element count) and at most an incompressible block
+        self._stored_limit = stored_limit(self._block_bytes) + self._header_bytes + 4
         self._decoder = MemoryDecoder({"driver": "n5"}, {ATTRIBUTES: json.dumps(document).encode()}, self.location_key)
         self._decoder.check()
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        """Every block a grid-aligned box touches is decoded whole."""
+        block = self.axis_map.served_chunk(self.block_shape)
+        return chunked_decoded_bytes(block, self.dtype.itemsize, self.channels, shape)
+
+    def _read_block(self, name: str) -> tuple[bytes, FileIdentity] | None:
+        path = self.storage.join(self.location, name)
+        return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -145,7 +153,7 @@ class N5MagSource(MagSource):
         if any((c + 1) * b > s for c, b, s in zip(coords, self.block_shape, shape)):
             return None  # a block at the array's edge is cut short in N5 and whole in Zarr
         path = self.storage.join(self.location, self._block_name(coords))
-        found = self.storage.read_whole(path)
+        found = self._read_block(self._block_name(coords))
         if found is None:
             raise ChunkNotFound("the source holds no such block: it reads as the fill value")
         data, identity = found
@@ -192,9 +200,7 @@ class N5MagSource(MagSource):
             return out, None
         ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
         names = [self._block_name(coords) for coords in itertools.product(*ranges)]
-        found = fetch_all(
-            self.storage, lambda name: self.storage.read_whole(self.storage.join(self.location, name)), names
-        )
+        found = fetch_all(self.storage, self._read_block, names)
         chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
         data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
         out[tuple(slice(0, n) for n in data.shape)] = data

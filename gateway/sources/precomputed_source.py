@@ -13,7 +13,6 @@ store (of a shard: its minishard index, then the chunk's bytes) and tensorstore 
 memory as the chunks of an unsharded copy of the scale.
 """
 
-import gzip
 import itertools
 import json
 import zlib
@@ -25,6 +24,16 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, OutsideRootError,
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
+from .bounds import (
+    MAX_CHUNKS_PER_SHARD,
+    check_chunk_bytes,
+    chunked_decoded_bytes,
+    integers,
+    malformed_metadata,
+    read_chunk_file,
+    read_document,
+    stored_limit,
+)
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
@@ -35,21 +44,14 @@ _DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", 
 _SHARDED = "neuroglancer_uint64_sharded_v1"
 _HASHES = ("identity", "murmurhash3_x86_128")
 _ENCODINGS = ("raw", "gzip")
+# A shard index holds 16 bytes per minishard, and a minishard index 24 bytes per chunk: bounded as a Zarr
+# shard index is (``MAX_CHUNKS_PER_SHARD``).
+_MAX_MINISHARD_BITS = (MAX_CHUNKS_PER_SHARD - 1).bit_length()
+MAX_MINISHARD_INDEX_BYTES = 24 * MAX_CHUNKS_PER_SHARD
 
 
 class ShardError(OSError):
     """A shard whose index cannot be right: a storage fault, answered 5xx."""
-
-
-def _ints(value: object, name: str, count: int = 3, minimum: int | None = None) -> tuple[int, ...]:
-    if (
-        not isinstance(value, list)
-        or len(value) != count
-        or not all(isinstance(v, int) and not isinstance(v, bool) and (minimum is None or v >= minimum) for v in value)
-    ):
-        bound = "" if minimum is None else f" of at least {minimum}"
-        raise SourceError(f"{INFO}: {name} must be {count} integers{bound}, not {value!r}")
-    return tuple(value)
 
 
 def compressed_morton_code(position: tuple[int, ...], grid_shape: tuple[int, ...]) -> int:
@@ -114,8 +116,15 @@ class Sharding:
         for name in ("preshift_bits", "minishard_bits", "shard_bits"):
             value = spec.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 64:
-                raise SourceError(f"{INFO}: sharding {name} must be an integer from 0 to 64, not {value!r}")
+                raise SourceError(f"{INFO}: sharding {name} must be an integer from 0 to 64, not {value!r:.80}")
             numbers[name] = value
+        if numbers["minishard_bits"] + numbers["shard_bits"] > 64:
+            raise SourceError(f"{INFO}: sharding minishard_bits and shard_bits add up to more than 64")
+        if numbers["minishard_bits"] > _MAX_MINISHARD_BITS:
+            raise SourceError(
+                f"{INFO}: sharding minishard_bits {numbers['minishard_bits']} is more than {_MAX_MINISHARD_BITS} "
+                f"(a shard index of {16 << numbers['minishard_bits']} bytes)"
+            )
         if spec.get("hash") not in _HASHES:
             raise SourceError(f"{INFO}: sharding hash {spec.get('hash')!r} is not one of {', '.join(_HASHES)}")
         encodings = {name: spec.get(name, "raw") for name in ("minishard_index_encoding", "data_encoding")}
@@ -147,11 +156,19 @@ class Sharding:
         return 16 << self.minishard_bits
 
 
-def _gunzip(data: bytes, what: str) -> bytes:
+def _gunzip(data: bytes, limit: int, what: str) -> bytes:
+    """The gzip member in ``data``, decompressed to at most ``limit`` bytes: one that holds more cannot be what it
+    claims to be (a chunk, a minishard index), and is refused before it costs more memory than that."""
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:
+        out = decompressor.decompress(data, limit + 1)
+    except zlib.error as exc:
         raise ChunkDecodeError(f"{what} is not valid gzip: {exc}") from None
+    if len(out) > limit:
+        raise ChunkDecodeError(f"{what} decompresses to more than the {limit} bytes it can hold")
+    if not decompressor.eof:
+        raise ChunkDecodeError(f"{what} is not valid gzip: the stream is cut short")
+    return out
 
 
 class PrecomputedMagSource(MagSource):
@@ -172,41 +189,48 @@ class PrecomputedMagSource(MagSource):
         self.root = storage.root_of(directory)
         self.minishards = minishards
         volume, _, self.key = directory.rstrip("/").rpartition("/")
-        info_path = storage.join(volume, INFO)
-        found = storage.read_whole(info_path)
+        found = read_document(storage, storage.join(volume, INFO), INFO)
         if found is None:
             raise SourceError(f"no precomputed volume ({INFO}) above {self.location_key}")
-        try:
-            info = json.loads(found[0])
-        except ValueError as exc:
-            raise SourceError(f"{INFO} is not JSON: {exc}") from None
-        if not isinstance(info, dict) or not isinstance(info.get("scales"), list):
+        with malformed_metadata(INFO):
+            self._parse(mag, bbox, found[0])
+
+    def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict) -> None:
+        if not isinstance(info.get("scales"), list):
             raise SourceError(f"{INFO} is not an object with a list of 'scales'")
         scales = [s for s in info["scales"] if isinstance(s, dict) and s.get("key") == self.key]
         if not scales:
             raise SourceError(f"{INFO} has no scale with key {self.key!r} (the last component of the mag's path)")
         scale = scales[0]
         data_type = info.get("data_type")
-        if data_type not in _DATA_TYPES:
-            raise SourceError(f"{INFO}: data_type {data_type!r} is not one of {', '.join(_DATA_TYPES)}")
+        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
+            raise SourceError(f"{INFO}: data_type {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
         channels = info.get("num_channels")
         if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-            raise SourceError(f"{INFO}: num_channels must be a positive integer, not {channels!r}")
-        self.size = _ints(scale.get("size"), "size", minimum=1)
-        self.voxel_offset = _ints(scale.get("voxel_offset", [0, 0, 0]), "voxel_offset")
+            raise SourceError(f"{INFO}: num_channels must be a positive integer, not {channels!r:.80}")
+        self.size = integers(scale.get("size"), f"{INFO}: size", 3, least=1)
+        self.voxel_offset = integers(scale.get("voxel_offset", [0, 0, 0]), f"{INFO}: voxel_offset", 3, least=None)
         chunk_sizes = scale.get("chunk_sizes")
         if not isinstance(chunk_sizes, list) or not chunk_sizes:
-            raise SourceError(f"{INFO}: chunk_sizes must be a non-empty list, not {chunk_sizes!r}")
-        self.chunk_size = _ints(chunk_sizes[0], "chunk_sizes[0]", minimum=1)
+            raise SourceError(f"{INFO}: chunk_sizes must be a non-empty list, not {chunk_sizes!r:.80}")
+        self.chunk_size = integers(chunk_sizes[0], f"{INFO}: chunk_sizes[0]", 3, least=1)
+        dtype = np.dtype(data_type)
+        self._chunk_bytes = check_chunk_bytes((channels, *self.chunk_size), dtype.itemsize, f"{INFO}: a chunk")
+        self._stored_limit = stored_limit(self._chunk_bytes)
         self.grid_shape = tuple(-(-s // c) for s, c in zip(self.size, self.chunk_size))
         self.sharding = Sharding.parse(scale["sharding"]) if scale.get("sharding") is not None else None
-        super().__init__(mag, bbox, np.dtype(data_type), channels)
+        super().__init__(mag, bbox, dtype, channels)
         unsharded = {k: v for k, v in scale.items() if k != "sharding"}
         unsharded["chunk_sizes"] = [list(self.chunk_size)]
         metadata = {**{k: v for k, v in info.items() if k != "scales"}, "scales": [unsharded]}
         spec = {"driver": "neuroglancer_precomputed", "scale_index": 0}
         self._decoder = MemoryDecoder(spec, {INFO: json.dumps(metadata).encode()}, self.location_key)
         self._decoder.check()
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        """Every chunk a grid-aligned box touches is decoded whole; the chunk grid starts at ``voxel_offset``."""
+        chunk = (self.channels, *self.chunk_size)
+        return chunked_decoded_bytes(chunk, self.dtype.itemsize, self.channels, shape, self.voxel_offset)
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -238,7 +262,8 @@ class PrecomputedMagSource(MagSource):
 
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
-            return self.storage.read_whole(self.storage.join(self.location, self._chunk_name(position)))
+            path = self.storage.join(self.location, self._chunk_name(position))
+            return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
 
         found = fetch_all(self.storage, fetch, positions)
         return {position: chunk[0] for position, chunk in zip(positions, found) if chunk is not None}
@@ -265,8 +290,11 @@ class PrecomputedMagSource(MagSource):
             if located is None:
                 return None
             start, nbytes = located
+            origin = f"{self.relative(path)}@{start}"
+            if nbytes > self._stored_limit:
+                raise ChunkDecodeError(f"{origin}: {nbytes} stored bytes, more than a chunk can hold")
             data = self.storage.read(path, start, nbytes, identity)
-            return _gunzip(data, f"{self.relative(path)}@{start}") if sharding.data_gzip else data
+            return _gunzip(data, self._stored_limit, origin) if sharding.data_gzip else data
 
         found = fetch_all(self.storage, fetch, positions)
         return {position: chunk for position, chunk in zip(positions, found) if chunk is not None}
@@ -289,9 +317,11 @@ class PrecomputedMagSource(MagSource):
         if end > start:
             if index_end + end > identity.size:
                 raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
+            if end - start > MAX_MINISHARD_INDEX_BYTES:
+                raise ShardError(f"{where}: minishard index {minishard} of {end - start} bytes is too large")
             raw = self.storage.read(path, index_end + start, end - start, identity)
             if sharding.minishard_index_gzip:
-                raw = _gunzip(raw, f"{where}: minishard index {minishard}")
+                raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
             if len(raw) % 24:
                 raise ShardError(f"{where}: minishard index {minishard} has {len(raw)} bytes, not a multiple of 24")
             columns = np.frombuffer(raw, dtype="<u8").reshape(3, -1).astype(object)  # Python ints: no overflow

@@ -13,19 +13,21 @@ from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
+from .bounds import (
+    MAX_CHUNKS_PER_SHARD,
+    check_chunk_bytes,
+    chunked_decoded_bytes,
+    json_type,
+    malformed_metadata,
+    read_document,
+)
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
 from .decoding import MemoryDecoder, fetch_all
-from .documents import load_json
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
-# Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
-# whole, and a shard index is read whole. Zarr writers use chunks of a few MiB at most (webknossos-libs:
-# 32^3 voxels in shards of 32^3 chunks); metadata past these bounds is refused with the reason.
-MAX_CHUNK_BYTES = 128 << 20
-MAX_CHUNKS_PER_SHARD = 1 << 18
 _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
@@ -55,12 +57,6 @@ def _lengths(value: Any, rank: int, what: str, least: int) -> tuple[int, ...]:
     ):
         raise SourceError(f"{what} must be {rank} integers of at least {least}, not {json_type(value)} {value!r:.80}")
     return tuple(value)
-
-
-def json_type(value: Any) -> str:
-    """The JSON type of a parsed value, for messages."""
-    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-    return names.get(type(value), "a number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +124,8 @@ class ZarrMagSource(MagSource):
         self.root = storage.root_of(directory)  # the root it lies under: replicas agree on relative paths
         self.index_cache = index_cache
         document, self.zarr_format, self.version = self._read_metadata(directory)
-        try:
+        with malformed_metadata("Zarr metadata"):  # every field's type is checked where it matters; this is the rest
             self._parse(mag, bbox, document, axis_order)
-        except SourceError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            # Every field's type is checked above where it matters; this catches what is left, so that
-            # malformed metadata makes the mag unusable with a reason instead of failing its requests.
-            raise SourceError(f"malformed Zarr metadata ({type(exc).__name__}: {exc})") from None
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
         shape = document.get("shape")
@@ -155,24 +145,18 @@ class ZarrMagSource(MagSource):
         self._check_bounds(dtype)
 
     def _check_bounds(self, dtype: np.dtype) -> None:
-        chunk_bytes = int(np.prod(self._inner(), dtype=object)) * dtype.itemsize
-        if chunk_bytes > MAX_CHUNK_BYTES:
-            raise SourceError(f"a chunk of {self._inner()} decodes to {chunk_bytes} bytes, more than {MAX_CHUNK_BYTES}")
+        check_chunk_bytes(self._inner(), dtype.itemsize)
         if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
             raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
 
     def _read_metadata(self, directory: str) -> tuple[dict[str, Any], int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
-            found = self.storage.read_whole(self.storage.join(directory, name))
+            found = read_document(self.storage, self.storage.join(directory, name), name)
             if found is not None:
-                try:
-                    document = load_json(found[0])
-                except ValueError as exc:
-                    raise SourceError(f"{name} is not usable: {exc}") from None
-                _mapping(document, name)
+                document, identity = found
                 if version == 3 and document.get("node_type") != "array":
                     raise SourceError("zarr.json does not describe an array")
-                return document, version, found[1].version
+                return document, version, identity.version
         raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
 
     def _dtype_and_fill(self, document: dict[str, Any]) -> tuple[np.dtype, float]:
@@ -279,11 +263,7 @@ class ZarrMagSource(MagSource):
     def decoded_bytes(self, shape: Vec3) -> int:
         """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
         inner = self.axis_map.served_chunk(self._inner())
-        total = self.dtype.itemsize * -(-self.channels // inner[0]) * inner[0]
-        for edge, chunk in zip(shape, inner[1:]):
-            aligned = edge % chunk == 0 or chunk % edge == 0
-            total *= (-(-edge // chunk) + (0 if aligned else 1)) * chunk
-        return total
+        return chunked_decoded_bytes(inner, self.dtype.itemsize, self.channels, shape)
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
         key = (path, identity)

@@ -18,6 +18,8 @@ from wkw_adapter import BlockDecodeError
 from ..sources.mag import StoredEncoding
 from .blosc import LZ4_PREFIX_SIZE, MEMCPY_PREFIX_SIZE, lz4_bound, lz4_chunk_prefix, memcpy_chunk_prefix
 
+Stored = bytes | memoryview  # stored bytes as read, or a view of them in a longer read (no copy)
+
 
 class UnknownEncoding(TypeError):
     """Stored bytes of an encoding the Zarr layer has no framing for: a programming error, never raw bytes."""
@@ -68,7 +70,7 @@ class Framing(ABC):
             return f"a stored chunk of {stored_length} bytes is larger than any {uncompressed_size}-byte chunk can be"
         return None
 
-    def check(self, data: bytes, uncompressed_size: int, verdict_key: Hashable | None) -> None:
+    def check(self, data: Stored, uncompressed_size: int, verdict_key: Hashable | None) -> None:
         """Raise :class:`BlockDecodeError` unless ``data`` is a valid chunk of ``uncompressed_size`` bytes.
 
         ``verdict_key`` names this very version of the bytes (a file version and a block), so a verdict
@@ -78,8 +80,8 @@ class Framing(ABC):
         if reason is not None:
             raise BlockDecodeError(reason)
 
-    def frame(self, data: bytes, uncompressed_size: int, verdict_key: Hashable | None) -> bytes:
-        """The framed chunk of stored ``data``, once it is checked."""
+    def frame(self, data: Stored, uncompressed_size: int, verdict_key: Hashable | None) -> bytes:
+        """The framed chunk of stored ``data``, once it is checked: the one copy the chunk is made with."""
         self.check(data, uncompressed_size, verdict_key)
         return self.prefix(len(data), uncompressed_size) + data
 
@@ -95,7 +97,7 @@ class Lz4BlockFraming(Framing):
     def max_stored_length(self, uncompressed_size: int) -> int:
         return lz4_bound(uncompressed_size)
 
-    def check(self, data: bytes, uncompressed_size: int, verdict_key: Hashable | None) -> None:
+    def check(self, data: Stored, uncompressed_size: int, verdict_key: Hashable | None) -> None:
         if verdict_key is not None and verdict_key in _verdicts:
             return
         super().check(data, uncompressed_size, None)
@@ -120,7 +122,7 @@ class RawBlockFraming(Framing):
     def max_stored_length(self, uncompressed_size: int) -> int:
         return uncompressed_size
 
-    def check(self, data: bytes, uncompressed_size: int, verdict_key: Hashable | None) -> None:
+    def check(self, data: Stored, uncompressed_size: int, verdict_key: Hashable | None) -> None:
         if len(data) != uncompressed_size:
             raise BlockDecodeError(f"a raw block of {len(data)} bytes, not the block's {uncompressed_size}")
 

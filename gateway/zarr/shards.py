@@ -145,7 +145,8 @@ def read_shard(source: MagSource, plan: ShardPlan, start: int, end: int) -> byte
     data_size = plan.data_size
     blocks = plan.blocks
     segments = plan.segments(start, end)
-    runs = [(offset, blocks.read_span(offset, length)) for offset, length in _stored_runs(plan, segments)]
+    # Views of the runs read: each block is copied once, into its framed segment.
+    runs = [(offset, memoryview(blocks.read_span(offset, length))) for offset, length in _stored_runs(plan, segments)]
     run = 0
     for i in segments:
         if plan.seg_stored[i]:

@@ -16,7 +16,10 @@ the same sequence of chunk keys:
 
 It also reports peak RSS per worker after a long run spread over thousands of small files, and the
 time tensorstore takes to read a whole mag through the gateway against reading a local Zarr v3
-sharded copy of it. Results go to ``DIR/results.md``, ``results.json`` and ``results.png``.
+sharded copy of it, and how long Neuroglancer in headless Chromium takes to load a fixed view
+directly, through the proxy over HTTP/1.1 and through its TLS listener over HTTP/2 (viewer). A
+benchmark-only build without the block check (unchecked) shows that check's cost. Results go to
+``DIR/results.md``, ``results.json`` and ``results.png``.
 
 Servers and the load generator share the machine's cores, so absolute figures depend on the machine
 and on what else runs there; the ratios, taken within one run, are what to compare. ``--short`` (CI)
@@ -24,5 +27,5 @@ spends a few seconds per case and scales every workload down; the figures come f
 
 Modules: config (workloads, cases), dataset, keys (request sequences), processes and nginx (the
 servers), apps (the floors and xpublish), load (wrk and walk.lua), prepare (reference bytes and
-checks), measure (the interleaved rounds), long_runs (RSS, tensorstore), profiling, report.
+checks), measure (the interleaved rounds), long_runs (RSS, tensorstore), viewer, unchecked, profiling, report.
 """

@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from . import __doc__ as package_doc
 from .config import CASES, FULL, REPO, SHORT, Mode, log
@@ -21,6 +22,7 @@ from .prepare import prepare_key_sets, start_gateways
 from .processes import Server
 from .report import chart, compute_ratios, machine, markdown, update_readme
 from .run import Run
+from .viewer import viewer_times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in gateways.values():
                 server.stop()
         run.extras["tensorstore"] = tensorstore_read(run)
+        run.extras["viewer"] = viewer_row(run)
     run_rss(run, sequences["many"], facts["many_files"])
 
     compute_ratios(run)
@@ -111,6 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: some cases failed:\n" + "\n".join(f"  {f}" for f in run.failures), file=sys.stderr)
         return 1
     return 0
+
+
+def viewer_row(run: Run) -> dict[str, Any]:
+    """Neuroglancer's time to a loaded view (benchmark.viewer); a failure is recorded, not raised."""
+    try:
+        return viewer_times(run)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        run.failures.append(f"viewer: {error}")
+        log(f"FAILED viewer: {error}")
+        return {"error": error}
 
 
 if __name__ == "__main__":

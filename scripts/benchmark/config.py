@@ -101,7 +101,10 @@ GATEWAYS = {
     "edge64": ["--codec", "blosc-lz4", "--chunk-edge", "64"],
     "edge128": ["--codec", "blosc-lz4", "--chunk-edge", "128"],
     "auth": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # with a tokens file granting TOKEN
+    "unchecked": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # run by benchmark.unchecked: no block check
+    "viewer": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # Neuroglancer's row (benchmark.viewer): no tokens
 }
+UNCHECKED = {"unchecked"}  # configurations run without the block check (benchmark-only, see benchmark.unchecked)
 WITH_TOKENS = {"auth"}
 
 
@@ -172,6 +175,14 @@ CASES = [
             ("gateway re-encode zstd", "zstd", "decodes LZ4, encodes zstd-1; baselines serve LZ4 bytes"),
         ],
         first=True,
+    ),
+    Case(
+        "gateway pass-through, no block check",
+        "gateway",
+        "u8-32",
+        "unchecked",
+        note="benchmark-only build without the decode check of stored LZ4 blocks (cached verdicts) that every "
+        "other gateway row includes: the difference to the pass-through row is that check's cost",
     ),
     Case("xpublish", "xpublish", "u8-32", note="dask-backed xarray, xpublish-zarr (v3, its default codec)"),
     Case(

@@ -74,8 +74,11 @@ http {{
     return Server("nginx", args, port, logs / f"nginx-{port}.log", clean_env())
 
 
-def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
-    """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``."""
+def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path] | None = None) -> Server:
+    """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``.
+
+    ``tls``: also its TLS and HTTP/2 listener, on that port with ``tls.crt`` and ``tls.key`` of that directory.
+    """
     binary = _required_nginx()
     port = free_port()
     directory = work / f"proxy-{port}"
@@ -86,6 +89,8 @@ def start_proxy(upstream_port: int, work: Path, logs: Path) -> Server:
         PROXY_UPSTREAM_SERVERS=f"server 127.0.0.1:{upstream_port};",
         **PROXY_UNLIMITED,
     )
+    if tls is not None:
+        values.update(PROXY_TLS="on", PROXY_TLS_LISTEN=f"127.0.0.1:{tls[0]}", PROXY_TLS_DIR=str(tls[1]))
     unset = write_proxy_config(directory, values)
     if unset:
         raise RuntimeError(f"{unset}: names of deploy/'s templates that docker-compose.yml does not set")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .config import GATEWAYS, SCRIPTS, WITH_TOKENS
+from .config import GATEWAYS, SCRIPTS, UNCHECKED, WITH_TOKENS
 
 
 class Client:
@@ -175,13 +175,17 @@ def clean_env() -> dict[str, str]:
 def start_gateway(config: str, http: str, root: Path, workers: int, logs: Path, tokens_file: Path | None) -> Server:
     """The gateway in configuration ``config`` (GATEWAYS) on the HTTP server ``http``."""
     port = free_port()
-    args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
+    module = "benchmark.unchecked" if config in UNCHECKED else "gateway"
+    args = [sys.executable, "-m", module, "serve", "--root", str(root), "--port", str(port)]
     args += ["--workers", str(workers), "--server", http, *GATEWAYS[config]]
     if config in WITH_TOKENS:
         if tokens_file is None:
             raise ValueError(f"the gateway configuration {config!r} needs a tokens file")
         args += ["--tokens-file", str(tokens_file)]
-    return Server(f"gateway {config} on {http}", args, port, logs / f"gateway-{config}-{http}-{port}.log", clean_env())
+    env = clean_env()
+    if config in UNCHECKED:  # benchmark.unchecked is found on the benchmark's own path
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    return Server(f"gateway {config} on {http}", args, port, logs / f"gateway-{config}-{http}-{port}.log", env)
 
 
 def start_python_app(kind: str, http: str, workers: int, logs: Path, env: dict[str, str]) -> Server:

@@ -185,6 +185,22 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     )
     if proxy is not None:
         lines.append(f"- Through the proxy: {proxy:.2f} x the requests per second of the gateway with tokens direct.")
+    checked = _ratio(
+        run.results.get(("gateway pass-through", "u8-32")),
+        run.results.get(("gateway pass-through, no block check", "u8-32")),
+    )
+    if checked is not None:
+        lines.append(f"- The block check: the pass-through runs at {checked:.2f} x the requests per second without it.")
+    viewer = run.extras.get("viewer", {})
+    if "error" in viewer:
+        lines.append(f"- Neuroglancer's view: {viewer['error']}.")
+    elif viewer:
+        times = "; ".join(f"{name} {v['seconds']:.2f} s" for name, v in viewer.items())
+        chunks = max(v["chunks"] for v in viewer.values())
+        lines.append(
+            f"- Neuroglancer in headless Chromium, the three cross-sections of a fixed view ({chunks} chunks), "
+            f"time until every visible chunk has loaded (fastest of 2, fresh cache): {times}."
+        )
     ts_info = run.extras.get("tensorstore", {})
     if "ratio" in ts_info:
         lines.append(

@@ -15,6 +15,9 @@ Test modules import it as ``support`` (pytest puts ``tests/`` on ``sys.path``, s
 - ``proxy``: deploy/nginx.conf run by a real nginx (``start_proxy``, ``Proxy``) and ``tool`` (a system tool's path).
 - ``s3``: moto's real S3 server (``start_moto``, ``Moto``), ``upload_tree``, and ``CountingProxy``,
   a recording, fault-injecting HTTP proxy in front of it.
+- ``emulators``: fake-gcs-server and Azurite, started by the tests; ``https``: a certificate authority, a
+  certificate it signs, and an HTTPS file server that can be told to fail.
+- ``store_contract``: what every store must do, as test classes each store's tests subclass.
 - ``browser``: a small DevTools client for headless Chromium.
 - ``viewer``: Neuroglancer in that browser: its layers' load states, drawn frames, the gateway's access log.
 - ``tree_names``: which metadata names belong at which level of each tree.

@@ -10,7 +10,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class Page:
         self._ids = itertools.count(1)
         self.console: list[str] = []
         self.exceptions: list[str] = []
+        self.responses: list[tuple[str, str]] = []  # (URL, protocol) of each response, once Network is enabled
         if page_domains:  # the browser's own endpoint has no page, runtime or log domain
             self.send("Runtime.enable")
             self.send("Page.enable")
@@ -77,6 +78,9 @@ class Page:
         elif method == "Log.entryAdded":
             entry = params.get("entry", {})
             self.console.append(f"{entry.get('level')}: {entry.get('text')} {entry.get('url', '')}".rstrip())
+        elif method == "Network.responseReceived":
+            response = params.get("response", {})
+            self.responses.append((str(response.get("url")), str(response.get("protocol"))))
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
             self.exceptions.append(str(details.get("exception", {}).get("description", details.get("text"))))
@@ -131,7 +135,8 @@ class Page:
 class Browser:
     """A headless Chromium with a fresh profile, driven through its browser-level DevTools endpoint."""
 
-    def __init__(self, profile_dir: Path) -> None:
+    def __init__(self, profile_dir: Path, flags: Sequence[str] = ()) -> None:
+        """Start Chromium on ``profile_dir``, with ``flags`` after the usual ones."""
         executable = chromium_path()
         if executable is None:
             raise BrowserError(f"no chromium on PATH: {INSTALL_HINT}")
@@ -140,7 +145,7 @@ class Browser:
         port_file = profile_dir / "DevToolsActivePort"
         port_file.unlink(missing_ok=True)  # a reused profile's old port is not this browser's
         self.process = subprocess.Popen(
-            [executable, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
+            [executable, *CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile_dir}", "about:blank"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

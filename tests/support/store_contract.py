@@ -1,0 +1,234 @@
+"""The store contract: what every store of the storage kernel must do, whatever holds the bytes.
+
+In the manner of zarr-python's ``StoreTests``: :class:`StoreContract` states the contract as tests,
+and each store's test module subclasses it (as ``Test...``) with fixtures that make a store over a
+fresh root and write files into it the store's own way. A store that can be unreachable (a network
+service) subclasses :class:`UnreachableStoreContract`. :class:`LocalStoreContract` is the contract
+of a local directory, which a store that routes local paths to a local store also meets.
+"""
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gateway_storage import (
+    FileChangedError,
+    LocalStore,
+    OutsideRootError,
+    Store,
+    StoreUnavailableError,
+    TruncatedFileError,
+)
+
+DATA = bytes(range(256)) * 16  # 4 KiB, every byte value, so an offset mistake shows
+
+
+class StoreContract:
+    """The tests every store passes. Subclasses provide the fixtures and the three writing hooks."""
+
+    # --- what a subclass provides -----------------------------------------------------------------
+
+    @pytest.fixture
+    def store(self) -> Store:
+        """A store over a fresh, empty root."""
+        raise NotImplementedError
+
+    def write(self, store: Store, name: str, data: bytes) -> str:
+        """Put ``data`` at ``name`` (slash-separated, below the root) the store's own way; its path."""
+        raise NotImplementedError
+
+    def outside(self, store: Store, name: str, data: bytes) -> str:
+        """A path that names ``data`` stored outside the store's root (a symlink out, a key past the prefix)."""
+        raise NotImplementedError
+
+    def replica(self, store: Store) -> Store:
+        """A second store over a copy of the same files, at another root (another mount, another prefix)."""
+        raise NotImplementedError
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def path(self, store: Store, *names: str) -> str:
+        return store.join(store.root, *names)
+
+    def test_the_identity_of_a_missing_file_is_none(self, store: Store) -> None:
+        assert store.identity(self.path(store, "absent.bin")) is None
+        assert store.identity(self.path(store, "no", "such", "directory", "file.bin")) is None
+        assert store.read_whole(self.path(store, "absent.bin")) is None
+
+    def test_reads_return_exactly_the_bytes_at_an_offset(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        identity = store.identity(path)
+        assert identity is not None and identity.size == len(DATA)
+        for offset, size in ((0, 16), (1, 1), (255, 513), (len(DATA) - 7, 7), (0, len(DATA))):
+            assert store.read(path, offset, size, identity) == DATA[offset : offset + size]
+        assert store.read(path, 100, 0, identity) == b""
+
+    def test_a_changed_file_raises_the_changed_error(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        before = store.identity(path)
+        assert before is not None
+        assert store.read(path, 0, 8, before) == DATA[:8]
+        self.write(store, "org/ds/data.bin", b"rewritten" + DATA)
+        after = store.identity(path)
+        assert after is not None and after != before
+        with pytest.raises(FileChangedError):
+            store.read(path, 0, 8, before)  # the version asked for is gone: never the new bytes
+        assert store.read(path, 0, 9, after) == b"rewritten"
+
+    def test_a_short_file_raises_the_truncated_error(self, store: Store) -> None:
+        path = self.write(store, "org/ds/short.bin", DATA[:100])
+        identity = store.identity(path)
+        assert identity is not None
+        with pytest.raises(TruncatedFileError):
+            store.read(path, 50, 100, identity)
+
+    def test_paths_outside_the_root_are_refused(self, store: Store) -> None:
+        secret = b"secret outside the root"
+        path = self.outside(store, "org/ds/escape.bin", secret)
+        assert store.resolve(path) is None
+        with pytest.raises(OutsideRootError):
+            store.identity(path)
+        with pytest.raises(OutsideRootError):
+            store.read_whole(path)
+
+    def test_read_whole_gives_the_bytes_and_their_identity(self, store: Store) -> None:
+        path = self.write(store, "org/ds/meta.json", b'{"a": 1}')
+        found = store.read_whole(path)
+        assert found is not None
+        data, identity = found
+        assert data == b'{"a": 1}'
+        assert identity == store.identity(path)
+
+    def test_listing_names_the_subdirectories_sorted_without_hidden_ones(self, store: Store) -> None:
+        for name in ("b/x.bin", "a/x.bin", "c/deeper/x.bin", ".hidden/x.bin", "file.bin"):
+            self.write(store, name, b"x")
+        assert store.list_directories(store.root) == ["a", "b", "c"]
+        assert store.list_directories(self.path(store, "c")) == ["deeper"]
+        assert store.list_directories(self.path(store, "nothing")) == []
+        assert store.is_directory(self.path(store, "c", "deeper"))
+        assert not store.is_directory(self.path(store, "nothing"))
+
+    def test_join_and_resolve_stay_inside_the_root(self, store: Store) -> None:
+        path = self.write(store, "org/ds/layer/file.bin", b"x")
+        assert path == self.path(store, "org", "ds", "layer", "file.bin")
+        assert store.resolve(path) == path
+        assert store.root_of(path) == store.root
+        assert store.relative(path) == "org/ds/layer/file.bin"
+        assert store.resolve(self.path(store, "org", "..", "..", "elsewhere")) is None
+
+    def test_paths_relative_to_the_root_are_equal_on_replicas(self, store: Store) -> None:
+        names = ["org/ds/layer/1/a.bin", "org/ds/layer/2/b.bin"]
+        for name in names:
+            self.write(store, name, DATA)
+        other = self.replica(store)
+        assert other.root != store.root
+        for name in names:
+            mine, theirs = self.path(store, *name.split("/")), self.path(other, *name.split("/"))
+            assert store.relative(store.resolve(mine) or "") == other.relative(other.resolve(theirs) or "") == name
+            mine_identity, their_identity = store.identity(mine), other.identity(theirs)
+            assert mine_identity is not None and their_identity is not None
+            assert mine_identity.size == their_identity.size
+            assert other.read(theirs, 10, 20, their_identity) == store.read(mine, 10, 20, mine_identity)
+
+
+class UnreachableStoreContract(StoreContract):
+    """For stores that are services: one that does not answer raises the unavailable error, never "absent"."""
+
+    @pytest.fixture
+    def unreachable(self) -> Store:
+        """A store whose service does not answer."""
+        raise NotImplementedError
+
+    def test_an_unreachable_store_raises_the_unavailable_error(self, unreachable: Store) -> None:
+        path = self.path(unreachable, "org", "ds", "data.bin")
+        with pytest.raises(StoreUnavailableError):
+            unreachable.identity(path)
+        with pytest.raises(StoreUnavailableError):
+            unreachable.read_whole(path)
+        with pytest.raises(StoreUnavailableError):
+            unreachable.list_directories(unreachable.root)
+
+
+# --- a local directory -------------------------------------------------------------------------------
+
+
+class LocalStoreContract(StoreContract):
+    """A local root. A local disk has no "unreachable" state apart from a missing file: a root that is
+    not mounted reads as empty, and /readyz reports it (tests/test_object_storage.py)."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        (tmp_path / "root").mkdir()
+        return LocalStore(str(tmp_path / "root"))
+
+    def write(self, store: Store, name: str, data: bytes) -> str:
+        path = Path(store.root, *name.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)  # a new inode, as a writer that replaces a file makes
+        return str(path)
+
+    def outside(self, store: Store, name: str, data: bytes) -> str:
+        target = Path(store.root).parent / f"outside-{uuid.uuid4().hex}.bin"
+        target.write_bytes(data)
+        link = Path(store.root, *name.split("/"))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        return str(link)
+
+    def replica(self, store: Store) -> Store:
+        copy = Path(store.root).parent / f"replica-{uuid.uuid4().hex}"
+        shutil.copytree(store.root, copy, symlinks=True)
+        return LocalStore(str(copy))
+
+    def test_a_directory_swapped_for_a_symlink_out_of_the_root_is_refused(self, store: Store) -> None:
+        """Checked on every new version opened, not remembered: the swap after a first read is seen."""
+        path = self.write(store, "org/ds/z0/data.bin", DATA)
+        identity = store.identity(path)
+        assert identity is not None and store.read(path, 0, 4, identity) == DATA[:4]
+        outside = Path(store.root).parent / "outside-z0"
+        outside.mkdir()
+        (outside / "data.bin").write_bytes(b"secret" * 100)
+        directory = Path(path).parent
+        shutil.rmtree(directory)
+        directory.symlink_to(outside)
+        with pytest.raises(OutsideRootError):
+            store.identity(path)
+        with pytest.raises(OutsideRootError):
+            store.read(path, 0, 6, identity._replace(version="another"))
+
+    def test_a_symlink_to_an_extra_root_is_served(self, tmp_path: Path) -> None:
+        root, extra = tmp_path / "root", tmp_path / "volume2"
+        (root / "org" / "ds").mkdir(parents=True)
+        (extra / "layer").mkdir(parents=True)
+        (extra / "layer" / "data.bin").write_bytes(DATA)
+        (root / "org" / "ds" / "layer").symlink_to(extra / "layer")
+        store = LocalStore(str(root), extra_roots=[str(extra)])
+        path = str(root / "org" / "ds" / "layer" / "data.bin")
+        found = store.read_whole(path)
+        assert found is not None and found[0] == DATA
+        assert store.relative(store.resolve(path) or "") == "layer/data.bin"  # relative to the extra root
+        with pytest.raises(OutsideRootError):
+            LocalStore(str(root)).read_whole(path)  # the same link without the extra root
+
+    def test_a_fifo_in_the_root_is_refused_without_waiting_for_a_writer(self, store: Store) -> None:
+        path = Path(store.root, "org", "ds", "zarr.json")
+        path.parent.mkdir(parents=True)
+        os.mkfifo(path)
+        identity = store.identity(str(path))
+        assert identity is not None
+        with pytest.raises(OSError, match="not a regular file"):
+            store.read_whole(str(path))
+        with pytest.raises(OSError, match="not a regular file"):
+            store.read(str(path), 0, 1, identity)
+
+    def test_the_refusal_names_the_path_relative_to_the_root(self, store: Store) -> None:
+        path = self.outside(store, "org/ds/escape.bin", b"secret")
+        with pytest.raises(OutsideRootError) as raised:
+            store.identity(path)
+        assert str(raised.value) == "org/ds/escape.bin resolves outside the data root"
+        assert store.root not in str(raised.value)

@@ -1,0 +1,165 @@
+"""A token in the path, ``/t/{token}/data/...``: for viewers that can send neither a header nor a query kept on
+every file (Neuroglancer's zarr sources). Below the token everything serves exactly as the plain path does,
+the token is read and judged as a header or query token is, and no log line shows it."""
+
+import http.client
+from urllib.parse import quote, urlsplit
+
+import pytest
+import requests
+from support.datasets import ORG, OTHER_TOKEN, TOKEN
+from support.servers import Server
+
+DATASET = f"{ORG}/wk_dataset"
+PLAIN = {
+    "v2_chunk": f"/data/zarr/{DATASET}/color_u8/1/0.2.2.1",
+    "v3_chunk": f"/data/zarr3/{DATASET}/color_u8/1/c/0/2/2/1",
+    "zarray": f"/data/zarr/{DATASET}/color_u8/1/.zarray",
+    "zattrs": f"/data/zarr/{DATASET}/color_u8/.zattrs",
+    "zarr_json": f"/data/zarr3/{DATASET}/color_u8/zarr.json",
+    "v3_array": f"/data/zarr3/{DATASET}/segmentation/1/zarr.json",
+    "xarray": f"/data/xarray/{DATASET}/zarr.json",
+    "properties": f"/data/zarr/{DATASET}/datasource-properties.json",
+    "dataset_listing": f"/data/zarr/{DATASET}/",
+    "layer_listing": f"/data/zarr3/{DATASET}/color_u8/",
+    "organization_listing": f"/data/zarr/{ORG}/",
+    "root_listing": "/data/zarr3/",
+    "mesh_info": f"/data/meshes/{DATASET}/segmentation/multires/info",
+    "segment_properties": f"/data/meshes/{DATASET}/segmentation/multires/segment_properties/info",
+    "preview": f"/preview/{DATASET}/color_u8.png",
+    "missing_chunk": f"/data/zarr/{DATASET}/color_u8/1/99.99.99.0",
+    "missing_dataset": f"/data/zarr/{ORG}/no_such_dataset/",
+}
+COMPARED_HEADERS = ("content-type", "content-length", "etag", "content-range", "cache-control")
+
+
+def raw_get(server: Server, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """A GET of ``path`` exactly as written: no client normalizes its dot segments or escapes."""
+    connection = http.client.HTTPConnection(urlsplit(server.url).netloc, timeout=30)
+    try:
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def in_path(path: str, token: str = TOKEN) -> str:
+    return f"/t/{quote(token, safe='')}{path}"
+
+
+def assert_no_token_logged(server: Server, *tokens: str) -> None:
+    log = server.log()
+    for token in tokens:
+        assert token not in log and quote(token, safe="") not in log, f"a token reached the log:\n{log[-3000:]}"
+
+
+@pytest.mark.parametrize("route", list(PLAIN))
+@pytest.mark.parametrize("ranged", [False, True])
+def test_a_path_token_serves_exactly_the_plain_path(gateway: Server, route: str, ranged: bool) -> None:
+    range_header = {"Range": "bytes=3-40"} if ranged else {}
+    # compared with the token in the query: a dataset page opened with a token in its address carries it on
+    plain = requests.get(gateway.url + PLAIN[route], params={"token": TOKEN}, headers=range_header, timeout=30)
+    tokened = requests.get(gateway.url + in_path(PLAIN[route]), headers=range_header, timeout=30)
+    assert plain.status_code in ((404,) if route.startswith("missing") else (200, 206)), plain.text[:300]
+    assert (tokened.status_code, tokened.content) == (plain.status_code, plain.content)
+    for name in COMPARED_HEADERS:
+        assert tokened.headers.get(name) == plain.headers.get(name), name
+    assert tokened.headers["referrer-policy"] == "no-referrer"
+    if ranged and plain.status_code == 200 and "bytes" in plain.headers.get("accept-ranges", ""):
+        assert tokened.status_code == 206
+
+
+def test_every_character_of_the_path_token_may_be_percent_encoded(gateway: Server) -> None:
+    encoded = "".join(f"%{byte:02X}" for byte in TOKEN.encode())
+    status, body = raw_get(gateway, f"/t/{encoded}{PLAIN['v3_chunk']}")
+    plain = requests.get(gateway.url + PLAIN["v3_chunk"], headers={"X-Auth-Token": TOKEN}, timeout=30)
+    assert (status, body) == (200, plain.content)
+
+
+def test_the_access_log_shows_the_path_without_its_token(gateway: Server) -> None:
+    start = len(gateway.access_lines())
+    for route in ("v3_chunk", "dataset_listing", "preview"):
+        assert requests.get(gateway.url + in_path(PLAIN[route]), timeout=30).status_code == 200
+    assert requests.get(gateway.url + in_path(PLAIN["v3_chunk"], "wrong-" + TOKEN), timeout=30).status_code == 401
+    paths = [line["path"] for line in gateway.access_lines()[start:]]
+    assert paths == [f"/t/***{PLAIN[r]}" for r in ("v3_chunk", "dataset_listing", "preview", "v3_chunk")]
+    assert_no_token_logged(gateway, TOKEN, "wrong-" + TOKEN)
+
+
+def test_a_path_token_is_judged_as_any_token(gateway: Server) -> None:
+    url = gateway.url + in_path(PLAIN["v2_chunk"], "not-a-token")
+    response = requests.get(url, timeout=30)
+    assert response.status_code == 401 and response.json()["error"] == "the token is not valid"
+    response = requests.get(gateway.url + in_path(PLAIN["v2_chunk"], OTHER_TOKEN), timeout=30)
+    assert response.status_code == 403
+    own = PLAIN["v2_chunk"].replace(f"/{DATASET}/", "/other_org/theirs/")
+    assert requests.get(gateway.url + in_path(own, OTHER_TOKEN), timeout=30).status_code == 200
+    # a listing with a path token lists what the token may see, as with a header
+    listing = requests.get(gateway.url + in_path("/data/zarr/", OTHER_TOKEN), timeout=30)
+    assert listing.status_code == 200 and ORG not in listing.text and "other_org" in listing.text
+
+
+@pytest.mark.parametrize("other", ["header", "query", "same header", "same query", "header list"])
+def test_a_path_token_and_another_token_are_a_400(gateway: Server, other: str) -> None:
+    token = TOKEN if other.startswith("same") else OTHER_TOKEN
+    headers = {"X-Auth-Token": token} if "header" in other else {}
+    if other == "header list":
+        headers = {"X-Auth-Token": f"{TOKEN}, {OTHER_TOKEN}"}
+    params = {"token": token} if "query" in other else {}
+    response = requests.get(gateway.url + in_path(PLAIN["v3_chunk"]), headers=headers, params=params, timeout=30)
+    assert response.status_code == 400, response.text
+    assert "more than one token" in response.json()["error"]
+    assert_no_token_logged(gateway, TOKEN, OTHER_TOKEN)
+
+
+@pytest.mark.parametrize("segment", ["", ".", "..", "%2E", "%2e%2E"])
+def test_an_empty_or_dot_path_token_is_a_400(gateway: Server, segment: str) -> None:
+    status, body = raw_get(gateway, f"/t/{segment}{PLAIN['v3_chunk']}")
+    assert status == 400 and b"the token in the path" in body, body
+
+
+def test_a_path_token_with_bytes_that_are_not_utf8_is_a_400(gateway: Server) -> None:
+    status, body = raw_get(gateway, f"/t/%FF%FE{PLAIN['v3_chunk']}")
+    assert status == 400 and b"not UTF-8" in body, body
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/t/{token}",  # nothing below the token
+        "/t/{token}/",
+        "/t/{token}/healthz",
+        "/t/{token}/metrics",
+        "/t/{token}/auth",
+        "/t/{token}/t/{token}" + PLAIN["v3_chunk"],  # a token path below a token path
+        "/%74/{token}" + PLAIN["v3_chunk"],  # the prefix written with an escape
+        "/t%2F{token}" + PLAIN["v3_chunk"],
+        "/t/{token}/data",
+    ],
+)
+def test_a_token_path_that_names_nothing_is_a_404_that_shows_no_token(gateway: Server, path: str) -> None:
+    status, body = raw_get(gateway, path.format(token=TOKEN))
+    assert status == 404, body
+    assert TOKEN.encode() not in body
+    assert_no_token_logged(gateway, TOKEN)
+
+
+def test_dot_segments_below_a_path_token_are_a_400(gateway: Server) -> None:
+    status, body = raw_get(gateway, in_path(f"/data/zarr/{ORG}/../other_org/theirs/"))
+    assert status == 400, body
+
+
+def test_the_proxy_check_reads_a_path_token(gateway: Server) -> None:
+    """/auth decides on ``/t/{token}/...`` of the original URI as the routes do."""
+
+    def auth(uri: str, **headers: str) -> int:
+        return requests.get(gateway.url + "/auth", headers={"X-Original-URI": uri, **headers}, timeout=30).status_code
+
+    assert auth(in_path(PLAIN["v3_chunk"])) == 204
+    assert auth(in_path(PLAIN["v3_chunk"], OTHER_TOKEN)) == 403
+    assert auth(in_path(PLAIN["v3_chunk"], "not-a-token")) == 401
+    assert auth(in_path(PLAIN["v3_chunk"]), **{"X-Auth-Token": TOKEN}) == 202  # the routes' 400
+    assert auth(in_path(PLAIN["v3_chunk"]) + "?token=" + TOKEN) == 202
+    assert auth(f"/t/{PLAIN['v3_chunk']}") == 202  # empty: the routes' 400
+    assert auth(f"/t/{TOKEN}/healthz") == 202  # names nothing: the routes' 404
