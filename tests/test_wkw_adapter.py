@@ -230,7 +230,9 @@ def test_read_region_matches_wkw_geometry(tmp_path: Path, block_len: int, file_l
 
 
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
-def test_read_region_in_many_small_reads(tmp_path: Path, block_type: BlockType, monkeypatch) -> None:
+def test_read_region_in_many_small_reads(
+    tmp_path: Path, block_type: BlockType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Runs of consecutive blocks longer than the span limit are read in parts, with the same voxels."""
     edge = build_sample(tmp_path / "mag", np.uint16, 2, block_type, block_len=8, file_len=2, seed=3)
     monkeypatch.setattr(wkw_file_module, "MAX_SPAN", 1)  # every block a read of its own

@@ -74,7 +74,8 @@ def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:
             f"a box of {shape} voxels of mag {'-'.join(map(str, source.mag))} decodes {decoded} bytes of stored "
             f"chunks, more than the {MAX_READ_DECODED_BYTES} a mesh read may: the layer's chunks are too large to mesh"
         )
-    return source.read_box(lo, hi).data[0]
+    window: np.ndarray = source.read_box(lo, hi).data[0]
+    return window
 
 
 def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surface:

@@ -99,7 +99,7 @@ class N5MagSource(MagSource):
         with malformed_metadata(ATTRIBUTES):
             self._parse(mag, bbox, document, axis_order)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
+    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
         dimensions = integers(document.get("dimensions"), f"{ATTRIBUTES}: 'dimensions'")
         rank = len(dimensions)
         self.block_shape = integers(document.get("blockSize"), f"{ATTRIBUTES}: 'blockSize'", rank, least=1)

@@ -17,6 +17,7 @@ import itertools
 import json
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -195,7 +196,7 @@ class PrecomputedMagSource(MagSource):
         with malformed_metadata(INFO):
             self._parse(mag, bbox, found[0])
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict) -> None:
+    def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict[str, Any]) -> None:
         if not isinstance(info.get("scales"), list):
             raise SourceError(f"{INFO} is not an object with a list of 'scales'")
         scales = [s for s in info["scales"] if isinstance(s, dict) and s.get("key") == self.key]
