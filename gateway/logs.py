@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
@@ -129,17 +129,20 @@ class AccessLog:
 access_log = AccessLog()
 
 
+class _GatewayHandler(logging.StreamHandler[TextIO]):
+    """The handler :func:`configure_logging` installs, so that calling it again replaces it."""
+
+
 def configure_logging(log_format: str = "auto") -> None:
     """Route every logger (the gateway's and uvicorn's) to stderr in ``log_format``; idempotent."""
     log_format = resolve_format(log_format)
     access_log.log_format = log_format
-    handler = logging.StreamHandler()
+    handler = _GatewayHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
-        if getattr(old, "_zarr_gateway", False):
+        if isinstance(old, _GatewayHandler):
             root.removeHandler(old)
-    handler._zarr_gateway = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)  # warnings become log lines too, in the same format

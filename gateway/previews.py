@@ -14,8 +14,9 @@ import numpy as np
 from PIL import Image
 
 from gateway_storage import ByteLRU
+from gateway_storage.geometry import Vec3
 
-from .sources.mag import MagSource, Vec3
+from .sources.mag import MagSource
 from .zarr.resource import Resource, bytes_resource, make_etag
 
 PNG = "image/png"
@@ -42,13 +43,13 @@ def choose_mag(mags: Mapping[Vec3, MagSource]) -> MagSource:
 
 
 def _long_xy_edge(source: MagSource) -> int:
-    return max(source.bbox_hi[0] - source.bbox_lo[0], source.bbox_hi[1] - source.bbox_lo[1])
+    return max(source.bbox.size[:2])
 
 
 def preview_box(source: MagSource) -> tuple[Vec3, Vec3]:
     """The box the preview reads, in the mag's voxels: the middle Z slice, at most ``MAX_READ_EDGE`` a side."""
-    lo, hi = source.bbox_lo, source.bbox_hi
-    if any(h <= low for low, h in zip(lo, hi)):
+    lo, hi = source.bbox.lo, source.bbox.hi
+    if source.bbox.is_empty:
         raise NoPreviewError("the layer's bounding box is empty")
     xy_lo, xy_hi = [], []
     for axis in (0, 1):
@@ -88,7 +89,8 @@ def stretch_contrast(plane: np.ndarray) -> np.ndarray:
     span = high - low if high > low else 1.0
     scaled = np.clip((values - low) / span, 0.0, 1.0) * 255.0
     scaled[~finite] = 0.0
-    return np.rint(scaled).astype(np.uint8)
+    pixels: np.ndarray = np.rint(scaled).astype(np.uint8)
+    return pixels
 
 
 def render_image(slice_cxy: np.ndarray, category: str) -> Image.Image:

@@ -12,9 +12,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from gateway_storage.geometry import Box, Vec3, mag_name
 from wkw_adapter import BlockType, WkwHeader, write_mag
 
 from .extras import SAMPLE
@@ -29,7 +31,6 @@ RANDOM_SEED = 20240611
 BLOCK_LEN = 32
 FILE_LEN = 32
 
-Vec3 = tuple[int, int, int]
 _SLAB_DEPTH = 16  # z planes generated at a time; bounds memory to a few slab-sized float arrays
 _MEMBRANE_WIDTH_NM = 16.0  # 1/e half-width of a membrane's dark profile (~2.5 px across at 11 nm/px)
 _INFLUENCE_NM = 320.0  # a seed further than radius + this from a voxel can't matter there (see _label_slab)
@@ -65,28 +66,23 @@ def make_sample(root: Path, progress: bool = True) -> Path:
         ):
             header = WkwHeader.create(dtype, 1, BlockType.LZ4HC, block_len=BLOCK_LEN, file_len=FILE_LEN)
             for mag in MAGS:
-                bar.update(task, description=f"writing {name}/{_mag_name(mag)}")
+                bar.update(task, description=f"writing {name}/{mag_name(mag)}")
                 start, stop = _mag_extent(mag)
                 scaled = downsample(data, mag)
                 origin = [lo_i // m for lo_i, m in zip(lo, mag)]
                 crop = tuple(slice(a - o, b - o) for a, b, o in zip(start, stop, origin))
                 block = np.asarray(scaled[crop], dtype=dtype)
-                write_mag(str(dataset_dir / name / _mag_name(mag)), header, block[None], start)
+                write_mag(str(dataset_dir / name / mag_name(mag)), header, block[None], start)
                 bar.advance(task)
     properties = _properties(largest_segment_id)
     (dataset_dir / "datasource-properties.json").write_text(json.dumps(properties, indent=4) + "\n")
     return dataset_dir
 
 
-def _mag_name(mag: Vec3) -> str:
-    return "1" if mag == (1, 1, 1) else "-".join(map(str, mag))
-
-
 def _mag_extent(mag: Vec3) -> tuple[Vec3, Vec3]:
     """The mag-``mag`` voxels ``[start, stop)`` that cover the bounding box."""
-    start = tuple(t // m for t, m in zip(TOP_LEFT, mag))
-    stop = tuple(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
-    return (start[0], start[1], start[2]), (stop[0], stop[1], stop[2])
+    box = Box.sized(TOP_LEFT, SIZE).at_mag(mag)
+    return box.lo, box.hi
 
 
 def _aligned_region(top_left: Vec3, size: Vec3) -> tuple[Vec3, Vec3]:
@@ -97,15 +93,15 @@ def _aligned_region(top_left: Vec3, size: Vec3) -> tuple[Vec3, Vec3]:
     return (lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2])
 
 
-def _properties(largest_segment_id: int) -> dict:
+def _properties(largest_segment_id: int) -> dict[str, Any]:
     """``datasource-properties.json`` as webknossos-libs writes it for WKW layers."""
     box = {"topLeft": list(TOP_LEFT), "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]}
 
-    def layer(name: str, category: str, element_class: str) -> dict:
+    def layer(name: str, category: str, element_class: str) -> dict[str, Any]:
         mags = [
             {
                 "mag": list(mag),
-                "path": f"./{name}/{_mag_name(mag)}",
+                "path": f"./{name}/{mag_name(mag)}",
                 "cubeLength": BLOCK_LEN * FILE_LEN,
                 "axisOrder": {"c": 0, "x": 1, "y": 2, "z": 3},
             }
@@ -142,7 +138,8 @@ def _mean_downsample(data: np.ndarray, factor: Vec3) -> np.ndarray:
     """Intensity at a coarser mag: the rounded mean of each window, as a microscope would bin."""
     k = factor[0] * factor[1] * factor[2]
     total = _windows(data, factor).sum(axis=-1, dtype=np.uint32)
-    return ((total + k // 2) // k).astype(data.dtype)
+    mean: np.ndarray = ((total + k // 2) // k).astype(data.dtype)
+    return mean
 
 
 def _mode_downsample(data: np.ndarray, factor: Vec3) -> np.ndarray:
@@ -272,7 +269,8 @@ def _plan_tissue(rng: np.random.Generator, lo_nm: np.ndarray, hi_nm: np.ndarray)
         return e.argmin(axis=1), np.minimum((order[:, 1] - order[:, 0]) / 2, -order[:, 0])
 
     def unit(v: np.ndarray) -> np.ndarray:
-        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+        unit_vectors: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)
+        return unit_vectors
 
     visible = np.all((centres + radii[:, None] > lo_nm) & (centres - radii[:, None] < hi_nm), axis=1)
     for cell in np.flatnonzero(visible):

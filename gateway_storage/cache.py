@@ -3,7 +3,7 @@
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 V = TypeVar("V")
 
@@ -52,3 +52,13 @@ class ByteLRU(Generic[V]):
             while self._bytes > self.max_bytes:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
+
+
+class CacheCounts(Protocol):
+    """What the metrics read of any cache, whatever it holds: its hits, misses and bytes held."""
+
+    hits: int
+    misses: int
+
+    @property
+    def size_bytes(self) -> int: ...

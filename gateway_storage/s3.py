@@ -97,7 +97,7 @@ class S3Store(Store):
 
     @staticmethod
     def _status(exc: Exception) -> int:
-        return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return int(getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
     def identity(self, path: str) -> FileIdentity | None:
         from botocore.exceptions import ClientError
@@ -122,7 +122,7 @@ class S3Store(Store):
             answer = self._call(
                 "get_object", Key=path, Range=f"bytes={offset}-{offset + size - 1}", IfMatch=expected.version
             )
-            data = answer["Body"].read()
+            data: bytes = answer["Body"].read()
         except ClientError as exc:
             raise FileChangedError(f"s3://{self.bucket}/{path} changed or vanished while it was being read") from exc
         except OSError as exc:
@@ -160,4 +160,4 @@ class S3Store(Store):
 
     def is_directory(self, path: str) -> bool:
         answer = self._call("list_objects_v2", Prefix=path.rstrip("/") + "/", MaxKeys=1)
-        return answer.get("KeyCount", 0) > 0
+        return int(answer.get("KeyCount", 0)) > 0

@@ -43,7 +43,7 @@ def main() -> None:
     for index, url in enumerate(sys.argv[2:]):
         metadata, levels = read(url)
         (out_dir / f"{index}.json").write_text(json.dumps(metadata, default=str))
-        np.savez(out_dir / f"{index}.npz", **levels)
+        np.savez(out_dir / f"{index}.npz", allow_pickle=False, **levels)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ PACKAGES = ("gateway", "gateway_storage", "wkw_adapter")
 
 # Lower number = lower layer. A module may import its own layer and any lower one.
 LAYERS = [
-    (0, ("gateway_storage",)),  # the storage kernel: a leaf (see test_the_storage_kernel_is_a_leaf)
+    (0, ("gateway_storage",)),  # the storage kernel and its geometry: a leaf (see test_the_storage_kernel_is_a_leaf)
     (
         0,
         ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras"),

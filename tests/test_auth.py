@@ -139,7 +139,7 @@ def test_gateway_with_tokens_does_not_say_it_is_open(gateway: Server) -> None:
 # --- start-up refuses unusable settings -----------------------------------------------------------
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     command = [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()), *args]
     try:

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import numcodecs
@@ -35,6 +36,7 @@ def get(server: Server, path: str, headers: dict[str, str] | None = None) -> req
 def raw_get(server: Server, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """A GET whose path reaches the server byte for byte (no client-side normalisation of ``..``)."""
     url = urlsplit(server.url)
+    assert url.hostname is not None
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     try:
         connection.request("GET", path, headers=HEADERS if headers is None else headers)
@@ -74,7 +76,9 @@ def expected_chunk(test_data: WrittenDataset, layer: str, index: tuple[int, int,
     return out
 
 
-def assert_good_chunk(server: Server, test_data: WrittenDataset, path: str, layer: str, index: tuple) -> None:
+def assert_good_chunk(
+    server: Server, test_data: WrittenDataset, path: str, layer: str, index: tuple[int, int, int]
+) -> None:
     response = get(server, f"{path}/{layer}/1/0.{index[0]}.{index[1]}.{index[2]}")
     assert response.status_code == 200, response.text[:300]
     dtype = next(d for name, d, *_ in LAYERS if name == layer)
@@ -171,11 +175,12 @@ class Hostile:
     outside: Path
 
 
-def _properties(dataset: Path) -> dict:
-    return json.loads((dataset / "datasource-properties.json").read_text())
+def _properties(dataset: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((dataset / "datasource-properties.json").read_text())
+    return document
 
 
-def _set_mag_path(document: dict, layer: str, mag: list[int], path: str) -> None:
+def _set_mag_path(document: dict[str, Any], layer: str, mag: list[int], path: str) -> None:
     entry = next(e for e in next(x for x in document["dataLayers"] if x["name"] == layer)["mags"] if e["mag"] == mag)
     entry["path"] = path
 
@@ -189,7 +194,9 @@ def _block_range(path: Path, index: int) -> tuple[int, int]:
 def _garble_block(path: Path, index: int, rng: np.random.Generator) -> None:
     """Overwrite one stored LZ4 block with bytes that do not decode; the jump table stays valid."""
     offset, length = _block_range(path, index)
-    header = WkwFileCache(LocalStore()).open(str(path)).header  # type: ignore[union-attr]
+    wkw_file = WkwFileCache(LocalStore()).open(str(path))
+    assert wkw_file is not None
+    header = wkw_file.header
     for _ in range(10):
         garbage = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
         try:

@@ -6,6 +6,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numcodecs
 import numpy as np
@@ -40,7 +41,8 @@ def test_every_codec_and_chunk_edge_reads_back_exactly(
     test_data: WrittenDataset, server_factory: Callable[..., Server], settings: dict[str, object]
 ) -> None:
     server = server_factory(test_data.root, **settings)
-    edge = int(settings.get("chunk_edge", 32))  # type: ignore[call-overload]
+    edge = settings.get("chunk_edge", 32)
+    assert isinstance(edge, int)
     for layer in LAYERS:
         for mag in MAGS:
             expected = test_data.expected(layer, mag)
@@ -54,7 +56,7 @@ def test_every_codec_and_chunk_edge_reads_back_exactly(
                     assert np.array_equal(got, expected), (layer, mag, tree, read.__name__)
 
 
-def _color_layer(**mags: object) -> dict:
+def _color_layer(**mags: object) -> dict[str, Any]:
     """A 64^3 uint8 WKW color layer at the origin, with its mags in the given form."""
     return {
         "name": "color",
@@ -73,7 +75,7 @@ def _legacy_dataset(root: Path) -> tuple[Path, dict[tuple[int, int, int], np.nda
     written = {}
     for mag in ((1, 1, 1), (2, 2, 2), (4, 4, 1)):
         header = wkw.Header(np.uint8, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=2)
-        mag_dir = directory / "color" / ("-".join(map(str, mag)) if len(set(mag)) > 1 else str(mag[0]))
+        mag_dir = directory / "color" / mag_name(mag)
         data = rng.integers(0, 255, size=(1, 64, 64, 64), dtype=np.uint8)
         with wkw.Dataset.create(str(mag_dir), header) as ds:
             ds.write((0, 0, 0), data)

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,7 +113,7 @@ def _alive(pid: int) -> bool:
 @dataclass
 class Engine:
     directory: Path
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     env: dict[str, str]  # for docker and docker-compose: this engine, a config directory of its own
     helpers: list[int] = field(default_factory=list)  # containerd and shims started by dockerd
 
@@ -237,8 +238,9 @@ class Stack:
         listed = self.engine.docker("ps", "--quiet", "--no-trunc", *(["--all"] if all_states else []), *filters)
         return listed.split()
 
-    def inspect(self, container: str) -> dict:
-        return json.loads(self.engine.docker("inspect", container))[0]
+    def inspect(self, container: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.engine.docker("inspect", container))[0]
+        return found
 
     def logs(self, container: str, stream: str = "both") -> list[str]:
         """A container's log lines: stdout, stderr or both (docker logs writes each to the same stream)."""
@@ -248,7 +250,7 @@ class Stack:
         text = {"stdout": result.stdout, "stderr": result.stderr, "both": result.stdout + result.stderr}[stream]
         return [line for line in text.splitlines() if line.strip()]
 
-    def proxy_access_log(self) -> list[dict]:
+    def proxy_access_log(self) -> list[dict[str, Any]]:
         """The proxy's access log: every line on its stdout but the entrypoint's start-up notes, as JSON."""
         (proxy,) = self.containers("proxy")
         return [json.loads(line) for line in self.logs(proxy, "stdout") if not line.startswith(ENTRYPOINT_NOTE)]
@@ -441,7 +443,7 @@ def test_logs_are_json_lines_without_tokens(stack: Stack) -> None:
     assert bool(notes) != quiet, "the image's entrypoint notes its steps unless NGINX_ENTRYPOINT_QUIET_LOGS is set"
     proxy_lines = stack.proxy_access_log()
     assert any(line["request_id"] == request_id and line["path"] == path for line in proxy_lines)
-    gateway_records: list[dict] = []
+    gateway_records: list[dict[str, Any]] = []
     deadline = time.monotonic() + 15  # the gateways write their access logs in batches
     while time.monotonic() < deadline and not any(r.get("request_id") == request_id for r in gateway_records):
         gateway_records = [

@@ -14,6 +14,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ BOX = 48  # the bounding box: [0, 48) on every axis, so chunks at 32 straddle it
 CHUNK = 32
 CHUNK_BYTES = CHUNK**3
 TOKEN = "containment-token-0123456789"
-ZARR_LAYERS = {  # layer: (zarr format, shards)
+ZARR_LAYERS: dict[str, tuple[Literal[2, 3], tuple[int, ...] | None]] = {  # layer: (zarr format, shards)
     "v2": (2, None),
     "v3": (3, None),
     "v3_sharded": (3, (1, EDGE, EDGE, EDGE)),
@@ -44,21 +45,27 @@ def _chunk_name(zarr_format: int, coords: tuple[int, ...]) -> str:
     return ".".join(map(str, coords)) if zarr_format == 2 else "c/" + "/".join(map(str, coords))
 
 
-def _write_zarr(directory: Path, zarr_format: int, shards: tuple[int, ...] | None, value: int | None) -> None:
+def _write_zarr(directory: Path, zarr_format: Literal[2, 3], shards: tuple[int, ...] | None, value: int | None) -> None:
     """An uncompressed uint8 array, so a leaked byte would show as itself; random voxels unless ``value``."""
-    common = {"shape": (1, EDGE, EDGE, EDGE), "dtype": "uint8", "chunks": (1, CHUNK, CHUNK, CHUNK), "fill_value": 0}
-    if zarr_format == 2:
-        array = zarr.create_array(str(directory), zarr_format=2, compressors=None, **common)
-    else:
-        array = zarr.create_array(
-            str(directory), zarr_format=3, shards=shards, compressors=None, dimension_names=list("cxyz"), **common
-        )
+    shape, chunks = (1, EDGE, EDGE, EDGE), (1, CHUNK, CHUNK, CHUNK)
+    names = None if zarr_format == 2 else list("cxyz")
+    array = zarr.create_array(
+        str(directory),
+        shape=shape,
+        dtype="uint8",
+        chunks=chunks,
+        shards=shards,
+        fill_value=0,
+        zarr_format=zarr_format,
+        compressors=None,
+        dimension_names=names,
+    )
     rng = np.random.default_rng(5)
-    data = rng.integers(0, 100, common["shape"], dtype=np.uint8) if value is None else np.full(common["shape"], value)
-    array[...] = data.astype(np.uint8)
+    data = rng.integers(0, 100, shape, dtype=np.uint8) if value is None else np.full(shape, value, dtype=np.uint8)
+    array[...] = data
 
 
-def _layer(name: str, data_format: str) -> dict:
+def _layer(name: str, data_format: str) -> dict[str, Any]:
     return {
         "name": name,
         "category": "color",
@@ -208,7 +215,7 @@ def test_the_decoding_path_serves_each_read_from_its_own_chunks(served: Server, 
 
     def served_window() -> np.ndarray:
         url = f"{served.url}/data/zarr/{ORG}/mutable/v2/1"
-        return zarr.open_array(url, mode="r", zarr_format=2, storage_options=options)[window]
+        return np.asarray(zarr.open_array(url, mode="r", zarr_format=2, storage_options=options)[window])
 
     np.testing.assert_array_equal(served_window(), source[window])
     (dataset / "v2" / "1" / "0.1.0.0").unlink()

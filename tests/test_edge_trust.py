@@ -451,7 +451,9 @@ def test_a_kept_alive_connection_still_serves_its_next_request(limited: Server) 
             while b"\r\n\r\n" not in answer:
                 answer += connection.recv(65536)
             head, _, body = answer.partition(b"\r\n\r\n")
-            length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+            declared = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+            assert declared, head
+            length = int(declared.group(1))
             while len(body) < length:
                 body += connection.recv(65536)
             assert head.startswith(b"HTTP/1.1 200 ")

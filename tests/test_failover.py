@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,7 +109,7 @@ READERS: dict[str, Callable[[str, str, tuple[slice, ...]], np.ndarray]] = {
 WHOLE = (slice(0, 1), *(slice(0, n) for n in BULK_SHAPE))
 
 
-def chunk_lines(proxy: Proxy, since: int) -> list[dict]:
+def chunk_lines(proxy: Proxy, since: int) -> list[dict[str, Any]]:
     return [line for line in proxy.access_log()[since:] if line["path"].startswith(BULK_ARRAY + "/0.")]
 
 
@@ -131,7 +132,7 @@ def _kill_when(victim: Server, served: int) -> threading.Thread:
 
     def watch() -> None:
         def answered_enough() -> bool:
-            return sum(line["path"].startswith("/data/") for line in victim.access_lines()) >= served
+            return sum(str(line["path"]).startswith("/data/") for line in victim.access_lines()) >= served
 
         if wait_until(answered_enough, timeout=120, interval=0.01):
             victim.process.kill()
@@ -190,7 +191,7 @@ def test_killing_a_gateway_mid_run_loses_no_request(
 # --- a rolling restart under load ----------------------------------------------------------------------
 
 
-def _start_gateway_on(port: int, root: Path, log_path: Path, **settings: object) -> subprocess.Popen:
+def _start_gateway_on(port: int, root: Path, log_path: Path, **settings: object) -> subprocess.Popen[bytes]:
     """A gateway on a given port (a replica that comes back where it was); start_server picks a new one."""
     args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port), "--workers", "1"]
     for key, value in settings.items():
@@ -215,7 +216,7 @@ class Load:
 
     url: str
     expected: dict[str, bytes]
-    statuses: Counter = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,8 +34,8 @@ SIZE = (64, 64, 64)
 BLOCK = (32, 32, 32)
 
 
-def layer_entry(name: str, data_format: str, category: str = "color", dtype: str = "uint8") -> dict:
-    entry = {
+def layer_entry(name: str, data_format: str, category: str = "color", dtype: str = "uint8") -> dict[str, Any]:
+    entry: dict[str, Any] = {
         "name": name,
         "category": category,
         "boundingBox": {"topLeft": [0, 0, 0], "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]},
@@ -47,7 +48,7 @@ def layer_entry(name: str, data_format: str, category: str = "color", dtype: str
     return entry
 
 
-def write_properties(dataset: Path, layers: list[dict]) -> None:
+def write_properties(dataset: Path, layers: list[dict[str, Any]]) -> None:
     dataset.mkdir(parents=True, exist_ok=True)
     document = {"id": {"name": dataset.name, "team": ""}, "scale": {"factor": [1, 1, 1], "unit": "nanometer"}}
     (dataset / "datasource-properties.json").write_text(json.dumps({**document, "dataLayers": layers}))
@@ -58,13 +59,13 @@ def voxels(seed: int, dtype: str = "uint8") -> np.ndarray:
 
 
 def write_n5(mag: Path, data: np.ndarray, block: tuple[int, ...] = BLOCK) -> None:
-    metadata = {"dimensions": list(data.shape), "blockSize": list(block), "dataType": str(data.dtype)}
+    metadata: dict[str, Any] = {"dimensions": list(data.shape), "blockSize": list(block), "dataType": str(data.dtype)}
     metadata["compression"] = {"type": "gzip"}
     spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(mag)}, "metadata": metadata}
     ts.open(spec, create=True).result()[...] = data
 
 
-def pc_scale(chunk: tuple[int, ...] = BLOCK, offset: tuple[int, ...] = (0, 0, 0)) -> dict:
+def pc_scale(chunk: tuple[int, ...] = BLOCK, offset: tuple[int, ...] = (0, 0, 0)) -> dict[str, Any]:
     return {
         "key": "1",
         "size": list(SIZE),
@@ -87,7 +88,7 @@ def write_precomputed(volume: Path, data: np.ndarray, chunk: tuple[int, ...] = B
     (volume / "1").mkdir(exist_ok=True)
 
 
-def with_constant(path: Path, field: Callable[[dict], dict], constant: str) -> None:
+def with_constant(path: Path, field: Callable[[dict[str, Any]], dict[str, Any]], constant: str) -> None:
     """Set a field of a JSON file to a list that starts with ``constant`` (NaN, Infinity: not JSON, but what
     Python's json and many writers emit)."""
     patch_json(path, lambda document: field(document).update(resolution="__constant__"))
@@ -95,7 +96,7 @@ def with_constant(path: Path, field: Callable[[dict], dict], constant: str) -> N
     assert constant in path.read_text()
 
 
-def patch_json(path: Path, change: Callable[[dict], None]) -> None:
+def patch_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
     document = json.loads(path.read_text())
     change(document)
     path.write_text(json.dumps(document))
@@ -145,7 +146,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[.
             write_precomputed(dataset / name, voxels(seed))
     write_properties(dataset, layers)
 
-    def scale(name: str, change: Callable[[dict], None]) -> None:
+    def scale(name: str, change: Callable[[dict[str, Any]], None]) -> None:
         patch_json(dataset / name / "info", lambda info: change(info["scales"][0]))
 
     scale("huge_pc", lambda s: s.update(chunk_sizes=[[2048, 2048, 2048]]))

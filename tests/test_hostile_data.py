@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lz4.block
 import numcodecs
@@ -36,7 +37,9 @@ MIB = 1 << 20
 # --- building hostile roots -------------------------------------------------------------------------
 
 
-def wkw_layer(name: str, element_class: str, top_left: list[int], size: list[int], data_format: str = "wkw") -> dict:
+def wkw_layer(
+    name: str, element_class: str, top_left: list[int], size: list[int], data_format: str = "wkw"
+) -> dict[str, Any]:
     return {
         "name": name,
         "category": "color",
@@ -47,7 +50,7 @@ def wkw_layer(name: str, element_class: str, top_left: list[int], size: list[int
     }
 
 
-def write_properties(dataset: Path, layers: list[dict], factor: object = (1.0, 1.0, 1.0)) -> None:
+def write_properties(dataset: Path, layers: list[dict[str, Any]], factor: object = (1.0, 1.0, 1.0)) -> None:
     dataset.mkdir(parents=True, exist_ok=True)
     document = {"id": {"name": dataset.name, "team": ""}, "scale": {"factor": factor, "unit": "nanometer"}}
     document["dataLayers"] = layers
@@ -165,7 +168,9 @@ def geometry(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[
         ("fat_voxels", ("decodes to",)),
     ],
 )
-def test_geometry_no_writer_produces_makes_the_layer_unusable(geometry: Root, layer: str, words: tuple) -> None:
+def test_geometry_no_writer_produces_makes_the_layer_unusable(
+    geometry: Root, layer: str, words: tuple[str, ...]
+) -> None:
     listing = get(geometry.server, "/data/zarr/geo/ds/")
     assert listing.status_code == 200
     assert layer in listing.text and all(word in listing.text for word in words)
@@ -264,7 +269,7 @@ def test_bytes_decoded_decide_event_loop_or_thread(tmp_path: Path) -> None:
     from gateway.zarr.layout import ArrayLayout
     from gateway.zarr.nodes import INLINE_ENCODE_BYTES, SourceArray
 
-    box = BoundingBox(topLeft=(0, 0, 0), width=64, height=64, depth=64)
+    box = BoundingBox.model_validate({"topLeft": (0, 0, 0), "width": 64, "height": 64, "depth": 64})
     for dtype, inline in (("uint8", True), ("uint64", False)):
         mag = tmp_path / dtype
         write_wkw(mag, np.ones((64, 64, 64), dtype), wkw.Header.BLOCK_TYPE_LZ4, 64, 1)
@@ -281,7 +286,7 @@ def test_bytes_decoded_decide_event_loop_or_thread(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> Root:
+def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> tuple[Root, Root]:
     root = tmp_path_factory.mktemp("shards")
     # sparse: only the column of blocks (0, 0, 0..7) of a 16 MiB raw file lies in the box, and in Morton
     # order blocks (0, 0, 3) and (0, 0, 4) are 219 blocks (7 MiB) apart in the file
@@ -297,7 +302,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..
     garble_block(root / "sh" / "corrupt" / "color" / "1" / "z0" / "y0" / "x0.wkw", 0)
     plain = server_factory(root)
     sharded = server_factory(root, v3_layout="sharded")
-    return Root(sharded, root), Root(plain, root)  # type: ignore[return-value]
+    return Root(sharded, root), Root(plain, root)
 
 
 SEGMENT = 16 + 32**3  # a raw block framed as a Blosc chunk
@@ -377,7 +382,8 @@ def test_every_stored_encoding_has_one_framing_and_unknown_ones_are_refused() ->
     from gateway.zarr.framing import FRAMINGS, UnknownEncoding, framing_for
 
     assert set(FRAMINGS) == set(StoredEncoding)
-    unknown = enum.Enum("Other", {"ZSTD_BLOCK": "zstd-block"}).ZSTD_BLOCK
+    Other = enum.Enum("Other", {"ZSTD_BLOCK": "zstd-block"})
+    unknown = Other.ZSTD_BLOCK
     with pytest.raises(UnknownEncoding, match="zstd-block"):
         framing_for(unknown)  # type: ignore[arg-type]
 
@@ -437,7 +443,9 @@ def metadata(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[
         ("vast", ("largest extent",)),
     ],
 )
-def test_bad_properties_make_the_dataset_unusable_with_a_reason(metadata: Root, dataset: str, words: tuple) -> None:
+def test_bad_properties_make_the_dataset_unusable_with_a_reason(
+    metadata: Root, dataset: str, words: tuple[str, ...]
+) -> None:
     listing = get(metadata.server, "/data/zarr/meta/")
     assert listing.status_code == 200
     assert dataset in listing.text and all(word in listing.text for word in words)
@@ -510,7 +518,7 @@ ZARR_JSON = {
     "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
 }
 ZARR_FIELDS = {2: [*ZARRAY, "dimension_separator"], 3: [*ZARR_JSON, "dimension_names"]}
-SHARDED = {
+SHARDED: dict[str, Any] = {
     "name": "sharding_indexed",
     "configuration": {
         "chunk_shape": [1, 16, 16, 16],
@@ -520,12 +528,12 @@ SHARDED = {
 }
 
 
-def _sharding(inner: list[int]) -> dict:
+def _sharding(inner: list[int]) -> dict[str, Any]:
     """A shard codec whose inner chunks are ``inner``."""
     return {"name": "sharding_indexed", "configuration": {**SHARDED["configuration"], "chunk_shape": inner}}
 
 
-def _grid(chunk_shape: list[int]) -> dict:
+def _grid(chunk_shape: list[int]) -> dict[str, Any]:
     return {"name": "regular", "configuration": {"chunk_shape": chunk_shape}}
 
 
@@ -563,7 +571,9 @@ def _check_answers(server: Server, dataset: str) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(version=st.sampled_from([2, 3]), field=st.data(), value=JSON_VALUES, sharded=st.booleans())
-def test_zarr_metadata_of_every_json_type(metadata: Root, version: int, field: st.DataObject, value, sharded) -> None:
+def test_zarr_metadata_of_every_json_type(
+    metadata: Root, version: int, field: st.DataObject, value: object, sharded: bool
+) -> None:
     name = field.draw(st.sampled_from(ZARR_FIELDS[version]))
     document = dict(ZARRAY if version == 2 else ZARR_JSON)
     if version == 3 and sharded:
@@ -582,7 +592,7 @@ def test_zarr_metadata_of_every_json_type(metadata: Root, version: int, field: s
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(field=st.sampled_from(PROPERTY_FIELDS), value=JSON_VALUES)
-def test_properties_of_every_json_type(metadata: Root, field: str, value) -> None:
+def test_properties_of_every_json_type(metadata: Root, field: str, value: object) -> None:
     dataset = f"p{next(_examples)}"
     directory = metadata.root / "fuzz" / dataset
     layer = wkw_layer("color", "uint8", [0, 0, 0], [64, 64, 64])
@@ -613,7 +623,9 @@ def test_properties_of_every_json_type(metadata: Root, field: str, value) -> Non
         ),
     ],
 )
-def test_malformed_zarr_metadata_makes_the_layer_unusable(metadata: Root, document: str, words: tuple) -> None:
+def test_malformed_zarr_metadata_makes_the_layer_unusable(
+    metadata: Root, document: str, words: tuple[str, ...]
+) -> None:
     dataset = f"m{next(_examples)}"
     version = 3 if "node_type" in document else 2
     layer = wkw_layer("color", "uint8", [0, 0, 0], [64, 64, 64], "zarr3" if version == 3 else "zarr")
@@ -673,7 +685,7 @@ def test_a_zarr_source_s_gzip_chunks_encode_to_one_body(
     )
     kvstore = {"driver": "file", "path": str(dataset / "color" / "1")}
     if zarr_format == 2:
-        metadata: dict = {"compressor": {"id": "gzip", "level": 5}, "chunks": [1, 32, 32, 32], "dtype": "|u1"}
+        metadata: dict[str, Any] = {"compressor": {"id": "gzip", "level": 5}, "chunks": [1, 32, 32, 32], "dtype": "|u1"}
         spec = {"driver": "zarr", "kvstore": kvstore, "metadata": {**metadata, "shape": [1, 64, 64, 64]}}
     else:
         codecs = [{"name": "bytes"}, {"name": "gzip", "configuration": {"level": 5}}]

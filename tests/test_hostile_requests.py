@@ -20,6 +20,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import numpy as np
@@ -61,7 +62,7 @@ class Planted:
         return [CANARY.encode(), *(p.encode() for p in paths)]
 
 
-def _layer(name: str, data_format: str, category: str = "color") -> dict:
+def _layer(name: str, data_format: str, category: str = "color") -> dict[str, Any]:
     entry = {
         "name": name,
         "category": category,
@@ -73,7 +74,7 @@ def _layer(name: str, data_format: str, category: str = "color") -> dict:
     return {**entry, "largestSegmentId": 255} if category == "segmentation" else entry
 
 
-def _properties(dataset: Path, layers: list[dict]) -> None:
+def _properties(dataset: Path, layers: list[dict[str, Any]]) -> None:
     dataset.mkdir(parents=True, exist_ok=True)
     document = {"id": {"name": dataset.name, "team": ""}, "scale": {"factor": [1, 1, 1], "unit": "nanometer"}}
     (dataset / "datasource-properties.json").write_text(json.dumps({**document, "dataLayers": layers}))
@@ -91,7 +92,7 @@ def _write_layers(dataset: Path, data: np.ndarray) -> dict[str, Path]:
     with wkw.Dataset.create(str(dataset / "wkw" / "1"), wkw.Header(np.uint8, block_len=CHUNK, file_len=1)) as ds:
         ds.write((0, 0, 0), data)
     for name, driver in (("zarr2", "zarr"), ("zarr3", "zarr3")):
-        metadata: dict = {"shape": [EDGE] * 3, "dtype": "|u1"} if driver == "zarr" else {"shape": [EDGE] * 3}
+        metadata: dict[str, Any] = {"shape": [EDGE] * 3, "dtype": "|u1"} if driver == "zarr" else {"shape": [EDGE] * 3}
         if driver == "zarr":
             metadata.update(chunks=[CHUNK] * 3, compressor=None)
         else:

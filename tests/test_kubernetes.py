@@ -96,7 +96,8 @@ def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     containers = the(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
-    return containers[0]
+    found: dict[str, Any] = containers[0]
+    return found
 
 
 def settings_of(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -113,7 +114,8 @@ def settings_of(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
-    return the(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels: dict[str, str] = the(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return labels
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -335,7 +337,7 @@ def test_service_budget_autoscaler_and_spread_select_the_gateways(
 
 def ingress_matches(ingress_path: dict[str, Any], request_path: str) -> bool:
     """Whether an Ingress path matches a request path, as the Ingress API defines Prefix and Exact."""
-    path = ingress_path["path"]
+    path = str(ingress_path["path"])
     if ingress_path["pathType"] == "Exact":
         return request_path == path
     assert ingress_path["pathType"] == "Prefix", "ImplementationSpecific paths cannot be checked"

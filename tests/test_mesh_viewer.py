@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -24,6 +25,7 @@ from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
 from support.viewer import (
     PANEL_RECT_JS,
+    AccessLine,
     access_lines,
     png_pixels,
     settled_screenshot,
@@ -60,7 +62,7 @@ def largest_interior_segment(labels: np.ndarray) -> int:
     raise AssertionError("no interior segment")
 
 
-def state(server: Server, kind: str, segments: list[int]) -> dict:
+def state(server: Server, kind: str, segments: list[int]) -> dict[str, Any]:
     """A 3-D view of the segmentation's meshes alone, looking down z; the token only in the query string.
 
     (Neuroglancer 2.41's zarr source cannot carry a query string: ``zarr3://URL?token=T`` is refused as
@@ -92,7 +94,9 @@ def state(server: Server, kind: str, segments: list[int]) -> dict:
     }
 
 
-def open_mesh_view(chromium: Browser, client_url: str, server: Server, name: str, view: dict, out: Path) -> tuple:
+def open_mesh_view(
+    chromium: Browser, client_url: str, server: Server, name: str, view: dict[str, Any], out: Path
+) -> tuple[Any, np.ndarray, list[AccessLine], list[str]]:
     start = len(server.log())
     with chromium.page() as page:
         page.navigate(client_url + "#!" + quote(json.dumps(view), safe=""))
@@ -111,7 +115,8 @@ def open_mesh_view(chromium: Browser, client_url: str, server: Server, name: str
 
 def drawn_pixels(panel: np.ndarray) -> np.ndarray:
     """Pixels brighter than the black background (the white segment, and the panel's small axis labels)."""
-    return panel.astype(int).sum(axis=-1) > 60
+    drawn: np.ndarray = panel.astype(int).sum(axis=-1) > 60
+    return drawn
 
 
 def silhouette(panel: np.ndarray) -> np.ndarray:
@@ -120,7 +125,8 @@ def silhouette(panel: np.ndarray) -> np.ndarray:
     if count == 0:
         return np.zeros(panel.shape[:2], dtype=bool)
     sizes = np.bincount(regions.ravel())[1:]
-    return regions == 1 + int(np.argmax(sizes))
+    largest: np.ndarray = regions == 1 + int(np.argmax(sizes))
+    return largest
 
 
 def normalized(mask: np.ndarray, size: int = 96) -> np.ndarray:

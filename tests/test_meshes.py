@@ -32,6 +32,7 @@ from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
 
 from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
+from gateway_storage.geometry import vec3
 
 MESH_TOKEN = "mesh-test-token"
 VOXEL = np.asarray(VOXEL_SIZE_NM)
@@ -112,9 +113,9 @@ def read_multires(server: Server, segment: int, base: str | None = None) -> list
         offset += 12 * count
         sizes = np.frombuffer(raw, "<u4", count, offset)
         offset += 4 * count
-        keys = [z_order(tuple(int(v) for v in p)) for p in positions]
+        keys = [z_order(vec3(int(v) for v in p)) for p in positions]
         assert keys == sorted(keys) and len(set(keys)) == len(keys), f"lod {lod} positions are not in Z-curve order"
-        listed += [(lod, tuple(int(v) for v in p), int(s)) for p, s in zip(positions, sizes)]
+        listed += [(lod, vec3(int(v) for v in p), int(s)) for p, s in zip(positions, sizes)]
     assert offset == len(raw), "the manifest has bytes after its last level"
     fragments = []
     start = 0
@@ -423,7 +424,7 @@ def synthetic_base(layer: str = "labels", kind: str = "multires") -> str:
     return mesh_base(layer=layer, kind=kind, dataset="synthetic/balls")
 
 
-def index_segments(root: Path, layer: str, *extra: str) -> subprocess.CompletedProcess:
+def index_segments(root: Path, layer: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "index-segments", str(root), "synthetic/balls", layer, *extra],
         capture_output=True,

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pytest
@@ -26,6 +26,7 @@ import zarr
 from support.s3 import aws_environment, start_moto, upload_tree
 
 from gateway.sources.precomputed_source import Sharding, compressed_morton_code
+from gateway_storage.geometry import Box, Vec3, mag_name, vec3
 
 warnings.filterwarnings("ignore", message="Not all image readers could be imported")
 
@@ -44,14 +45,13 @@ N5_BLOCK = (32, 32, 16)
 PC_CHUNK = (32, 32, 16)
 
 
-def mag_name(mag: tuple[int, int, int]) -> str:
-    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
-
-
 def box_at(mag: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     lo = tuple(t // m for t, m in zip(TOP_LEFT, mag))
     hi = tuple(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
     return lo, hi
+
+
+Expected = dict[tuple[str, Vec3], np.ndarray]  # the expected fixture: (layer, mag) to the voxels it must read as
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ class LayerSpec:
     name: str
     data_format: str  # n5 or neuroglancerPrecomputed
     dtype: str
-    category: str = "color"
+    category: Literal["color", "segmentation"] = "color"
     channels: int = 1
-    compression: dict | None = None  # N5
+    compression: dict[str, Any] | None = None  # N5
     encoding: str = "raw"  # precomputed
     sharding: tuple[str | None, ...] = (None, None)  # precomputed, per mag: None or the hash
 
@@ -107,7 +107,7 @@ def _voxels(spec: LayerSpec, shape: tuple[int, ...], rng: np.random.Generator) -
     return rng.integers(max(info.min, -(2**31)), min(info.max, 2**31), size=shape, dtype=spec.dtype, endpoint=True)
 
 
-def _sharding(hash_name: str) -> dict:
+def _sharding(hash_name: str) -> dict[str, Any]:
     return {
         "@type": "neuroglancer_uint64_sharded_v1",
         "preshift_bits": 1,
@@ -120,7 +120,7 @@ def _sharding(hash_name: str) -> dict:
 
 
 def _write_n5(directory: Path, spec: LayerSpec, shape: tuple[int, ...], rng: np.random.Generator) -> None:
-    metadata = {"dimensions": list(shape), "blockSize": list(N5_BLOCK), "dataType": spec.dtype}
+    metadata: dict[str, Any] = {"dimensions": list(shape), "blockSize": list(N5_BLOCK), "dataType": spec.dtype}
     metadata["compression"] = spec.compression
     array = ts.open(
         {"driver": "n5", "kvstore": {"driver": "file", "path": str(directory)}, "metadata": metadata}, create=True
@@ -132,7 +132,7 @@ def _write_precomputed(
     volume: Path, spec: LayerSpec, mag: tuple[int, int, int], sharding: str | None, rng: np.random.Generator
 ) -> None:
     lo, hi = box_at(mag)
-    scale: dict = {
+    scale: dict[str, Any] = {
         "key": mag_name(mag),
         "size": [h - low for low, h in zip(lo, hi)],
         "resolution": [float(m) for m in mag],
@@ -167,7 +167,7 @@ def source_array(root: Path, dataset: str, spec: LayerSpec, mag: tuple[int, int,
     zero outside the bounding box."""
     lo, hi = box_at(mag)
     out = np.zeros((spec.channels, *hi), dtype=spec.dtype)
-    window = tuple(slice(a, b) for a, b in zip(lo, hi))
+    window = Box(vec3(lo), vec3(hi)).slices()
     directory = root / ORG / dataset / spec.name
     if spec.is_n5:
         opened = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(directory / mag_name(mag))}})
@@ -197,7 +197,7 @@ def _write_properties_with_webknossos(dataset_dir: Path, specs: list[LayerSpec])
         child.rename(dataset_dir / child.name)
     staging.rmdir()
     for spec in specs:
-        kwargs = {"largest_segment_id": 2**31} if spec.category == "segmentation" else {}
+        kwargs: dict[str, Any] = {"largest_segment_id": 2**31} if spec.category == "segmentation" else {}
         layer = dataset.add_layer(
             spec.name,
             spec.category,
@@ -245,7 +245,7 @@ def sharded(root: Path, server_factory: Callable[..., Server]) -> Server:
 
 
 @pytest.fixture(scope="module")
-def expected(root: Path) -> dict[tuple[str, tuple[int, int, int]], np.ndarray]:
+def expected(root: Path) -> Expected:
     return {(spec.name, mag): source_array(root, DATASET, spec, mag) for spec in LAYERS for mag in MAGS}
 
 
@@ -261,7 +261,7 @@ TREES = {"zarr": ("zarr", 2, "plain"), "zarr3": ("zarr3", 3, "plain"), "zarr3-sh
 
 def _read(client: str, url: str, version: int) -> np.ndarray:
     if client == "zarr-python":
-        return zarr.open_array(url, mode="r", zarr_format=version)[...]
+        return np.asarray(zarr.open_array(url, mode="r", zarr_format=2 if version == 2 else 3)[...])
     driver = "zarr" if version == 2 else "zarr3"
     return ts.open({"driver": driver, "kvstore": {"driver": "http", "base_url": url + "/"}}).result().read().result()
 
@@ -278,7 +278,7 @@ def test_the_properties_are_as_webknossos_libs_writes_them(root: Path) -> None:
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("layer", [spec.name for spec in LAYERS])
 def test_clients_read_every_mag_exactly(
-    plain: Server, sharded: Server, expected: dict, layer: str, tree: str, client: str
+    plain: Server, sharded: Server, expected: Expected, layer: str, tree: str, client: str
 ) -> None:
     url_tree, version, which = TREES[tree]
     server = {"plain": plain, "sharded": sharded}[which]
@@ -288,7 +288,7 @@ def test_clients_read_every_mag_exactly(
 
 
 @pytest.mark.parametrize("client", ["zarr-python", "tensorstore"])
-def test_the_xarray_tree_serves_every_layer_exactly(plain: Server, expected: dict, client: str) -> None:
+def test_the_xarray_tree_serves_every_layer_exactly(plain: Server, expected: Expected, client: str) -> None:
     for mag in MAGS:
         for spec in LAYERS:
             data = _read(client, f"{plain.url}/data/xarray/{ORG}/{DATASET}/{mag_name(mag)}/{spec.name}", 3)
@@ -297,7 +297,7 @@ def test_the_xarray_tree_serves_every_layer_exactly(plain: Server, expected: dic
 
 
 @pytest.mark.parametrize("tree", ["zarr", "zarr3"])
-def test_webknossos_libs_reads_every_layer_and_mag(plain: Server, expected: dict, tree: str) -> None:
+def test_webknossos_libs_reads_every_layer_and_mag(plain: Server, expected: Expected, tree: str) -> None:
     import webknossos as wk
     from upath import UPath
 
@@ -459,9 +459,9 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Hostile:
     chunk = _pc_chunk_file(where.layer("corrupt_pc"), (1, 1, 1))
     chunk.write_bytes(chunk.read_bytes()[:-7])
     for shard in (where.layer("corrupt_pc_sharded") / "1").iterdir():  # every minishard index points past the end
-        data = bytearray(shard.read_bytes())
-        data[0:64] = ((0).to_bytes(8, "little") + (2**40).to_bytes(8, "little")) * 4
-        shard.write_bytes(bytes(data))
+        shard_bytes = bytearray(shard.read_bytes())
+        shard_bytes[0:64] = ((0).to_bytes(8, "little") + (2**40).to_bytes(8, "little")) * 4
+        shard.write_bytes(bytes(shard_bytes))
     # Symlinks out of the root: an N5 block, a precomputed chunk, a precomputed info.
     secret = where.outside / "secret"
     secret.write_bytes(b"\xab" * 70000)
@@ -617,7 +617,7 @@ def s3_gateway(
 
 
 @pytest.mark.parametrize("tree", ["zarr", "zarr3"])
-def test_every_layer_reads_exactly_from_s3(s3_gateway: Server, expected: dict, tree: str) -> None:
+def test_every_layer_reads_exactly_from_s3(s3_gateway: Server, expected: Expected, tree: str) -> None:
     for spec in LAYERS:
         for mag in MAGS:
             url = f"{s3_gateway.url}/data/{tree}/{ORG}/{DATASET}/{spec.name}/{mag_name(mag)}"
@@ -650,7 +650,7 @@ def test_an_n5_dataset_of_the_first_version_is_served(
 # --- every malformed field is a reason, never a crash -------------------------------------------------------
 
 _N5_GOOD = {"dimensions": [64, 64, 32], "blockSize": [32, 32, 16], "dataType": "uint8", "compression": {"type": "raw"}}
-N5_BROKEN = {
+N5_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
     "not JSON": (b"{dimensions", "attributes.json is not usable: it is not JSON"),
     "a list": (b"[1, 2, 3]", "must be a JSON object, not an array"),
     "dimensions of strings": ({**_N5_GOOD, "dimensions": ["64", "64", "32"]}, "'dimensions' must be"),
@@ -662,9 +662,20 @@ N5_BROKEN = {
     "an unknown compression": ({**_N5_GOOD, "compression": {"type": "snappy"}}, "tensorstore cannot open"),
     "too many axes": ({**_N5_GOOD, "dimensions": [4, 4, 4, 4, 4], "blockSize": [4] * 5}, "cannot be mapped"),
 }
-_SCALE = {"key": "1", "size": [64, 64, 32], "voxel_offset": [0, 0, 0], "chunk_sizes": [[32, 32, 16]], "encoding": "raw"}
-_INFO = {"type": "image", "data_type": "uint8", "num_channels": 1, "scales": [{**_SCALE, "resolution": [1, 1, 1]}]}
-PRECOMPUTED_BROKEN = {
+_SCALE: dict[str, Any] = {
+    "key": "1",
+    "size": [64, 64, 32],
+    "voxel_offset": [0, 0, 0],
+    "chunk_sizes": [[32, 32, 16]],
+    "encoding": "raw",
+}
+_INFO: dict[str, Any] = {
+    "type": "image",
+    "data_type": "uint8",
+    "num_channels": 1,
+    "scales": [{**_SCALE, "resolution": [1, 1, 1]}],
+}
+PRECOMPUTED_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
     "not JSON": (b"\x89PNG", "info is not usable"),
     "scales not a list": ({**_INFO, "scales": {"1": _SCALE}}, "a list of 'scales'"),
     "no scale of the key": ({**_INFO, "scales": [{**_SCALE, "key": "2"}]}, "no scale with key '1'"),
@@ -681,7 +692,7 @@ PRECOMPUTED_BROKEN = {
 }
 
 
-def _open_broken(tmp_path: Path, name: str, document: bytes | dict, data_format: str) -> str:
+def _open_broken(tmp_path: Path, name: str, document: bytes | dict[str, Any], data_format: str) -> str:
     from gateway.sources.mag import SourceError
     from gateway.sources.properties import DataLayer
     from gateway.sources.registry import SourceFormats

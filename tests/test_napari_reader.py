@@ -10,6 +10,7 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +38,7 @@ def read_by_ome_zarr(
     server_factory: Callable[..., Server],
     sharded_gateway: Server,
     tmp_path_factory: pytest.TempPathFactory,
-) -> dict[tuple[str, str], tuple[dict, dict[str, np.ndarray]]]:
+) -> dict[tuple[str, str], tuple[dict[str, Any], dict[str, np.ndarray]]]:
     """(tree, layer) -> the reader's metadata and levels, for every layer of both trees (one reader process)."""
     plain = server_factory(test_data.root)
     cases = [(tree, name) for tree in TREES for name, *_ in LAYERS]
@@ -64,7 +65,7 @@ def read_by_ome_zarr(
 @pytest.mark.parametrize("layer", [name for name, *_ in LAYERS])
 @pytest.mark.parametrize("tree", TREES)
 def test_ome_zarr_reads_every_mag(
-    read_by_ome_zarr: dict[tuple[str, str], tuple[dict, dict[str, np.ndarray]]],
+    read_by_ome_zarr: dict[tuple[str, str], tuple[dict[str, Any], dict[str, np.ndarray]]],
     test_data: WrittenDataset,
     tree: str,
     layer: str,

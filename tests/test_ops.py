@@ -289,7 +289,7 @@ def test_settings_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     settings_file.write_text(
         json.dumps({"root": str(tmp_path), "cache_control": "max-age=1", "port": 1111, "workers": 3})
     )
-    from_file = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    from_file = Settings(settings_file=settings_file)
     assert (from_file.cache_control, from_file.port, from_file.workers, from_file.chunk_edge) == (
         "max-age=1",
         1111,
@@ -298,17 +298,17 @@ def test_settings_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     )
     monkeypatch.setenv("ZARR_GATEWAY_PORT", "2222")
     monkeypatch.setenv("ZARR_GATEWAY_CACHE_CONTROL", "max-age=2")
-    from_env = Settings(settings_file=settings_file)  # type: ignore[call-arg]
+    from_env = Settings(settings_file=settings_file)
     assert (from_env.cache_control, from_env.port, from_env.workers) == ("max-age=2", 2222, 3)
-    from_flags = Settings(settings_file=settings_file, port=3333)  # type: ignore[call-arg]
+    from_flags = Settings(settings_file=settings_file, port=3333)
     assert (from_flags.cache_control, from_flags.port) == ("max-age=2", 3333)
     monkeypatch.setenv("ZARR_GATEWAY_SETTINGS_FILE", str(settings_file))
-    assert Settings().workers == 3  # type: ignore[call-arg]
+    assert Settings().workers == 3
 
     dotenv = tmp_path / "gateway.env"
     dotenv.write_text(f"# comment\nZARR_GATEWAY_ROOT={tmp_path}\nexport threads='7'\nZARR_GATEWAY_METRICS_DIR=\n")
     monkeypatch.delenv("ZARR_GATEWAY_SETTINGS_FILE")
-    from_dotenv = Settings(settings_file=dotenv)  # type: ignore[call-arg]
+    from_dotenv = Settings(settings_file=dotenv)
     assert (from_dotenv.threads, from_dotenv.metrics_dir) == (7, None)
 
 
@@ -323,7 +323,7 @@ def test_a_settings_file_and_flags_start_a_server(
     assert zarr_json.json()["codecs"][0]["name"] == "sharding_indexed", "the file over the default"
 
 
-def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     command = [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()), *args]
     try:

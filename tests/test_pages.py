@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -163,11 +163,12 @@ def facts(section: Node) -> dict[str, str]:
     return {dt.text(): dd.text() for dt, dd in zip(terms, values)}
 
 
-def neuroglancer_state(section: Node) -> dict:
+def neuroglancer_state(section: Node) -> dict[str, Any]:
     href = str(section.one("a", "open-neuroglancer").attrs["href"])
     viewer, marker, fragment = href.partition("#!")
     assert (viewer, marker) == (NEUROGLANCER, "#!")
-    return json.loads(unquote(fragment))
+    document: dict[str, Any] = json.loads(unquote(fragment))
+    return document
 
 
 # --- the page is still the listing -------------------------------------------------------------------------------
@@ -402,7 +403,8 @@ def middle_slice(test_data: WrittenDataset, layer: str, mag: tuple[int, int, int
 def stretched(plane: np.ndarray) -> np.ndarray:
     """1st..99th percentile over 0..255, computed here from the definition."""
     low, high = np.percentile(plane.astype(np.float64), [1, 99])
-    return np.rint(np.clip((plane - low) / (high - low), 0, 1) * 255)
+    pixels: np.ndarray = np.rint(np.clip((plane - low) / (high - low), 0, 1) * 255)
+    return pixels
 
 
 @pytest.mark.parametrize(("layer", "mode"), [("color_u8", "L"), ("color_u16", "L"), ("color_f32", "L"), ("rgb", "RGB")])
@@ -561,12 +563,12 @@ def open_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server
     return server_factory(test_data.root)
 
 
-def run_snippet(server: Server, dataset: Dataset, client: str, needs_token: bool) -> dict:
+def run_snippet(server: Server, dataset: Dataset, client: str, needs_token: bool) -> dict[str, Any]:
     """The page's snippet for ``client``, as a person copies it (the real token for the placeholder), executed."""
     page = build_dataset_page(dataset, "zarr", server.url, None, NEUROGLANCER, needs_token)
     code = snippet_code(parse(render_dataset_page(f"/data/zarr/{ORG}/{DATASET}/", dataset_entries(dataset), page)))
     source = code[client].replace(TOKEN_PLACEHOLDER, TOKEN)
-    namespace: dict = {}
+    namespace: dict[str, Any] = {}
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         exec(compile(source, f"<{client} snippet>", "exec"), namespace)
     assert printed.getvalue().strip(), "the snippet prints what it read"

@@ -163,7 +163,7 @@ def _parse_multipart(response: requests.Response) -> list[tuple[int, int, int, b
     assert match, response.headers["Content-Type"]
     delimiter = b"--" + match.group(1).strip('"').encode()
     body = response.content
-    parts = []
+    parts: list[tuple[int, int, int, bytes]] = []
     position = 0
     while True:
         assert body.startswith(delimiter, position), body[position : position + 80]
@@ -177,7 +177,9 @@ def _parse_multipart(response: requests.Response) -> list[tuple[int, int, int, b
             line.split(": ", 1) for line in body[position + 2 : end_of_headers].decode("latin-1").split("\r\n")
         )
         headers = {k.lower(): v for k, v in headers.items()}
-        first, last, size = map(int, re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", headers["content-range"]).groups())
+        content_range = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", headers["content-range"])
+        assert content_range, headers["content-range"]
+        first, last, size = map(int, content_range.groups())
         position = end_of_headers + 4
         parts.append((first, last, size, body[position : position + last - first + 1]))
         position += last - first + 1

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
@@ -325,16 +325,16 @@ def test_an_object_replaced_mid_read_is_never_mixed(
 # --- remote mags: a webKnossos remote dataset --------------------------------------------------------
 
 
-def _remote_dataset(root: Path, base: str) -> dict:
+def _remote_dataset(root: Path, base: str) -> dict[str, Any]:
     """zp_arrays' properties, with every mag path the https:// URL of the same array on the server."""
-    source = json.loads((root / ZARR_ORG / ZP_DATASET / "datasource-properties.json").read_text())
+    source: dict[str, Any] = json.loads((root / ZARR_ORG / ZP_DATASET / "datasource-properties.json").read_text())
     for layer in source["dataLayers"]:
         for mag in layer["mags"]:
             mag["path"] = f"{base}/{ZARR_ORG}/{ZP_DATASET}/{mag['path'].removeprefix('./')}"
     return source
 
 
-def _local_root(directory: Path, properties: dict) -> Path:
+def _local_root(directory: Path, properties: dict[str, Any]) -> Path:
     (directory / ZARR_ORG / ZP_DATASET).mkdir(parents=True)
     (directory / ZARR_ORG / ZP_DATASET / "datasource-properties.json").write_text(json.dumps(properties))
     return directory
@@ -383,7 +383,7 @@ def test_an_unreachable_remote_root_is_503(
     tree: Tree, certificate: Certificate, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     """A remote root that does not answer: its layers are 503 (retry), never 404, and start-up says so."""
-    from conftest import free_port
+    from support.processes import free_port
 
     base = f"https://127.0.0.1:{free_port()}/{PREFIX}"
     root = _local_root(tmp_path / "local", _remote_dataset(tree.root, base))

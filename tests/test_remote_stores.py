@@ -47,7 +47,7 @@ _AZURE = (
 
 def nobody() -> str:
     """``host:port`` of a loopback port nothing listens on: connection refused."""
-    from conftest import free_port
+    from support.processes import free_port
 
     return f"127.0.0.1:{free_port()}"
 

@@ -6,12 +6,15 @@ project's own reader, so a bug shared by writer and reader cannot hide.
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import wkw
 
 from gateway.sample import make_sample
+from gateway_storage import geometry
+from gateway_storage.geometry import vec3
 
 TOP_LEFT = (16, 8, 4)
 SIZE = (320, 288, 96)
@@ -30,9 +33,10 @@ def read(dataset: Path, layer: str, mag_name: str, grow: int = 0) -> np.ndarray:
     """``[x, y, z]`` voxels over the bounding box at a mag (``grow`` voxels more on every side), via ``wkw``."""
     offset, shape = extent(MAGS[mag_name])
     with wkw.Dataset.open(str(dataset / layer / mag_name)) as ds:
-        data = ds.read(tuple(o - grow for o in offset), tuple(s + 2 * grow for s in shape))
+        data: np.ndarray = ds.read(tuple(o - grow for o in offset), tuple(s + 2 * grow for s in shape))
     assert data.shape[0] == 1
-    return data[0]
+    voxels: np.ndarray = data[0]
+    return voxels
 
 
 def windows(data: np.ndarray, factor: tuple[int, int, int]) -> np.ndarray:
@@ -65,11 +69,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def properties(dataset: Path) -> dict:
-    return json.loads((dataset / "datasource-properties.json").read_text())
+def properties(dataset: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((dataset / "datasource-properties.json").read_text())
+    return document
 
 
-def test_properties_are_webknossos_style(dataset: Path, properties: dict) -> None:
+def test_properties_are_webknossos_style(dataset: Path, properties: dict[str, Any]) -> None:
     assert properties["id"] == {"name": "sample_dataset", "team": ""}
     assert properties["scale"] == {"factor": [11.24, 11.24, 28.0], "unit": "nanometer"}
     assert properties["version"] == 1
@@ -84,7 +89,7 @@ def test_properties_are_webknossos_style(dataset: Path, properties: dict) -> Non
         assert layer["boundingBox"] == box
         assert [m["mag"] for m in layer["mags"]] == [list(m) for m in MAGS.values()]
         for mag in layer["mags"]:
-            name = "-".join(map(str, mag["mag"])) if len(set(mag["mag"])) > 1 else str(mag["mag"][0])
+            name = geometry.mag_name(vec3(mag["mag"]))
             assert mag["path"] == f"./{layer['name']}/{name}"
             assert mag["cubeLength"] == 1024
             assert mag["axisOrder"] == {"c": 0, "x": 1, "y": 2, "z": 3}
@@ -132,7 +137,7 @@ def test_color_looks_like_tissue(dataset: Path, mag_name: str) -> None:
     assert not np.array_equal(slices[0], slices[-1])
 
 
-def test_segmentation_labels_cells(dataset: Path, properties: dict) -> None:
+def test_segmentation_labels_cells(dataset: Path, properties: dict[str, Any]) -> None:
     labels = read(dataset, "segmentation", "1")
     largest = properties["dataLayers"][1]["largestSegmentId"]
     assert labels.max() == largest
@@ -175,7 +180,7 @@ def test_webknossos_opens_it(dataset: Path) -> None:
         layer = ds.get_layer(name)
         assert layer.bounding_box == wk.BoundingBox(TOP_LEFT, SIZE)
         assert set(layer.mags) == {wk.Mag(m) for m in MAGS.values()}
-    assert ds.get_layer("segmentation").largest_segment_id == read(dataset, "segmentation", "1").max()
+    assert ds.get_segmentation_layer("segmentation").largest_segment_id == read(dataset, "segmentation", "1").max()
 
     via_webknossos = ds.get_layer("color").get_mag("1").read()
     assert via_webknossos.shape == (1, *SIZE)

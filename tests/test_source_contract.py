@@ -31,9 +31,8 @@ from gateway.sources.properties import BoundingBox
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.sources.zarr_source import ZarrMagSource
 from gateway_storage import ByteLRU, LocalStore
+from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import WkwFileCache
-
-Vec3 = tuple[int, int, int]
 
 MAG: Vec3 = (1, 1, 1)
 CHUNK = 16  # voxels per edge of a stored chunk (a WKW block, a Zarr chunk or inner chunk)
@@ -69,14 +68,14 @@ def _cubes() -> list[Vec3]:
     ]
 
 
-def _window(lo: Vec3, hi: Vec3) -> tuple[slice, ...]:
-    return (slice(None), *(slice(a, b) for a, b in zip(lo, hi)))
+def _window(lo: Vec3, hi: Vec3) -> tuple[slice, slice, slice, slice]:
+    return (slice(None), *Box(lo, hi).slices())
 
 
 def _cube_box(cube: Vec3) -> tuple[Vec3, Vec3]:
-    lo = tuple(c * CUBE for c in cube)
-    hi = tuple(min(a + CUBE, e) for a, e in zip(lo, EXTENT))
-    return lo, hi  # type: ignore[return-value]
+    lo = vec3(c * CUBE for c in cube)
+    hi = vec3(min(a + CUBE, e) for a, e in zip(lo, EXTENT))
+    return lo, hi
 
 
 def _is_storage_fault(exc: BaseException) -> bool:
@@ -161,9 +160,9 @@ class MagSourceContract:
         inside_array[_window(TOP_LEFT, BBOX_HI)] = True
         masked = np.where(inside_array, truth, 0)
         out = np.zeros((self.channels, *(h - low for low, h in zip(lo, hi))), dtype=truth.dtype)
-        clip_hi = tuple(min(h, e) for h, e in zip(hi, EXTENT))
+        clip_hi = vec3(min(h, e) for h, e in zip(hi, EXTENT))
         if all(a < b for a, b in zip(lo, clip_hi)):
-            out[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, clip_hi)))] = masked[_window(lo, clip_hi)]
+            out[_window((0, 0, 0), Box(lo, clip_hi).size)] = masked[_window(lo, clip_hi)]
         return out
 
     # --- geometry -----------------------------------------------------------------------------------
@@ -171,7 +170,7 @@ class MagSourceContract:
     def test_geometry_follows_the_bounding_box_and_the_header(self, written: WrittenMag) -> None:
         source = self.open(written.root, written.directory)
         assert source.shape == BBOX_HI
-        assert (source.bbox_lo, source.bbox_hi) == (TOP_LEFT, BBOX_HI)
+        assert (source.bbox.lo, source.bbox.hi) == (TOP_LEFT, BBOX_HI)
         assert source.dtype == np.dtype(self.dtype)
         assert source.channels == self.channels
         assert source.mag == MAG
@@ -207,8 +206,8 @@ class MagSourceContract:
         assert chunk.identity is not None and chunk.origin.startswith("mag/")
         decoded = self.decode(source, chunk)
         assert decoded.shape == shape
-        end = tuple(min(c + CHUNK, e) for c, e in zip(corner, EXTENT))
-        inside = _window((0, 0, 0), tuple(b - a for a, b in zip(corner, end)))
+        end = vec3(min(c + CHUNK, e) for c, e in zip(corner, EXTENT))
+        inside = _window((0, 0, 0), Box(corner, end).size)
         np.testing.assert_array_equal(decoded[inside], written.truth[_window(corner, end)])
 
     def test_a_chunk_never_written_is_absent(self, written: WrittenMag) -> None:
@@ -219,12 +218,13 @@ class MagSourceContract:
         except ChunkNotFound:
             chunk = None
         assert chunk is None
-        box = (CHUNK_IN_HOLE, tuple(min(c + CHUNK, e) for c, e in zip(CHUNK_IN_HOLE, BBOX_HI)))
-        assert not source.read_box(*box).data.any()  # type: ignore[arg-type]
+        box = (CHUNK_IN_HOLE, vec3(min(c + CHUNK, e) for c, e in zip(CHUNK_IN_HOLE, BBOX_HI)))
+        assert not source.read_box(*box).data.any()
 
     @staticmethod
     def _index(corner: Vec3) -> tuple[int, int, int, int]:
-        return (0, *(c // CHUNK for c in corner))  # type: ignore[return-value]
+        x, y, z = (c // CHUNK for c in corner)
+        return (0, x, y, z)
 
     def _truncated(self, copy: WrittenMag, corner: Vec3) -> MagSource:
         """The source over ``copy`` after the data file holding ``corner`` is cut to a third of its size."""
@@ -322,7 +322,7 @@ class WkwContract(MagSourceContract):
             for cube in cubes:  # compressed files are written whole: a cube past EXTENT is padded with zeros
                 lo, hi = _cube_box(cube)
                 padded = np.zeros((self.channels, CUBE, CUBE, CUBE), dtype=self.dtype)
-                padded[_window((0, 0, 0), tuple(b - a for a, b in zip(lo, hi)))] = data[_window(lo, hi)]
+                padded[_window((0, 0, 0), Box(lo, hi).size)] = data[_window(lo, hi)]
                 dataset.write(lo, np.asfortranarray(padded))
 
     def read_truth(self, directory: Path) -> np.ndarray:

@@ -123,7 +123,7 @@ def open_tls_proxy(
 
 def test_tls_listener_is_off_by_default(
     test_data: WrittenDataset, server_factory: Callable[..., Server], tmp_path: Path
-):
+) -> None:
     """The shipped defaults include no TLS listener: nothing but the plain port is rendered into the server."""
     gateway = server_factory(test_data.root)
     proxy = start_proxy(tmp_path / "nginx", [address(gateway)])

@@ -9,6 +9,7 @@ of each level, read through fsspec's HTTP filesystem, links exactly those names 
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import fsspec
 import pytest
@@ -48,7 +49,7 @@ class Node:
 
 def grid(mag: tuple[int, int, int]) -> tuple[int, int, int]:
     """The served extent of every layer at ``mag``: all layers share the bounding box in the test data."""
-    return bbox_at_mag(mag)[1]  # type: ignore[return-value]
+    return bbox_at_mag(mag)[1]
 
 
 def walk(tree: str) -> Iterator[Node]:
@@ -75,7 +76,7 @@ def walk(tree: str) -> Iterator[Node]:
 # --- what each document must say -----------------------------------------------------------------
 
 
-def check_v2(node: Node, name: str, document: dict) -> None:
+def check_v2(node: Node, name: str, document: dict[str, Any]) -> None:
     if name == ".zgroup":
         assert document == {"zarr_format": 2}
     elif name == ".zarray":
@@ -109,7 +110,7 @@ def check_v2(node: Node, name: str, document: dict) -> None:
         raise AssertionError(f"no check for {name}")
 
 
-def check_properties(node: Node, document: dict) -> None:
+def check_properties(node: Node, document: dict[str, Any]) -> None:
     assert [layer["name"] for layer in document["dataLayers"]] == LAYER_NAMES
     data_format = "zarr" if node.tree == "zarr" else "zarr3"
     for layer in document["dataLayers"]:
@@ -117,7 +118,7 @@ def check_properties(node: Node, document: dict) -> None:
         assert [entry["path"] for entry in layer["mags"]] == [f"./{layer['name']}/{mag_name(m)}" for m in MAGS]
 
 
-def check_v3(node: Node, document: dict) -> None:
+def check_v3(node: Node, document: dict[str, Any]) -> None:
     assert document["zarr_format"] == 3
     if node.level in ("dataset", "group"):
         assert document["node_type"] == "group"
@@ -166,7 +167,7 @@ def _subs(node: Node, child: str) -> set[str]:
     return {*LAYER_NAMES, "x", "y", "z", *(f"c_{name}" for name in MULTI_CHANNEL)}
 
 
-def check_document(node: Node, name: str, document: dict) -> None:
+def check_document(node: Node, name: str, document: dict[str, Any]) -> None:
     if name == PROPERTIES:
         check_properties(node, document)
     elif node.tree == "zarr":
@@ -232,7 +233,7 @@ def test_listings_link_exactly_the_names_and_children(gateway: Server, tree: str
 def test_zarr_python_walks_the_same_tree(gateway: Server, tree: str, consolidated: bool) -> None:
     """zarr-python finds the same groups and arrays from the consolidated metadata and from the listings."""
     url = f"{gateway.url}/data/{tree}/{ORG}/{DATASET}"
-    zarr_format = 2 if tree == "zarr" else 3
+    zarr_format: Literal[2, 3] = 2 if tree == "zarr" else 3
     group = zarr.open_group(
         url, mode="r", zarr_format=zarr_format, use_consolidated=consolidated, storage_options={"headers": HEADERS}
     )
@@ -262,7 +263,7 @@ def test_clients_that_cannot_list_find_every_member(gateway: Server, tree: str) 
     from obstore.store import HTTPStore
     from zarr.storage import ObjectStore
 
-    zarr_format = 2 if tree == "zarr" else 3
+    zarr_format: Literal[2, 3] = 2 if tree == "zarr" else 3
     groups = [node for node in walk(tree) if node.level in ("dataset", "group")]
     assert len(groups) == 1 + (len(MAGS) if tree == "xarray" else len(LAYER_NAMES))
     for node in groups:

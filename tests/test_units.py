@@ -9,6 +9,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import blosc2
 import lz4.block
@@ -27,12 +28,15 @@ from gateway.sources.registry import SourceFormats
 from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_index, encode_shard_index, index_nbytes
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
+from gateway.zarr.chunks import served_mag
 from gateway.zarr.codecs import Codec
+from gateway.zarr.documents import ArrayZarrJson, ZArray
 from gateway.zarr.keys import MalformedKey, parse_v2_key, parse_v3_key
 from gateway.zarr.layout import AXES, array_zarr_json
+from gateway.zarr.nodes import CoordinateArray, SourceArray
 from gateway.zarr.shards import ShardPlans, plan_shard, read_shard
 from gateway.zarr.trees import TREES, NodeNotFound, ServeOptions, _layout
-from gateway_storage import FileChangedError, LocalStore, StoreUnavailableError
+from gateway_storage import ByteLRU, FileChangedError, LocalStore, StoreUnavailableError
 from wkw_adapter import WkwError, WkwFileCache
 
 BLOCK = 32
@@ -140,7 +144,7 @@ def test_unknown_tree_names_the_trees() -> None:
 # --- a real WKW layer written by the wkw package ----------------------------------------------------
 
 
-def _properties(layers: dict[str, list[int]], copies: dict[str, str] | None = None) -> dict:
+def _properties(layers: dict[str, list[int]], copies: dict[str, str] | None = None) -> dict[str, Any]:
     """A datasource-properties.json with one WKW layer per entry (its mags as scalars); ``copies`` names
     the unit-test layer a differently named layer is a copy of."""
     copies = copies or {}
@@ -179,7 +183,7 @@ def wkw_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _truth(root: Path, layer: str) -> np.ndarray:
     """The wkw package's read of the extent, zero outside the bounding box (what must be served)."""
     with wkw.Dataset.open(str(root / "org" / DATASET / layer / "1")) as ds:
-        data = ds.read((0, 0, 0), EXTENT)
+        data: np.ndarray = ds.read((0, 0, 0), EXTENT)
     out = np.zeros_like(data)
     box = tuple(slice(t, t + s) for t, s in zip(TOP_LEFT, SIZE))
     out[(slice(None), *box)] = data[(slice(None), *box)]
@@ -232,6 +236,29 @@ def test_array_zarr_json_with_and_without_channel(wkw_root: Path) -> None:
     assert without["attributes"] == {"units": "nm"}
     assert without["codecs"][0] == {"name": "transpose", "configuration": {"order": [2, 1, 0]}}
     assert without["codecs"][1:] == with_channel["codecs"][1:]
+
+
+def test_every_array_renders_complete_documents(wkw_root: Path) -> None:
+    """A mag and a computed coordinate array render the same documents: every member the type names."""
+    mag = SourceArray(served_mag(_source(wkw_root, "raw"), _layout(_source(wkw_root, "raw"), 3, ServeOptions())), AXES)
+    coordinate = CoordinateArray("x", 5, 2.0, {"units": "nm"})
+    for node in (mag, coordinate):
+        assert set(node.zarray()) == set(ZArray.__annotations__)
+        assert set(node.zarr_json()) == set(ArrayZarrJson.__annotations__)
+        assert node.v2_attributes()["_ARRAY_DIMENSIONS"] == list(node.dimension_names)
+    assert coordinate.zarray() == {
+        "zarr_format": 2,
+        "shape": [5],
+        "chunks": [5],
+        "dtype": "<f8",
+        "compressor": None,
+        "fill_value": 0.0,
+        "order": "C",
+        "filters": None,
+        "dimension_separator": ".",
+    }
+    assert coordinate.zarr_json()["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+    assert coordinate.zarr_json()["attributes"] == {"units": "nm"}
 
 
 def test_sharded_array_zarr_json_without_channel_drops_it_inside_the_shard_too(wkw_root: Path) -> None:
@@ -510,3 +537,28 @@ def test_error_map(exc: Exception, status: int, retry_after: str | None, message
         assert "secret detail" not in body["error"]  # unexpected errors do not leak their text
     headers = dict(answer.headers)
     assert headers.get(b"retry-after") == (retry_after.encode() if retry_after else None)
+
+
+@pytest.mark.parametrize("separator", [5, ["/"], "", "-", ".."], ids=repr)
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
+    tmp_path: Path, zarr_format: Literal[2, 3], separator: object
+) -> None:
+    """Only '.' and '/' separate chunk key parts; anything else is refused when the array is opened, with why."""
+    import zarr
+
+    from gateway.sources.mag import SourceError
+    from gateway.sources.zarr_source import ZarrMagSource
+
+    directory = tmp_path / "array"
+    zarr.create_array(str(directory), shape=(1, 8, 8, 8), chunks=(1, 8, 8, 8), dtype="uint8", zarr_format=zarr_format)
+    name = ".zarray" if zarr_format == 2 else "zarr.json"
+    document = json.loads((directory / name).read_text())
+    if zarr_format == 2:
+        document["dimension_separator"] = separator
+    else:
+        document["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": separator}}
+    (directory / name).write_text(json.dumps(document))
+    box = BoundingBox.model_validate({"topLeft": [0, 0, 0], "width": 8, "height": 8, "depth": 8})
+    with pytest.raises(SourceError, match=r"separator .* is neither"):
+        ZarrMagSource((1, 1, 1), LocalStore(str(tmp_path)), str(directory), box, None, ByteLRU(1 << 20))

@@ -12,6 +12,7 @@ from support.datasets import LAYERS, MAGS, ORG, TOKEN, WrittenDataset, mag_name
 from support.servers import Server
 
 from gateway_storage import LocalStore
+from gateway_storage.geometry import Vec3
 from wkw_adapter import WkwFileCache, WkwMag
 
 HEADERS = {"X-Auth-Token": TOKEN}
@@ -32,7 +33,7 @@ def mag_url(gateway: Server, layer: str, mag: tuple[int, int, int]) -> str:
 
 
 @pytest.mark.parametrize(("layer", "mag"), CASES)
-def test_zarr_python_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: tuple) -> None:
+def test_zarr_python_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: Vec3) -> None:
     import zarr
 
     array = zarr.open_array(mag_url(gateway, layer, mag), mode="r", storage_options=OPTIONS)
@@ -61,14 +62,15 @@ def test_zarr_python_opens_the_consolidated_dataset_group(gateway: Server) -> No
     )
     arrays = {path for path, node in group.members(max_depth=None) if isinstance(node, zarr.Array)}
     assert arrays == {f"{layer}/{mag_name(mag)}" for layer in LAYER_NAMES for mag in MAGS}
-    assert group[f"rgb/{mag_name(MAGS[1])}"].shape[0] == 3
+    rgb = group[f"rgb/{mag_name(MAGS[1])}"]
+    assert isinstance(rgb, zarr.Array) and rgb.shape[0] == 3
 
 
 # --- tensorstore ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("layer", "mag"), CASES)
-def test_tensorstore_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: tuple) -> None:
+def test_tensorstore_reads_every_mag(gateway: Server, test_data: WrittenDataset, layer: str, mag: Vec3) -> None:
     import tensorstore as ts
 
     spec = {
@@ -99,7 +101,7 @@ def test_webknossos_libs_reads_every_layer_and_mag(gateway: Server, test_data: W
         assert layer.num_channels == channels
         assert layer.bounding_box == wk.BoundingBox((37, 21, 5), (150, 120, 70))
         if category == "segmentation":
-            assert layer.largest_segment_id == 2**31 - 1
+            assert dataset.get_segmentation_layer(name).largest_segment_id == 2**31 - 1
         assert sorted(m.to_tuple() for m in layer.mags) == sorted(MAGS)
         for mag, data, region in read_webknossos_mags(layer):
             assert np.array_equal(data, test_data.expected(name, mag)[region]), f"{name} mag {mag}"

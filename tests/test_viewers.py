@@ -88,7 +88,7 @@ def open_view(
     neuroglancer_url: str,
     servers: list[Server],
     name: str,
-    layers: list[dict],
+    layers: list[dict[str, Any]],
     out_dir: Path,
     complete: Callable[[np.ndarray], bool] | None = None,
 ) -> View:
@@ -123,7 +123,7 @@ def open_view(
 
 def image_complete(panel: np.ndarray) -> bool:
     """No chunk left black: the sample's EM image is nowhere 0, and a missing chunk blacks out ~2% of it."""
-    return (data_region(panel).max(axis=-1) == 0).mean() < 0.005
+    return bool((data_region(panel).max(axis=-1) == 0).mean() < 0.005)
 
 
 def layer_source(server: Server, tree: str, layer: str) -> str:
@@ -142,9 +142,9 @@ def views(
     """Every view the tests look at, opened once each in the shared browser."""
     out_dir = tmp_path_factory.mktemp("screenshots")
     # A fixed contrast range: the pixels then depend on the voxels alone.
-    image = {"type": "image", "name": "color", "shaderControls": {"normalized": {"range": [0, 255]}}}
-    segmentation = {"type": "segmentation", "name": "segmentation"}
-    cases = {
+    image: dict[str, Any] = {"type": "image", "name": "color", "shaderControls": {"normalized": {"range": [0, 255]}}}
+    segmentation: dict[str, Any] = {"type": "segmentation", "name": "segmentation"}
+    cases: dict[str, tuple[Server, list[dict[str, Any]]]] = {
         "image-v2": (plain, [{**image, "source": layer_source(plain, "zarr", "color")}]),
         "image-v3": (plain, [{**image, "source": layer_source(plain, "zarr3", "color")}]),
         "image-v3-sharded": (sharded, [{**image, "source": layer_source(sharded, "zarr3", "color")}]),
@@ -353,13 +353,15 @@ def read_page(browser: Browser, url: str, screenshot: Path) -> dict[str, Any]:
         page.wait_for("[...document.images].every(i => i.complete)", timeout=60)
         page.screenshot(screenshot)
         print(f"dataset page {url}: screenshot {screenshot}")
-        return page.evaluate(PAGE_JS)
+        found: dict[str, Any] = page.evaluate(PAGE_JS)
+        return found
 
 
 def neuroglancer_state(link: str, neuroglancer_url: str) -> dict[str, Any]:
     base, _, fragment = link.partition("#!")
     assert base == neuroglancer_url, link
-    return json.loads(unquote(fragment))
+    document: dict[str, Any] = json.loads(unquote(fragment))
+    return document
 
 
 def test_dataset_page_in_the_browser(

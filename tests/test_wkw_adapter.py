@@ -12,10 +12,12 @@ from pathlib import Path
 
 import lz4.block
 import numpy as np
+import numpy.typing as npt
 import pytest
 import wkw
 
 from gateway_storage import ByteLRU, FileChangedError, FileIdentity, LocalStore, StorageError, TruncatedFileError
+from gateway_storage.geometry import vec3
 from wkw_adapter import (
     HEADER_SIZE,
     BlockDecodeError,
@@ -61,7 +63,10 @@ VOXEL_TYPE_CODES = {np.dtype(t): code for code, t in enumerate(ALL_DTYPES, start
 # --------------------------------------------------------------------------- helpers
 
 
-def random_voxels(rng: np.random.Generator, dtype, shape: tuple[int, ...]) -> np.ndarray:
+CorruptCopy = Callable[[BlockType], tuple[Path, Path]]  # the corrupt_copy fixture: (mag_dir, data_file_path)
+
+
+def random_voxels(rng: np.random.Generator, dtype: npt.DTypeLike, shape: tuple[int, ...]) -> np.ndarray:
     """Voxels over the whole range of ``dtype``, with a compressible (small-valued) half."""
     dtype = np.dtype(dtype)
     if dtype.kind == "f":
@@ -75,7 +80,7 @@ def random_voxels(rng: np.random.Generator, dtype, shape: tuple[int, ...]) -> np
 
 
 def create_wkw(
-    path: Path, dtype, num_channels: int, block_type: BlockType, block_len: int, file_len: int
+    path: Path, dtype: npt.DTypeLike, num_channels: int, block_type: BlockType, block_len: int, file_len: int
 ) -> wkw.Dataset:
     return wkw.Dataset.create(
         str(path),
@@ -91,7 +96,8 @@ def create_wkw(
 
 def wkw_read(path: Path, offset: tuple[int, int, int], shape: tuple[int, int, int]) -> np.ndarray:
     with wkw.Dataset.open(str(path)) as ds:
-        return ds.read(offset, shape)
+        voxels: np.ndarray = ds.read(offset, shape)
+        return voxels
 
 
 def open_mag(path: Path, max_bytes: int = 64 << 20) -> WkwMag:
@@ -108,7 +114,13 @@ WRITTEN_CUBES = [(0, 0, 0), (1, 0, 0), (0, 1, 1), (1, 1, 0)]
 
 
 def build_sample(
-    path: Path, dtype, num_channels: int, block_type: BlockType, block_len: int, file_len: int, seed: int = 0
+    path: Path,
+    dtype: npt.DTypeLike,
+    num_channels: int,
+    block_type: BlockType,
+    block_len: int,
+    file_len: int,
+    seed: int = 0,
 ) -> int:
     """Write whole files with ``wkw`` (plus an unaligned region for RAW); returns the file edge in voxels."""
     rng = np.random.default_rng(seed)
@@ -188,7 +200,7 @@ def bump_mtime(path: Path, old_mtime_ns: int) -> None:
 
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda t: np.dtype(t).name)
-def test_read_region_matches_wkw_all_voxel_types(tmp_path: Path, dtype, block_type: BlockType) -> None:
+def test_read_region_matches_wkw_all_voxel_types(tmp_path: Path, dtype: npt.DTypeLike, block_type: BlockType) -> None:
     edge = build_sample(tmp_path / "mag", dtype, 1, block_type, block_len=8, file_len=2)
     check_regions_match_wkw(tmp_path / "mag", 8, edge)
 
@@ -199,7 +211,9 @@ def test_read_region_matches_wkw_all_voxel_types(tmp_path: Path, dtype, block_ty
     [(np.uint8, 3), (np.uint16, 2), (np.float32, 2), (np.int64, 3)],
     ids=["uint8x3-rgb", "uint16x2", "float32x2", "int64x3"],
 )
-def test_read_region_matches_wkw_multichannel(tmp_path: Path, dtype, num_channels: int, block_type: BlockType) -> None:
+def test_read_region_matches_wkw_multichannel(
+    tmp_path: Path, dtype: npt.DTypeLike, num_channels: int, block_type: BlockType
+) -> None:
     edge = build_sample(tmp_path / "mag", dtype, num_channels, block_type, block_len=8, file_len=2, seed=1)
     mag = open_mag(tmp_path / "mag")
     assert mag.header.num_channels == num_channels
@@ -216,7 +230,9 @@ def test_read_region_matches_wkw_geometry(tmp_path: Path, block_len: int, file_l
 
 
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
-def test_read_region_in_many_small_reads(tmp_path: Path, block_type: BlockType, monkeypatch) -> None:
+def test_read_region_in_many_small_reads(
+    tmp_path: Path, block_type: BlockType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Runs of consecutive blocks longer than the span limit are read in parts, with the same voxels."""
     edge = build_sample(tmp_path / "mag", np.uint16, 2, block_type, block_len=8, file_len=2, seed=3)
     monkeypatch.setattr(wkw_file_module, "MAX_SPAN", 1)  # every block a read of its own
@@ -254,11 +270,11 @@ def test_stored_and_decoded_blocks_match_wkw(tmp_path: Path, block_type: BlockTy
     assert header.block_bytes == 8**3 * 2 * 2
     blocks = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 1), (2, 1, 0), (3, 0, 1), (3, 1, 1), (1, 2, 3), (2, 3, 1)]
     for block in blocks:
-        cube = tuple(b // 2 for b in block)
+        cube = vec3(b // 2 for b in block)
         # Morton number inside a file of 2x2x2 blocks, written out by hand.
         index = (block[0] % 2) | (block[1] % 2) << 1 | (block[2] % 2) << 2
         assert mag.locate_block(block) == (cube, index)
-        expected = wkw_read(path, tuple(8 * b for b in block), (8, 8, 8))
+        expected = wkw_read(path, vec3(8 * b for b in block), (8, 8, 8))
         expected_bytes = expected.tobytes(order="F")
         content = data_file(path, cube).read_bytes()
 
@@ -346,7 +362,7 @@ def test_morton_grid(side: int) -> None:
     ],
 )
 def test_parse_header_of_wkw_files(
-    tmp_path: Path, dtype, num_channels: int, block_len: int, file_len: int, block_type: BlockType
+    tmp_path: Path, dtype: npt.DTypeLike, num_channels: int, block_len: int, file_len: int, block_type: BlockType
 ) -> None:
     path = tmp_path / "mag"
     edge = block_len * file_len
@@ -387,7 +403,7 @@ def test_parse_header_of_wkw_files(
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
-def test_header_create_roundtrip(dtype, block_type: BlockType) -> None:
+def test_header_create_roundtrip(dtype: npt.DTypeLike, block_type: BlockType) -> None:
     for num_channels, block_len, file_len in [(1, 32, 32), (3, 16, 2), (2, 1, 1), (4, 1024, 1024)]:
         header = WkwHeader.create(np.dtype(dtype), num_channels, block_type, block_len, file_len)
         encoded = header.encode()
@@ -440,7 +456,7 @@ def test_parse_header_rejects_short_input() -> None:
     [(np.uint8, 3), (np.int16, 1), (np.float32, 2), (np.uint64, 1)],
     ids=["uint8x3", "int16", "float32x2", "uint64"],
 )
-def test_write_mag_read_by_wkw(tmp_path: Path, dtype, num_channels: int, block_type: BlockType) -> None:
+def test_write_mag_read_by_wkw(tmp_path: Path, dtype: npt.DTypeLike, num_channels: int, block_type: BlockType) -> None:
     path = tmp_path / "mag"
     header = WkwHeader.create(dtype, num_channels, block_type, block_len=8, file_len=2)
     offset, shape = (5, 17, 3), (20, 9, 30)
@@ -469,7 +485,7 @@ def test_write_mag_three_dimensional_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("dtype", "num_channels"), [(np.uint8, 3), (np.float64, 1), (np.int32, 2)])
-def test_encode_file_raw_equals_wkw_bytes(tmp_path: Path, dtype, num_channels: int) -> None:
+def test_encode_file_raw_equals_wkw_bytes(tmp_path: Path, dtype: npt.DTypeLike, num_channels: int) -> None:
     path = tmp_path / "mag"
     cube = random_voxels(np.random.default_rng(7), dtype, (num_channels, 16, 16, 16))
     with create_wkw(path, dtype, num_channels, BlockType.RAW, block_len=8, file_len=2) as ds:
@@ -484,7 +500,9 @@ def test_encode_file_raw_equals_wkw_bytes(tmp_path: Path, dtype, num_channels: i
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
 @pytest.mark.parametrize(("dtype", "num_channels"), [(np.uint8, 3), (np.uint32, 1)])
-def test_encode_file_compressed_decodes_like_wkw(tmp_path: Path, dtype, num_channels: int, block_type) -> None:
+def test_encode_file_compressed_decodes_like_wkw(
+    tmp_path: Path, dtype: npt.DTypeLike, num_channels: int, block_type: BlockType
+) -> None:
     path = tmp_path / "mag"
     cube = random_voxels(np.random.default_rng(8), dtype, (num_channels, 16, 16, 16))
     with create_wkw(path, dtype, num_channels, block_type, block_len=8, file_len=2) as ds:
@@ -523,7 +541,7 @@ def good_mags(tmp_path_factory: pytest.TempPathFactory) -> dict[BlockType, Path]
 
 
 @pytest.fixture
-def corrupt_copy(tmp_path: Path, good_mags: dict[BlockType, Path]):
+def corrupt_copy(tmp_path: Path, good_mags: dict[BlockType, Path]) -> CorruptCopy:
     """Copy of a good mag: returns ``(mag_dir, data_file_path)``."""
 
     def make(block_type: BlockType) -> tuple[Path, Path]:
@@ -538,8 +556,21 @@ def block_coords(index: int) -> tuple[int, int, int]:
     return morton_decode(index)
 
 
+def stored_voxels(mag: WkwMag, index: int) -> np.ndarray:
+    """Block ``index`` (in Morton order) as the adapter reads it; it must hold data."""
+    block = mag.read_block(block_coords(index))
+    assert block is not None, f"block {index} holds no data"
+    return block
+
+
+def identity_of(store: LocalStore, path: Path) -> FileIdentity:
+    found = store.identity(str(path))
+    assert found is not None, f"{path} is missing"
+    return found
+
+
 def expected_block(good: Path, index: int) -> np.ndarray:
-    return wkw_read(good, tuple(8 * c for c in block_coords(index)), (8, 8, 8))
+    return wkw_read(good, vec3(8 * c for c in block_coords(index)), (8, 8, 8))
 
 
 HEADER_PATCHES = [
@@ -557,7 +588,7 @@ HEADER_PATCHES = [
 
 @pytest.mark.parametrize(("offset", "value"), HEADER_PATCHES)
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
-def test_bad_data_file_header(corrupt_copy, block_type: BlockType, offset: int, value: bytes) -> None:
+def test_bad_data_file_header(corrupt_copy: CorruptCopy, block_type: BlockType, offset: int, value: bytes) -> None:
     mag_dir, path = corrupt_copy(block_type)
     patch(path, offset, value)
     mag = open_mag(mag_dir)
@@ -568,7 +599,7 @@ def test_bad_data_file_header(corrupt_copy, block_type: BlockType, offset: int, 
 
 
 @pytest.mark.parametrize(("offset", "value"), HEADER_PATCHES)
-def test_bad_mag_header(corrupt_copy, offset: int, value: bytes) -> None:
+def test_bad_mag_header(corrupt_copy: CorruptCopy, offset: int, value: bytes) -> None:
     mag_dir, _ = corrupt_copy(BlockType.LZ4)
     patch(mag_dir / "header.wkw", offset, value)
     with pytest.raises(HeaderError):
@@ -582,7 +613,7 @@ def test_bytes_per_voxel_not_multiple_of_voxel_size() -> None:
         parse_header(bytes(content))
 
 
-def test_data_file_incompatible_with_mag_header(corrupt_copy) -> None:
+def test_data_file_incompatible_with_mag_header(corrupt_copy: CorruptCopy) -> None:
     mag_dir, path = corrupt_copy(BlockType.RAW)
     patch(path, 6, b"\x02\x02")  # uint16, 2 bytes per voxel: a valid header, but not this mag's
     parse_header(path.read_bytes()[:16])
@@ -592,7 +623,7 @@ def test_data_file_incompatible_with_mag_header(corrupt_copy) -> None:
 
 @pytest.mark.parametrize("block_type", ALL_BLOCK_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("size", [0, 1, 10, 15])
-def test_file_shorter_than_header(corrupt_copy, block_type: BlockType, size: int) -> None:
+def test_file_shorter_than_header(corrupt_copy: CorruptCopy, block_type: BlockType, size: int) -> None:
     mag_dir, path = corrupt_copy(block_type)
     os.truncate(path, size)
     with pytest.raises(TruncatedFileError):
@@ -601,14 +632,14 @@ def test_file_shorter_than_header(corrupt_copy, block_type: BlockType, size: int
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
 @pytest.mark.parametrize("size", [16, 17, 16 + 20, 16 + 63])
-def test_file_ending_inside_jump_table(corrupt_copy, block_type: BlockType, size: int) -> None:
+def test_file_ending_inside_jump_table(corrupt_copy: CorruptCopy, block_type: BlockType, size: int) -> None:
     mag_dir, path = corrupt_copy(block_type)
     os.truncate(path, size)
     with pytest.raises(TruncatedFileError):
         open_mag(mag_dir).read_block((1, 1, 1))
 
 
-def test_raw_file_truncated_inside_blocks(corrupt_copy, good_mags) -> None:
+def test_raw_file_truncated_inside_blocks(corrupt_copy: CorruptCopy, good_mags: dict[BlockType, Path]) -> None:
     mag_dir, path = corrupt_copy(BlockType.RAW)
     os.truncate(path, 16 + 3 * 512 + 256)  # blocks 0..2 whole, block 3 half, 4..7 gone
     mag = open_mag(mag_dir)
@@ -649,7 +680,7 @@ def _first_entry_before_data(jumps: np.ndarray) -> None:
 )
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
 def test_jump_table_out_of_order(
-    corrupt_copy, block_type: BlockType, edit: Callable[[np.ndarray], None], block: tuple[int, int, int]
+    corrupt_copy: CorruptCopy, block_type: BlockType, edit: Callable[[np.ndarray], None], block: tuple[int, int, int]
 ) -> None:
     mag_dir, path = corrupt_copy(block_type)
     jumps = read_jumps(path)
@@ -660,7 +691,7 @@ def test_jump_table_out_of_order(
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_data_offset_overlapping_jump_table(corrupt_copy, block_type: BlockType) -> None:
+def test_data_offset_overlapping_jump_table(corrupt_copy: CorruptCopy, block_type: BlockType) -> None:
     mag_dir, path = corrupt_copy(block_type)
     patch(path, 8, (16).to_bytes(8, "little"))
     with pytest.raises(JumpTableError):
@@ -668,7 +699,7 @@ def test_data_offset_overlapping_jump_table(corrupt_copy, block_type: BlockType)
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_jump_table_past_end_of_file(corrupt_copy, block_type: BlockType) -> None:
+def test_jump_table_past_end_of_file(corrupt_copy: CorruptCopy, block_type: BlockType) -> None:
     mag_dir, path = corrupt_copy(block_type)
     size = path.stat().st_size
     jumps = read_jumps(path)
@@ -685,7 +716,7 @@ def test_jump_table_past_end_of_file(corrupt_copy, block_type: BlockType) -> Non
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_compressed_file_truncated_inside_blocks(corrupt_copy, block_type: BlockType) -> None:
+def test_compressed_file_truncated_inside_blocks(corrupt_copy: CorruptCopy, block_type: BlockType) -> None:
     mag_dir, path = corrupt_copy(block_type)
     os.truncate(path, path.stat().st_size - 10)
     with pytest.raises(JumpTableError):
@@ -693,7 +724,7 @@ def test_compressed_file_truncated_inside_blocks(corrupt_copy, block_type: Block
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_lz4_block_garbage(corrupt_copy, good_mags, block_type: BlockType) -> None:
+def test_lz4_block_garbage(corrupt_copy: CorruptCopy, good_mags: dict[BlockType, Path], block_type: BlockType) -> None:
     mag_dir, path = corrupt_copy(block_type)
     jumps = read_jumps(path)
     patch(path, int(jumps[1]), b"\xff" * int(jumps[2] - jumps[1]))  # block 2
@@ -709,7 +740,9 @@ def test_lz4_block_garbage(corrupt_copy, good_mags, block_type: BlockType) -> No
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_lz4_jump_entry_shifted(corrupt_copy, good_mags, block_type: BlockType) -> None:
+def test_lz4_jump_entry_shifted(
+    corrupt_copy: CorruptCopy, good_mags: dict[BlockType, Path], block_type: BlockType
+) -> None:
     mag_dir, path = corrupt_copy(block_type)
     jumps = read_jumps(path)
     jumps[2] -= 7  # block 2 loses its last bytes, block 3 gains them in front
@@ -718,11 +751,11 @@ def test_lz4_jump_entry_shifted(corrupt_copy, good_mags, block_type: BlockType) 
     for index in (2, 3):
         with pytest.raises(BlockDecodeError):
             mag.read_block(block_coords(index))
-    assert np.array_equal(mag.read_block(block_coords(4)), expected_block(good_mags[block_type], 4))
+    assert np.array_equal(stored_voxels(mag, 4), expected_block(good_mags[block_type], 4))
 
 
 @pytest.mark.parametrize("last_byte", [b"\x00", b"\x10", b"\xff"])
-def test_lz4_one_byte_block(corrupt_copy, good_mags, last_byte: bytes) -> None:
+def test_lz4_one_byte_block(corrupt_copy: CorruptCopy, good_mags: dict[BlockType, Path], last_byte: bytes) -> None:
     mag_dir, path = corrupt_copy(BlockType.LZ4)
     jumps = read_jumps(path)
     jumps[1] = jumps[2] - 1  # block 2 is a single byte, block 1 gets cut short
@@ -732,11 +765,11 @@ def test_lz4_one_byte_block(corrupt_copy, good_mags, last_byte: bytes) -> None:
     for index in (1, 2):
         with pytest.raises(BlockDecodeError):
             mag.read_block(block_coords(index))
-    assert np.array_equal(mag.read_block(block_coords(0)), expected_block(good_mags[BlockType.LZ4], 0))
+    assert np.array_equal(stored_voxels(mag, 0), expected_block(good_mags[BlockType.LZ4], 0))
 
 
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
-def test_lz4_jump_entries_span_two_blocks(corrupt_copy, block_type: BlockType) -> None:
+def test_lz4_jump_entries_span_two_blocks(corrupt_copy: CorruptCopy, block_type: BlockType) -> None:
     mag_dir, path = corrupt_copy(block_type)
     jumps = read_jumps(path)
     jumps[4] = jumps[5]  # block 4's range now also holds block 5's stream: decodes to too many bytes
@@ -746,7 +779,9 @@ def test_lz4_jump_entries_span_two_blocks(corrupt_copy, block_type: BlockType) -
 
 
 @pytest.mark.parametrize("payload", [256, 511, 513, 1024])
-def test_lz4_block_decoding_to_wrong_size(corrupt_copy, good_mags, payload: int) -> None:
+def test_lz4_block_decoding_to_wrong_size(
+    corrupt_copy: CorruptCopy, good_mags: dict[BlockType, Path], payload: int
+) -> None:
     """Splice a valid LZ4 stream of ``payload`` bytes (not 512) in as block 3 and fix up the jump table."""
     mag_dir, path = corrupt_copy(BlockType.LZ4)
     content = path.read_bytes()
@@ -760,14 +795,14 @@ def test_lz4_block_decoding_to_wrong_size(corrupt_copy, good_mags, payload: int)
     with pytest.raises(BlockDecodeError):
         mag.read_block(block_coords(3))
     for index in (0, 2, 4, 7):
-        assert np.array_equal(mag.read_block(block_coords(index)), expected_block(good_mags[BlockType.LZ4], index))
+        assert np.array_equal(stored_voxels(mag, index), expected_block(good_mags[BlockType.LZ4], index))
 
 
 def test_format_errors_are_wkw_errors_and_store_errors_are_storage_errors() -> None:
     for cls in (HeaderError, JumpTableError, BlockDecodeError):
         assert issubclass(cls, WkwError) and not issubclass(cls, StorageError)
-    for cls in (TruncatedFileError, FileChangedError):
-        assert issubclass(cls, StorageError) and not issubclass(cls, WkwError)
+    for storage_error in (TruncatedFileError, FileChangedError):
+        assert issubclass(storage_error, StorageError) and not issubclass(storage_error, WkwError)
 
 
 # --------------------------------------------------------------------------- 7. caches
@@ -785,6 +820,7 @@ def test_cache_sees_rewrite_by_wkw(tmp_path: Path, block_type: BlockType) -> Non
     assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), first)
     file = data_file(path, (0, 0, 0))
     opened = mag.files.open(str(file))
+    assert opened is not None
     assert mag.files.open(str(file)) is opened  # cached while unchanged
     assert mag.files.lru.hits >= 1
 
@@ -795,7 +831,7 @@ def test_cache_sees_rewrite_by_wkw(tmp_path: Path, block_type: BlockType) -> Non
     assert np.array_equal(mag.read_region((0, 0, 0), (16, 16, 16)), second)
     assert np.array_equal(mag.read_region((3, 1, 4), (9, 13, 7)), second[:, 3:12, 1:14, 4:11])
     reopened = mag.files.open(str(file))
-    assert reopened is not opened
+    assert reopened is not None and reopened is not opened
     assert reopened.identity != opened.identity
     # The old version is either still read as it was (an open descriptor keeps it) or refused:
     # never the new bytes under the old identity.
@@ -979,13 +1015,13 @@ def test_local_store_detects_rewrite(tmp_path: Path) -> None:
     with create_wkw(path, np.uint8, 1, BlockType.RAW, 8, 2) as ds:
         ds.write((0, 0, 0), random_voxels(rng, np.uint8, (1, 16, 16, 16)))
     file = data_file(path, (0, 0, 0))
-    old = store.identity(str(file))
+    old = identity_of(store, file)
     old_mtime = file.stat().st_mtime_ns
     # Rewrite in place with wkw: same size, same inode, new content and mtime.
     with wkw.Dataset.open(str(path)) as ds:
         ds.write((0, 0, 0), random_voxels(rng, np.uint8, (1, 16, 16, 16)))
     bump_mtime(file, old_mtime)
-    new = store.identity(str(file))
+    new = identity_of(store, file)
     assert new.size == old.size
     assert new != old
     with pytest.raises(FileChangedError):
@@ -997,7 +1033,7 @@ def test_local_store_detects_replacement_with_same_size_and_mtime(tmp_path: Path
     store = LocalStore()
     path = tmp_path / "f.bin"
     path.write_bytes(b"a" * 64)
-    old = store.identity(str(path))
+    old = identity_of(store, path)
     st = path.stat()
     other = tmp_path / "g.bin"
     other.write_bytes(b"b" * 64)
@@ -1006,4 +1042,4 @@ def test_local_store_detects_replacement_with_same_size_and_mtime(tmp_path: Path
     assert path.stat().st_mtime_ns == st.st_mtime_ns
     with pytest.raises(FileChangedError):
         store.read(str(path), 0, 8, old)
-    assert store.read(str(path), 0, 8, store.identity(str(path))) == b"b" * 8
+    assert store.read(str(path), 0, 8, identity_of(store, path)) == b"b" * 8

@@ -94,7 +94,7 @@ def shifted_truth(root: Path, layer: str, mag: tuple[int, int, int]) -> np.ndarr
     """The wkw package's read of the dataset's grid at ``mag``, zero outside the layer's box."""
     grid = shifted_grid(mag)
     with wkw.Dataset.open(str(root / ORG / SHIFTED / layer / mag_name(mag))) as ds:
-        data = ds.read((0, 0, 0), grid)[0]
+        data: np.ndarray = ds.read((0, 0, 0), grid)[0]
     out = np.zeros_like(data)
     box = tuple(slice(a, b) for a, b in zip(*box_at_mag(layer, mag)))
     out[box] = data[box]
@@ -114,7 +114,7 @@ def check_coordinates(
 def check_dask_chunks(variable: xr.DataArray) -> None:
     """Dask chunks are the served chunks: 32 along x, y, z (the last one what is left), one along c."""
     for dim, chunks in zip(variable.dims, variable.chunks or ()):
-        if dim.startswith("c_"):
+        if str(dim).startswith("c_"):
             assert chunks == (variable.sizes[dim],), dim
             continue
         size = variable.sizes[dim]

@@ -52,8 +52,8 @@ def arrays(zarr_root: Path) -> dict[str, ServedArray]:
     return {a.id: a for a in served_arrays(zarr_root)}
 
 
-def get(server: Server, path: str, **kwargs: object) -> requests.Response:
-    return requests.get(server.url + path, timeout=30, **kwargs)  # type: ignore[arg-type]
+def get(server: Server, path: str) -> requests.Response:
+    return requests.get(server.url + path, timeout=30)
 
 
 # --- every array through every client, in both trees -------------------------------------------------
@@ -156,7 +156,11 @@ WK_INSIDE_CHUNKS = [
 
 @pytest.mark.parametrize(("layer", "mag", "chunk"), WK_INSIDE_CHUNKS)
 def test_webknossos_chunk_inside_the_bbox_passes_through_unchanged(
-    zarr_gateway: Server, arrays: dict[str, ServedArray], layer: str, mag: tuple[int, int, int], chunk: tuple
+    zarr_gateway: Server,
+    arrays: dict[str, ServedArray],
+    layer: str,
+    mag: tuple[int, int, int],
+    chunk: tuple[int, int, int, int],
 ) -> None:
     """Served in both trees as the stored (inner) chunk: found via the shard index for zarr3, the file for zarr."""
     array = next(a for a in arrays.values() if a.dataset == WK_DATASET and a.layer == layer and a.mag == mag)
@@ -205,6 +209,7 @@ def test_zarr_python_v2_blosc_chunk_is_the_stored_file(zarr_gateway: Server, zar
 def test_a_source_chunk_absent_from_storage_answers_404(zarr_gateway: Server, zarr_root: Path) -> None:
     """zarr-python did not store a chunk that holds only the fill value: both trees answer 404 (read as fill)."""
     spec = next(s for s in ZARR_SPECS if s.hole is not None)
+    assert spec.hole is not None
     mag_dir = zarr_root / ZARR_ORG / ZP_DATASET / spec.name / "1"
     assert not (mag_dir / "c" / "/".join(map(str, spec.hole))).exists()
     base = f"/data/{{}}/{ZARR_ORG}/{ZP_DATASET}/{spec.name}/1/"

@@ -177,7 +177,7 @@ def decompress_block(stored: StoredBlock) -> bytes:
     if not stored.block_type.compressed:
         return stored.data
     try:
-        raw = lz4.block.decompress(stored.data, uncompressed_size=expected)
+        raw: bytes = lz4.block.decompress(stored.data, uncompressed_size=expected)
     except lz4.block.LZ4BlockError as exc:
         raise BlockDecodeError(f"LZ4 block does not decode: {exc}") from exc
     if len(raw) != expected:
@@ -198,4 +198,5 @@ def compress_block(raw: bytes, block_type: BlockType) -> bytes:
     if block_type is BlockType.RAW:
         return raw
     mode = "high_compression" if block_type is BlockType.LZ4HC else "default"
-    return lz4.block.compress(raw, mode=mode, store_size=False)
+    compressed: bytes = lz4.block.compress(raw, mode=mode, store_size=False)
+    return compressed

@@ -5,6 +5,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import HeaderError
 
@@ -53,7 +54,7 @@ class WkwHeader:
     @classmethod
     def create(
         cls,
-        dtype: np.dtype | str,
+        dtype: npt.DTypeLike,
         num_channels: int = 1,
         block_type: BlockType = BlockType.RAW,
         block_len: int = 32,

@@ -5,14 +5,13 @@ import os
 import numpy as np
 
 from gateway_storage import FileSource
+from gateway_storage.geometry import Vec3
 
 from .errors import HeaderError
 from .file import StoredBlock, WkwFile, WkwFileCache, decode_block, decompress_block_into
 from .header import HEADER_SIZE, WkwHeader, parse_header
 from .morton import morton_encode
 from .region import copy_overlap
-
-Vec3 = tuple[int, int, int]
 
 
 class WkwMag:

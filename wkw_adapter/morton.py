@@ -47,4 +47,7 @@ def morton_grid(side: int) -> np.ndarray:
     spread = np.zeros(side, dtype=np.uint64)
     for bit in range(max(side - 1, 1).bit_length()):
         spread |= ((axis >> np.uint64(bit)) & np.uint64(1)) << np.uint64(3 * bit)
-    return spread[:, None, None] | (spread[None, :, None] << np.uint64(1)) | (spread[None, None, :] << np.uint64(2))
+    grid: np.ndarray = (
+        spread[:, None, None] | (spread[None, :, None] << np.uint64(1)) | (spread[None, None, :] << np.uint64(2))
+    )
+    return grid

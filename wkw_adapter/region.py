@@ -2,15 +2,18 @@
 
 import numpy as np
 
-Vec3 = tuple[int, int, int]
+from gateway_storage.geometry import Box, Vec3
 
 
 def copy_overlap(dst: np.ndarray, dst_origin: Vec3, src: np.ndarray, src_origin: Vec3) -> None:
     """Copy the voxels where ``src`` and ``dst`` (both ``[c, x, y, z]``) overlap in space."""
-    lo = [max(d, s) for d, s in zip(dst_origin, src_origin)]
-    hi = [min(d + n, s + m) for d, s, n, m in zip(dst_origin, src_origin, dst.shape[1:], src.shape[1:])]
-    if any(h <= low for low, h in zip(lo, hi)):
+    _, *dst_size = dst.shape
+    _, *src_size = src.shape
+    overlap = Box.sized(dst_origin, (dst_size[0], dst_size[1], dst_size[2])).clip(
+        Box.sized(src_origin, (src_size[0], src_size[1], src_size[2]))
+    )
+    if overlap is None:
         return
-    dst_sel = tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, dst_origin))
-    src_sel = tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, src_origin))
-    dst[(slice(None), *dst_sel)] = src[(slice(None), *src_sel)]
+    dst[(slice(None), *overlap.shifted(dst_origin).slices())] = src[
+        (slice(None), *overlap.shifted(src_origin).slices())
+    ]

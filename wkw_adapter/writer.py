@@ -4,12 +4,12 @@ import os
 
 import numpy as np
 
+from gateway_storage.geometry import Vec3
+
 from .file import compress_block
 from .header import WkwHeader
 from .morton import morton_decode
 from .region import copy_overlap
-
-Vec3 = tuple[int, int, int]
 
 
 def encode_file(header: WkwHeader, cube: np.ndarray) -> bytes:

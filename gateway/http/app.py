@@ -42,6 +42,6 @@ def create_app(settings: Settings) -> Edge:
 
 def create_app_from_env() -> Edge:
     """Factory for server workers: settings come from ZARR_GATEWAY_* variables."""
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging
     return create_app(settings)

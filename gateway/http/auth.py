@@ -64,6 +64,12 @@ class _TokensFile(BaseModel):
         return tokens
 
 
+def _pattern(pattern: str) -> tuple[str, str]:
+    """An ``<org>/<dataset pattern>`` the tokens file was checked to hold as its two parts."""
+    organization, _, dataset = pattern.partition("/")
+    return organization, dataset
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     patterns: tuple[tuple[str, str], ...]
@@ -95,7 +101,7 @@ class Tokens:
             raise TokensFileError(f"tokens file {str(path)!r} is invalid: {reasons}; expected {SHAPE}") from None
         return cls(
             {
-                token.encode("utf-8", "surrogatepass"): Grant(tuple(tuple(p.split("/", 1)) for p in patterns))  # type: ignore[misc]
+                token.encode("utf-8", "surrogatepass"): Grant(tuple(_pattern(p) for p in patterns))
                 for token, patterns in parsed.tokens.items()
             }
         )

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from gateway_storage import ByteLRU, FileChangedError, FileUnsettledError, Store
+from gateway_storage import FileChangedError, FileUnsettledError, Store
+from gateway_storage.cache import CacheCounts
 
 from ..meshes.service import MeshService
 from ..previews import Previews
@@ -83,7 +84,7 @@ class Gateway:
             check_organization(grant, names[0], await self._storage_call(self._dataset_names, names[0]))
         return grant
 
-    def caches_by_name(self) -> dict[str, ByteLRU]:
+    def caches_by_name(self) -> dict[str, CacheCounts]:
         """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
         indexes), shard plans, previews, meshes."""
         return {

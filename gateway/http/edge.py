@@ -146,7 +146,7 @@ class Edge:
 def _raw_path(scope: Scope) -> str:
     """The request path as sent, one character per byte (a server that gives no ``raw_path``: the decoded one)."""
     raw = scope.get("raw_path")
-    return raw.decode("latin-1") if raw else scope["path"]
+    return raw.decode("latin-1") if raw else str(scope["path"])
 
 
 def _options(request: Request) -> Answer:

@@ -13,13 +13,14 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 from urllib.parse import quote, urlsplit
 
+from gateway_storage.geometry import Vec3, mag_name
+
 from ..sources.catalog import Dataset
-from ..sources.properties import mag_name
 from .urls import TOKEN_PREFIX
 
-Vec3 = tuple[int, int, int]
 TOKEN_PLACEHOLDER = "<token>"
 NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
 _UNIT_PREFIXES = {
@@ -227,11 +228,15 @@ def mesh_source(base: str, organization: str, dataset: str, layer: str, token: s
 
 def neuroglancer_layer(
     source: str, name: str, category: str, meshes: str | None = None, segments: Sequence[int] = ()
-) -> dict:
+) -> dict[str, Any]:
     """One layer of a Neuroglancer state; a segmentation with its mesh source and the segments to show."""
     if category != "segmentation":
         return {"type": "image", "source": source, "name": name}
-    layer: dict = {"type": "segmentation", "source": source if meshes is None else [source, meshes], "name": name}
+    layer: dict[str, Any] = {
+        "type": "segmentation",
+        "source": source if meshes is None else [source, meshes],
+        "name": name,
+    }
     if segments:
         layer["segments"] = [str(segment) for segment in segments]
     return layer
@@ -244,7 +249,7 @@ def neuroglancer_link(
     category: str,
     voxel_size: tuple[float, float, float],
     unit: str,
-    layers: Sequence[dict] = (),
+    layers: Sequence[dict[str, Any]] = (),
 ) -> str:
     """A link that opens Neuroglancer on ``layers`` (by default the one layer), ``layer_name`` selected, its
     x, y, z dimensions the dataset's voxel size.

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +40,7 @@ NO_STORE = {"Cache-Control": "no-store"}
 LEFT_TO_THE_ROUTES = 202  # /auth: go on, the route itself refuses this request (and no proxy caches a 202)
 
 
-def _json(status: int, document: dict) -> Answer:
+def _json(status: int, document: Mapping[str, object]) -> Answer:
     return Answer(status, raw_headers(NO_STORE), json.dumps(document).encode(), "application/json")
 
 

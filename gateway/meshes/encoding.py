@@ -14,11 +14,14 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from gateway_storage.geometry import Vec3
+
 from .errors import MeshExtraMissing
-from .geometry import Level, Vec3
+from .geometry import Level
 from .surfaces import Surface
 
 QUANTIZATION_BITS = 16
@@ -31,10 +34,10 @@ def json_bytes(document: object) -> bytes:
     return json.dumps(document, separators=JSON_SEPARATORS, sort_keys=True).encode()
 
 
-def multires_info(voxel_nm: tuple[float, float, float], properties: str | None) -> dict:
+def multires_info(voxel_nm: tuple[float, float, float], properties: str | None) -> dict[str, Any]:
     """The multi-resolution ``info``: stored model space is mag-1 voxel faces, scaled to nanometers."""
     sx, sy, sz = voxel_nm
-    info: dict = {
+    info: dict[str, Any] = {
         "@type": "neuroglancer_multilod_draco",
         "vertex_quantization_bits": QUANTIZATION_BITS,
         "transform": [sx, 0, 0, 0, 0, sy, 0, 0, 0, 0, sz, 0],
@@ -45,8 +48,8 @@ def multires_info(voxel_nm: tuple[float, float, float], properties: str | None) 
     return info
 
 
-def legacy_info(properties: str | None) -> dict:
-    info: dict = {"@type": "neuroglancer_legacy_mesh"}
+def legacy_info(properties: str | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"@type": "neuroglancer_legacy_mesh"}
     if properties is not None:
         info["segment_properties"] = properties
     return info
@@ -137,11 +140,11 @@ def legacy_fragment(surface: Surface, mag: Vec3, voxel_nm: tuple[float, float, f
     )
 
 
-def segment_properties(ids: np.ndarray, voxels: np.ndarray, labels: dict[int, str]) -> dict:
+def segment_properties(ids: np.ndarray, voxels: np.ndarray, labels: dict[int, str]) -> dict[str, Any]:
     """Inline properties: every id with its voxel count (a number Neuroglancer sorts by) and, where the
     dataset names segments, a label (which its segment list shows and searches)."""
     numbers = "uint32" if len(voxels) == 0 or int(voxels.max()) < (1 << 32) else "float32"
-    properties: list[dict] = []
+    properties: list[dict[str, Any]] = []
     if labels:
         properties.append({"id": "label", "type": "label", "values": [labels.get(int(i), "") for i in ids]})
     properties.append(

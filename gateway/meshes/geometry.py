@@ -15,9 +15,9 @@ surfaces lie half a voxel below the cube, which the format's per-level ``vertex_
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..sources.mag import MagSource
+from gateway_storage.geometry import Vec3, vec3
 
-Vec3 = tuple[int, int, int]
+from ..sources.mag import MagSource
 
 CUBE_EDGE = 64  # voxels of the finest mag per edge of a level-0 cube
 
@@ -60,16 +60,16 @@ class Level:
         lo, hi = self.box(position)
         if self.lod == 0:
             return [(lo, hi)]
-        mid = tuple((a + b) // 2 for a, b in zip(lo, hi))
+        mid = vec3((a + b) // 2 for a, b in zip(lo, hi))
         boxes = []
         for z in range(2):
             for y in range(2):
                 for x in range(2):
                     corner = (x, y, z)
-                    part_lo = tuple(m if c else a for a, m, c in zip(lo, mid, corner))
-                    part_hi = tuple(b if c else m for b, m, c in zip(hi, mid, corner))
+                    part_lo = vec3(m if c else a for a, m, c in zip(lo, mid, corner))
+                    part_hi = vec3(b if c else m for b, m, c in zip(hi, mid, corner))
                     boxes.append((part_lo, part_hi))
-        return boxes  # type: ignore[return-value]
+        return boxes
 
 
 class MeshGrid:
@@ -101,13 +101,13 @@ class MeshGrid:
     @cached_property
     def voxels(self) -> int:
         """Voxels of the finest mag: what a scan without an index reads."""
-        lo, hi = self.finest.bbox_lo, self.finest.bbox_hi
-        return (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2])
+        x, y, z = self.finest.bbox.size
+        return x * y * z
 
     def cubes_of_finest(self) -> list[Vec3]:
         """Every level-0 cube that holds a voxel of the bounding box, or a voxel just below it: the upper
         neighbour of the last voxel owns the cells between it and the fill value outside."""
-        lo, hi = self.finest.bbox_lo, self.finest.bbox_hi
+        lo, hi = self.finest.bbox.lo, self.finest.bbox.hi
         edge = self.levels[0].cube_voxels
         ranges = [range(a // e, b // e + 1) for a, b, e in zip(lo, hi, edge)]
         return [(x, y, z) for z in ranges[2] for y in ranges[1] for x in ranges[0]]

@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from gateway_storage.geometry import Vec3
+
 from ..sources.mag import MagSource
 from .errors import MeshInputError
-from .geometry import MeshGrid, Vec3, morton_key
+from .geometry import MeshGrid, morton_key
 from .surfaces import read_window, window_of
 
 FORMAT = "zarr-gateway-segment-index"
@@ -56,7 +58,7 @@ class SegmentIndex:
 
     def __init__(
         self,
-        meta: dict,
+        meta: dict[str, Any],
         ids: np.ndarray,
         voxels: np.ndarray,
         bboxes: np.ndarray,
@@ -76,7 +78,7 @@ class SegmentIndex:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays().values()) + 256
+        return sum(int(a.nbytes) for a in self._arrays().values()) + 256
 
     def _arrays(self) -> dict[str, Any]:  # Any: numpy types savez's keywords as bool
         """The index's arrays by the names they are stored under."""
@@ -249,7 +251,7 @@ def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray
 
 
 def _assemble(
-    meta: dict,
+    meta: dict[str, Any],
     members: list[np.ndarray],
     member_cubes: list[np.ndarray],
     member_keys: list[np.ndarray],

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway_storage import ByteLRU, StorageError, Store
+from gateway_storage.geometry import Vec3
 from wkw_adapter import WkwError
 
 from ..sources.catalog import Dataset, Layer
@@ -42,7 +43,7 @@ from .encoding import (
     segment_properties,
 )
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
-from .geometry import MeshGrid, Vec3, morton_key
+from .geometry import MeshGrid, morton_key
 from .index import (
     MAX_INDEX_BYTES,
     SCAN_VOXELS,
@@ -180,7 +181,7 @@ class MeshService:
         layer; otherwise a 409 that says to run ``index-segments``."""
         stamp = meshes.stamp(self.storage.is_local)
         key = ("segments", meshes.key, stamp)
-        cached = self.cache.get(key)
+        cached: SegmentIndex | None = self.cache.get(key)
         if cached is not None:
             return cached
         location = self.index_location(meshes.dataset, meshes.name)
@@ -236,7 +237,7 @@ class MeshService:
             lock = self._pending.setdefault(key, threading.Lock())
         try:
             with lock:
-                cached = self.cache.get(key)
+                cached: T | None = self.cache.get(key)
                 if cached is not None:
                     return cached
                 value = compute()
@@ -304,7 +305,7 @@ class MeshSource(ABC):
     name: str
 
     @abstractmethod
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         """The source's ``info`` document."""
 
     @abstractmethod
@@ -318,7 +319,7 @@ class MultiresSource(MeshSource):
 
     name = "multires"
 
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return multires_info(meshes.voxel_nm, properties)
 
     def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
@@ -371,7 +372,7 @@ class LegacySource(MeshSource):
 
     name = "legacy"
 
-    def info(self, meshes: LayerMeshes, properties: str | None) -> dict:
+    def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return legacy_info(properties)
 
     def file(self, service: MeshService, meshes: LayerMeshes, name: str) -> MeshFile:
@@ -396,7 +397,7 @@ class LegacySource(MeshSource):
         level = meshes.grid.levels[0]
         lo, hi = level.box(cube)
         window_lo, _ = window_of(lo, hi)
-        if any(w >= b for w, b in zip(window_lo, level.source.bbox_hi)):
+        if any(w >= b for w, b in zip(window_lo, level.source.bbox.hi)):
             raise MeshNotFound(f"cube {cube} lies outside layer {meshes.name!r}")
         key = ("legacy", meshes.key, meshes.stamp(service.storage.is_local), segment, cube)
 

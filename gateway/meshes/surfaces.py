@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway_storage.geometry import Vec3
+
 from ..sources.mag import MagSource
 from .errors import MeshExtraMissing, MeshTooLarge
-
-Vec3 = tuple[int, int, int]
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
@@ -55,7 +55,8 @@ def _mesher() -> type:
         import zmesh
     except ImportError as exc:
         raise MeshExtraMissing("zmesh") from exc
-    return zmesh.Mesher
+    mesher: type = zmesh.Mesher
+    return mesher
 
 
 def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
@@ -73,7 +74,8 @@ def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:
             f"a box of {shape} voxels of mag {'-'.join(map(str, source.mag))} decodes {decoded} bytes of stored "
             f"chunks, more than the {MAX_READ_DECODED_BYTES} a mesh read may: the layer's chunks are too large to mesh"
         )
-    return source.read_box(lo, hi).data[0]
+    window: np.ndarray = source.read_box(lo, hi).data[0]
+    return window
 
 
 def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surface:

@@ -4,20 +4,21 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavailableError, is_absolute_location
+from gateway_storage.geometry import Vec3, mag_name, mag_names
 from wkw_adapter import WkwError
 
 from .documents import load_json
 from .formats import SourceFormat
-from .mag import MagSource
+from .mag import MagSource, SourceError
 from .paths import is_plain_name
-from .properties import DataLayer, DatasourceProperties, mag_name
+from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
-from .zarr_source import SourceError
 
 log = logging.getLogger("gateway.catalog")
 
@@ -26,7 +27,6 @@ REVALIDATE_SECONDS = 1.0  # a changed datasource-properties.json is noticed with
 # A dataset or layer found unusable (a mag directory missing, a volume not mounted yet, a symlink being
 # repaired, an upload in progress) is loaded again at most this often, even if its properties stay the same.
 RELOAD_PROBLEMS_SECONDS = 3.0
-Vec3 = tuple[int, int, int]
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Dataset:
     directory: str
     version: str
     properties: DatasourceProperties
-    document: dict
+    document: dict[str, Any]  # datasource-properties.json as read
     layers: dict[str, Layer]
 
 
@@ -236,8 +236,7 @@ class Catalog:
         elif path is not None:
             candidates = [storage.join(directory, path.removeprefix("./"))]
         else:
-            long_name = "-".join(map(str, mag))
-            candidates = [storage.join(directory, layer, n) for n in dict.fromkeys([mag_name(mag), long_name])]
+            candidates = [storage.join(directory, layer, name) for name in mag_names(mag)]
         for candidate in candidates:
             resolved = storage.resolve(candidate)
             if resolved is not None and source_format.holds_mag(resolved):

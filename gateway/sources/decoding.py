@@ -58,7 +58,8 @@ class MemoryDecoder:
         try:
             for key, data in chunks.items():
                 memory[key] = data
-            return array[window].read(order="F").result()
+            voxels: np.ndarray = array[window].read(order="F").result()
+            return voxels
         except ValueError as exc:
             raise ChunkDecodeError(f"{self.where}: {exc}") from None
         finally:

@@ -7,9 +7,11 @@ Each format subclasses :class:`SourceFormat` beside its :class:`MagSource` and i
 
 from abc import ABC, abstractmethod
 
-from gateway_storage import ByteLRU, OutsideRootError, Store
+from gateway_storage import OutsideRootError, Store
+from gateway_storage.cache import CacheCounts
+from gateway_storage.geometry import Vec3
 
-from .mag import MagSource, Vec3
+from .mag import MagSource
 from .properties import DataLayer
 
 
@@ -41,5 +43,5 @@ class SourceFormat(ABC):
 
     @property
     @abstractmethod
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         """This format's bounded caches by metric name (``zarr_gateway_cache_*{cache}``)."""

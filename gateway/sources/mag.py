@@ -6,14 +6,14 @@ WKW and Zarr sources implement the same operations; the Zarr layer never asks wh
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gateway_storage import FileIdentity, FileSource
+from gateway_storage.geometry import Box, Vec3
 
 from .properties import BoundingBox
-
-Vec3 = tuple[int, int, int]
 
 
 class ChunkNotFound(LookupError):
@@ -63,13 +63,6 @@ class StoredBlocks:
     read_span: Callable[[int, int], bytes]
 
 
-def bbox_at_mag(bbox: BoundingBox, mag: Vec3) -> tuple[Vec3, Vec3]:
-    """The mag-m voxels ``[floor(topLeft/m), ceil((topLeft+size)/m))`` the bounding box covers."""
-    lo = tuple(t // m for t, m in zip(bbox.top_left, mag))
-    hi = tuple(-(-e // m) for e, m in zip(bbox.end, mag))
-    return lo, hi  # type: ignore[return-value]
-
-
 @dataclass(frozen=True, slots=True)
 class Region:
     """An ``[c, x, y, z]`` array and where it came from.
@@ -97,8 +90,8 @@ class NativeEncoding:
     chunk_shape: tuple[int, int, int, int]
     permutation: tuple[int, ...]
     dtype: np.dtype
-    v2_compressor: dict | None = None
-    v3_codecs: tuple[dict, ...] = ()
+    v2_compressor: dict[str, Any] | None = None  # as the source's .zarray says (parsed JSON)
+    v3_codecs: tuple[dict[str, Any], ...] = ()  # as its zarr.json says
 
 
 class MagSource:
@@ -111,7 +104,7 @@ class MagSource:
 
     def __init__(self, mag: Vec3, bbox: BoundingBox, dtype: np.dtype, channels: int, fill_value: float = 0) -> None:
         self.mag = mag
-        self.bbox_lo, self.bbox_hi = bbox_at_mag(bbox, mag)
+        self.bbox = bbox.box.at_mag(mag)  # in this mag's voxels
         self.dtype = dtype
         self.channels = channels
         self.fill_value = fill_value
@@ -128,7 +121,7 @@ class MagSource:
     @property
     def shape(self) -> Vec3:
         """Served extent in this mag's voxels: every voxel of the bounding box, from the origin."""
-        return self.bbox_hi
+        return self.bbox.hi
 
     def decoded_bytes(self, shape: Vec3) -> int:
         """The most voxel bytes that reading a grid-aligned box of ``shape`` decodes: by default its own
@@ -140,29 +133,17 @@ class MagSource:
         """Whether a stat and a small read may run on the event loop (local page cache, not a network)."""
         return False
 
-    def clip(self, lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3] | None:
-        """The part of box ``[lo, hi)`` inside the bounding box, or None if there is none."""
-        clo = tuple(max(a, b) for a, b in zip(lo, self.bbox_lo))
-        chi = tuple(min(a, b) for a, b in zip(hi, self.bbox_hi))
-        if any(h <= low for low, h in zip(clo, chi)):
-            return None
-        return clo, chi  # type: ignore[return-value]
-
-    def contains(self, lo: Vec3, hi: Vec3) -> bool:
-        return all(a >= b for a, b in zip(lo, self.bbox_lo)) and all(a <= b for a, b in zip(hi, self.bbox_hi))
-
     def read_box(self, lo: Vec3, hi: Vec3) -> Region:
         """Box ``[lo, hi)`` with voxels outside the bounding box set to the fill value."""
-        shape = tuple(h - low for low, h in zip(lo, hi))
-        inner = self.clip(lo, hi)
-        if inner is not None and inner == (lo, hi):
-            return Region(*self.read_inside(lo, shape))  # type: ignore[arg-type]
-        out = np.full((self.channels, *shape), self.fill_value, dtype=self.dtype, order="F")
+        wanted = Box(lo, hi)
+        inner = self.bbox.clip(wanted)
+        if inner == wanted:
+            return Region(*self.read_inside(lo, wanted.size))
+        out = np.full((self.channels, *wanted.size), self.fill_value, dtype=self.dtype, order="F")
         if inner is None:
             return Region(out, [])
-        ilo, ihi = inner
-        data, sources = self.read_inside(ilo, tuple(h - low for low, h in zip(ilo, ihi)))  # type: ignore[arg-type]
-        out[(slice(None), *(slice(a - o, b - o) for a, b, o in zip(ilo, ihi, lo)))] = data
+        data, sources = self.read_inside(inner.lo, inner.size)
+        out[(slice(None), *inner.shifted(lo).slices())] = data
         return Region(out, sources)
 
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:

@@ -15,10 +15,13 @@ as voxels and encoded in that same encoding.
 
 import itertools
 import json
+from typing import Any
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
+from gateway_storage import FileIdentity, FileSource, Store
+from gateway_storage.cache import CacheCounts
+from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
 from .bounds import (
@@ -32,7 +35,7 @@ from .bounds import (
 )
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
-from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
+from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 
 ATTRIBUTES = "attributes.json"  # every N5 dataset directory holds one
@@ -41,7 +44,7 @@ _DEFAULT_MODE = 0
 _DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
 
 
-def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict | None]:
+def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, Any] | None]:
     """(passes through, the Zarr v2 compressor) of an N5 ``compression``; other compressions are only decoded."""
     if not isinstance(compression, dict) or not isinstance(compression.get("type"), str):
         raise SourceError(f"{ATTRIBUTES}: 'compression' must be an object with a 'type', not {compression!r}")
@@ -96,7 +99,7 @@ class N5MagSource(MagSource):
         with malformed_metadata(ATTRIBUTES):
             self._parse(mag, bbox, document, axis_order)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
+    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
         dimensions = integers(document.get("dimensions"), f"{ATTRIBUTES}: 'dimensions'")
         rank = len(dimensions)
         self.block_shape = integers(document.get("blockSize"), f"{ATTRIBUTES}: 'blockSize'", rank, least=1)
@@ -217,5 +220,5 @@ class N5Format(SourceFormat):
         return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {}

@@ -17,10 +17,13 @@ import itertools
 import json
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
+from gateway_storage.cache import CacheCounts
+from gateway_storage.geometry import Vec3
 
 from .bounds import (
     MAX_CHUNKS_PER_SHARD,
@@ -34,7 +37,7 @@ from .bounds import (
 )
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
-from .mag import MagSource, SourceError, Vec3
+from .mag import MagSource, SourceError
 from .properties import BoundingBox, DataLayer
 
 INFO = "info"  # every precomputed volume directory holds one
@@ -174,7 +177,14 @@ class PrecomputedMagSource(MagSource):
 
     kind = "precomputed"
 
-    def __init__(self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, minishards: ByteLRU) -> None:
+    def __init__(
+        self,
+        mag: Vec3,
+        storage: Store,
+        directory: str,
+        bbox: BoundingBox,
+        minishards: ByteLRU[dict[int, tuple[int, int]]],
+    ) -> None:
         self.storage = storage
         self.location = directory
         self.root = storage.root_of(directory)
@@ -186,7 +196,7 @@ class PrecomputedMagSource(MagSource):
         with malformed_metadata(INFO):
             self._parse(mag, bbox, found[0])
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict) -> None:
+    def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict[str, Any]) -> None:
         if not isinstance(info.get("scales"), list):
             raise SourceError(f"{INFO} is not an object with a list of 'scales'")
         scales = [s for s in info["scales"] if isinstance(s, dict) and s.get("key") == self.key]
@@ -338,7 +348,7 @@ class PrecomputedFormat(SourceFormat):
 
     def __init__(self, store: Store, cache_bytes: int) -> None:
         super().__init__(store, cache_bytes)
-        self.minishards: ByteLRU = ByteLRU(cache_bytes)
+        self.minishards: ByteLRU[dict[int, tuple[int, int]]] = ByteLRU(cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
         return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO)  # the volume's info
@@ -347,5 +357,5 @@ class PrecomputedFormat(SourceFormat):
         return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"minishard_indexes": self.minishards}

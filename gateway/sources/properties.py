@@ -10,9 +10,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .paths import is_plain_name
+from gateway_storage.geometry import Box, Vec3, parse_mag
 
-Vec3 = tuple[int, int, int]
+from .paths import is_plain_name
 
 ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
     "uint8": ("uint8", 1),
@@ -28,27 +28,6 @@ ELEMENT_CLASSES: dict[str, tuple[str, int]] = {
     "float": ("float32", 1),
     "double": ("float64", 1),
 }
-
-
-def parse_mag(value: Any) -> Vec3:
-    """A mag from ``2``, ``"2"``, ``"2-2-1"``, ``[2, 2, 1]``; every factor a positive power of two."""
-    if isinstance(value, str):
-        parts = value.split("-")
-        if len(parts) not in (1, 3) or not all(p.isdigit() for p in parts):
-            raise ValueError(f"mag {value!r} is neither 'N' nor 'X-Y-Z'")
-        value = [int(p) for p in parts]
-    if isinstance(value, int):
-        value = [value] * 3
-    if not isinstance(value, list | tuple) or len(value) != 3 or not all(isinstance(v, int) for v in value):
-        raise ValueError(f"mag {value!r} must be an integer or three integers")
-    if any(v < 1 or v & (v - 1) for v in value):
-        raise ValueError(f"mag {value!r} must be positive powers of two")
-    return (value[0], value[1], value[2])
-
-
-def mag_name(mag: Vec3) -> str:
-    """``"2"`` for isotropic mags, ``"2-2-1"`` otherwise (webKnossos' own literals)."""
-    return str(mag[0]) if mag[0] == mag[1] == mag[2] else "-".join(map(str, mag))
 
 
 class _Model(BaseModel):
@@ -89,8 +68,9 @@ class BoundingBox(_Model):
             raise ValueError(
                 f"topLeft {list(self.top_left)} is negative: a Zarr array starts at voxel 0, so it cannot be served"
             )
-        if any(e > MAX_EXTENT for e in self.end):
-            raise ValueError(f"the bounding box ends at {list(self.end)}, past the largest extent {MAX_EXTENT}")
+        end = self.box.hi
+        if any(e > MAX_EXTENT for e in end):
+            raise ValueError(f"the bounding box ends at {list(end)}, past the largest extent {MAX_EXTENT}")
         return self
 
     @property
@@ -98,9 +78,9 @@ class BoundingBox(_Model):
         return (self.width, self.height, self.depth)
 
     @property
-    def end(self) -> Vec3:
-        t, s = self.top_left, self.size
-        return (t[0] + s[0], t[1] + s[1], t[2] + s[2])
+    def box(self) -> Box:
+        """The bounding box in mag-1 voxels."""
+        return Box.sized(self.top_left, self.size)
 
 
 class MagEntry(_Model):

@@ -1,6 +1,7 @@
 """The registry of source formats: every ``dataFormat`` the gateway serves, and the one place to add one."""
 
-from gateway_storage import ByteLRU, Store
+from gateway_storage import Store
+from gateway_storage.cache import CacheCounts
 
 from .formats import SourceFormat
 from .n5_source import N5Format
@@ -25,5 +26,5 @@ class SourceFormats:
         return self._by_name.get(name)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {label: lru for f in self.formats for label, lru in f.caches.items()}

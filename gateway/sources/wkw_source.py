@@ -4,11 +4,13 @@ import functools
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileSource, Store, TruncatedFileError
+from gateway_storage import FileSource, Store, TruncatedFileError
+from gateway_storage.cache import CacheCounts
+from gateway_storage.geometry import Vec3
 from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid
 
 from .formats import SourceFormat
-from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding, Vec3
+from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 
 MARKER = "header.wkw"  # every WKW mag directory holds one
@@ -152,7 +154,7 @@ class WkwFormat(SourceFormat):
         return WkwMagSource(mag, directory, layer.bounding_box, self.files)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"files": self.files.lru}
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
+from gateway_storage.cache import CacheCounts
+from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
 from .bounds import (
@@ -22,7 +24,7 @@ from .bounds import (
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
 from .decoding import MemoryDecoder, fetch_all
 from .formats import SourceFormat
-from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding, Vec3
+from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 from .shard_index import decode_shard_index, index_nbytes, is_absent
 
@@ -30,13 +32,13 @@ _SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
 _SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
 
 
-def _mapping(value: Any, what: str) -> dict:
+def _mapping(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SourceError(f"{what} must be a JSON object, not {json_type(value)}")
     return value
 
 
-def _codec_list(value: Any, what: str) -> list[dict]:
+def _codec_list(value: Any, what: str) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise SourceError(f"{what} must be a JSON array, not {json_type(value)}")
     for codec in value:
@@ -72,11 +74,13 @@ class _Sharding:
         return index_nbytes(self.chunks, self.index_checksum)
 
 
-def _v3_codec_chain(codecs: list[dict], rank: int) -> tuple[list[int] | None, str, tuple[dict, ...]]:
+def _v3_codec_chain(
+    codecs: list[dict[str, Any]], rank: int
+) -> tuple[list[int] | None, str, tuple[dict[str, Any], ...]]:
     """(transpose order, endian, bytes-to-bytes codecs) of a chain without sharding."""
     order = None
     endian = "little"
-    rest: list[dict] = []
+    rest: list[dict[str, Any]] = []
     seen_bytes = False
     for codec in codecs:
         name = codec.get("name")
@@ -113,7 +117,7 @@ class ZarrMagSource(MagSource):
         directory: str,
         bbox: BoundingBox,
         axis_order: dict[str, int] | None,
-        index_cache: ByteLRU,
+        index_cache: ByteLRU[np.ndarray],
     ) -> None:
         self.storage = storage
         self.location = directory
@@ -123,7 +127,7 @@ class ZarrMagSource(MagSource):
         with malformed_metadata("Zarr metadata"):  # every field's type is checked where it matters; this is the rest
             self._parse(mag, bbox, document, axis_order)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict, axis_order: dict[str, int] | None) -> None:
+    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
         shape = document.get("shape")
         if not isinstance(shape, list):
             raise SourceError(f"shape must be a JSON array, not {json_type(shape)}")
@@ -145,7 +149,7 @@ class ZarrMagSource(MagSource):
         if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
             raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
 
-    def _read_metadata(self, directory: str) -> tuple[dict, int, str]:
+    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], int, str]:
         for name, version in (("zarr.json", 3), (".zarray", 2)):
             found = read_document(self.storage, self.storage.join(directory, name), name)
             if found is not None:
@@ -155,7 +159,7 @@ class ZarrMagSource(MagSource):
                 return document, version, identity.version
         raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
 
-    def _dtype_and_fill(self, document: dict) -> tuple[np.dtype, float]:
+    def _dtype_and_fill(self, document: dict[str, Any]) -> tuple[np.dtype, float]:
         try:
             dtype = np.dtype(document["dtype"] if self.zarr_format == 2 else document["data_type"])
         except (KeyError, TypeError) as exc:
@@ -167,7 +171,7 @@ class ZarrMagSource(MagSource):
             raise SourceError(f"unsupported fill value {fill!r}")
         return dtype, fill
 
-    def _native_encoding(self, document: dict, dtype: np.dtype) -> NativeEncoding | None:
+    def _native_encoding(self, document: dict[str, Any], dtype: np.dtype) -> NativeEncoding | None:
         rank = len(self.source_shape)
         if self.zarr_format == 2:
             if document.get("filters"):
@@ -176,7 +180,7 @@ class ZarrMagSource(MagSource):
             if compressor is not None and _mapping(compressor, "compressor").get("id") not in _SUPPORTED_V2_COMPRESSORS:
                 raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
             self.chunks = _lengths(document.get("chunks"), rank, "chunks", 1)
-            self.separator = document.get("dimension_separator", ".")
+            self.separator: str = document.get("dimension_separator", ".")
             if self.separator not in (".", "/"):
                 raise SourceError(f"dimension_separator {self.separator!r} is neither '.' nor '/'")
             self.key_prefix = ""
@@ -278,7 +282,7 @@ class ZarrMagSource(MagSource):
 
     # --- any region: the stored chunks it needs, read through the store, decoded by tensorstore ----
 
-    def _decoding_metadata(self, document: dict) -> tuple[str, bytes]:
+    def _decoding_metadata(self, document: dict[str, Any]) -> tuple[str, bytes]:
         """The metadata file tensorstore decodes this array's (inner) chunks with, from an in-memory store.
 
         A sharded array is decoded as the array of its inner chunks: each is fetched on its own, so a
@@ -366,7 +370,7 @@ class ZarrFormat(SourceFormat):
 
     def __init__(self, store: Store, cache_bytes: int) -> None:
         super().__init__(store, cache_bytes)
-        self.index_cache: ByteLRU = ByteLRU(cache_bytes)
+        self.index_cache: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
 
     def holds_mag(self, directory: str) -> bool:
         store = self.store
@@ -376,5 +380,5 @@ class ZarrFormat(SourceFormat):
         return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache)
 
     @property
-    def caches(self) -> dict[str, ByteLRU]:
+    def caches(self) -> dict[str, CacheCounts]:
         return {"indexes": self.index_cache}

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway_storage.geometry import Box, Vec3
+
 from ..sources.mag import ChunkNotFound, MagSource
 from .codecs import encode
 from .framing import framing_for
 from .layout import ArrayLayout
 from .native import encode_native
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag, stored_etag
-
-Vec3 = tuple[int, int, int]
 
 __all__ = ["ChunkNotFound", "ServedMag", "encoded_chunk", "passthrough_chunk", "plain_chunk", "served_mag"]
 
@@ -37,7 +37,7 @@ class ServedMag:
 
 
 def served_mag(source: MagSource, layout: ArrayLayout) -> ServedMag:
-    fingerprint = make_etag(layout, source.kind, source.location_key, source.bbox_lo, source.bbox_hi)
+    fingerprint = make_etag(layout, source.kind, source.location_key, source.bbox.lo, source.bbox.hi)
     passes = layout.native is not None or (
         layout.codec.is_blosc and layout.shard_shape is None and layout.chunk_shape == source.stored_chunk_shape
     )
@@ -58,7 +58,7 @@ def _chunk_box(served: ServedMag, index: tuple[int, ...]) -> tuple[Vec3, Vec3, b
     _, cx, cy, cz = served.layout.chunk_shape
     x, y, z = index[1] * cx, index[2] * cy, index[3] * cz
     X, Y, Z = x + cx, y + cy, z + cz
-    (bx, by, bz), (BX, BY, BZ) = served.source.bbox_lo, served.source.bbox_hi
+    (bx, by, bz), (BX, BY, BZ) = served.source.bbox.lo, served.source.bbox.hi
     if bx >= X or by >= Y or bz >= Z or x >= BX or y >= BY or z >= BZ:
         raise ChunkNotFound("the chunk lies wholly outside the layer's bounding box")
     inside = x >= bx and y >= by and z >= bz and X <= BX and Y <= BY and Z <= BZ
@@ -102,8 +102,8 @@ def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
 def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     """A chunk read as voxels, masked to the bounding box and encoded as the layout declares."""
     lo, hi, _ = _chunk_box(served, index)
-    inner = served.source.clip(lo, hi)
-    if inner is None or not served.source.holds_data(*inner):
+    inner = served.source.bbox.clip(Box(lo, hi))
+    if inner is None or not served.source.holds_data(inner.lo, inner.hi):
         # Not made of fill values: a large chunk of absent data would cost its whole size in memory.
         raise ChunkNotFound("no stored data lies in this chunk: it reads as the fill value")
     region = served.source.read_box(lo, hi)

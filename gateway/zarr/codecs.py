@@ -13,6 +13,8 @@ import numpy as np
 from numcodecs.abc import Codec as NumcodecsCodec
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from .documents import CodecDocument
+
 numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
 
 BLOSC_CLEVEL = 5
@@ -32,7 +34,7 @@ class Codec(enum.StrEnum):
         return self in (Codec.BLOSC_LZ4, Codec.BLOSC_ZSTD)
 
 
-class DeterministicGZip(numcodecs.GZip):
+class DeterministicGZip(numcodecs.GZip):  # type: ignore[misc]  # numcodecs ships no types: its GZip is Any
     """GZip whose header carries no time stamp (numcodecs' stamps the time of encoding).
 
     One ETag names one body: the same chunk must encode to the same bytes on every request and every
@@ -44,7 +46,7 @@ class DeterministicGZip(numcodecs.GZip):
         return gzip.compress(data, compresslevel=self.level, mtime=0)
 
 
-def codec_from_config(config: dict) -> NumcodecsCodec:
+def codec_from_config(config: dict[str, Any]) -> NumcodecsCodec:
     """A numcodecs codec from its v2 configuration, deterministic for every codec the gateway encodes with."""
     if config.get("id") == "gzip":
         return DeterministicGZip(config.get("level", GZIP_LEVEL))
@@ -72,7 +74,7 @@ def encode(codec: Codec, data: np.ndarray) -> bytes:
     return bytes(encoder.encode(flat))
 
 
-def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
+def v2_compressor(codec: Codec, itemsize: int) -> CodecDocument | None:
     """The ``compressor`` entry of ``.zarray``, with only the members tensorstore's v2 driver accepts."""
     if codec is Codec.ZSTD:
         return {"id": "zstd", "level": ZSTD_LEVEL}
@@ -80,7 +82,7 @@ def v2_compressor(codec: Codec, itemsize: int) -> dict | None:
     return None if encoder is None else encoder.get_config()
 
 
-def v3_codecs(codec: Codec, itemsize: int) -> list[dict]:
+def v3_codecs(codec: Codec, itemsize: int) -> list[CodecDocument]:
     """Bytes-to-bytes codecs that follow ``transpose`` and ``bytes`` in ``zarr.json``."""
     if codec.is_blosc:
         shuffle = "shuffle" if itemsize > 1 else "noshuffle"

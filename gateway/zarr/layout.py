@@ -2,14 +2,17 @@
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from ..sources.mag import NativeEncoding
-from . import native
-from .codecs import Codec, v2_compressor, v3_codecs
+from gateway_storage.geometry import Vec3
 
-Vec3 = tuple[int, int, int]
+from ..sources.mag import NativeEncoding
+from . import documents, native
+from .codecs import Codec, v2_compressor, v3_codecs
+from .documents import Attributes, CodecDocument
+
 AXES = ("c", "x", "y", "z")
 # (c, x, y, z) with x fastest in memory: Zarr v2 order "F", or a v3 transpose to (z, y, x, c).
 V3_TRANSPOSE = [3, 2, 1, 0]
@@ -57,73 +60,58 @@ class LayerDescription:
     mags: tuple[MagArray, ...]
 
 
-def zarray(layout: ArrayLayout) -> dict:
+def zarray(layout: ArrayLayout) -> documents.ZArray:
     """``.zarray`` for the Zarr v2 tree."""
-    dtype, order, compressor = layout.dtype.str, "F", v2_compressor(layout.codec, layout.dtype.itemsize)
     if layout.native is not None:  # only layouts whose order v2 can name are served in the source's encoding
-        dtype, order = layout.native.dtype.str, native.v2_order(layout.native) or "F"
+        order = native.v2_order(layout.native) or "F"
         compressor = native.v2_compressor(layout.native)[1]
-    return {
-        "zarr_format": 2,
-        "shape": list(layout.shape),
-        "chunks": list(layout.chunk_shape),
-        "dtype": dtype,
-        "compressor": compressor,
-        "fill_value": layout.json_fill_value,
-        "order": order,
-        "filters": None,
-        "dimension_separator": ".",
-    }
+        return documents.zarray(
+            layout.shape, layout.chunk_shape, layout.native.dtype.str, layout.json_fill_value, order, compressor
+        )
+    compressor = v2_compressor(layout.codec, layout.dtype.itemsize)
+    return documents.zarray(layout.shape, layout.chunk_shape, layout.dtype.str, layout.json_fill_value, "F", compressor)
 
 
-def _inner_codecs(layout: ArrayLayout) -> list[dict]:
+def _inner_codecs(layout: ArrayLayout) -> list[CodecDocument]:
     if layout.native is not None:
         permutation = list(layout.native.permutation)
-        transpose = [] if permutation == sorted(permutation) else [_transpose(permutation)]
-        endian = "big" if layout.native.dtype.byteorder == ">" else "little"
-        bytes_codec = {"name": "bytes", "configuration": {"endian": endian}}
-        return [*transpose, bytes_codec, *(native.v3_codecs(layout.native) or [])]
+        transpose = [] if permutation == sorted(permutation) else [documents.transpose_codec(permutation)]
+        endian: Literal["little", "big"] = "big" if layout.native.dtype.byteorder == ">" else "little"
+        return [*transpose, documents.bytes_codec(endian), *(native.v3_codecs(layout.native) or [])]
     return [
-        _transpose(V3_TRANSPOSE),
-        {"name": "bytes", "configuration": {"endian": "little"}},
+        documents.transpose_codec(V3_TRANSPOSE),
+        documents.bytes_codec(),
         *v3_codecs(layout.codec, layout.dtype.itemsize),
     ]
 
 
 def array_zarr_json(
-    layout: ArrayLayout, dimension_names: tuple[str, ...] = AXES, attributes: dict | None = None
-) -> dict:
+    layout: ArrayLayout, dimension_names: tuple[str, ...] = AXES, attributes: Attributes | None = None
+) -> documents.ArrayZarrJson:
     """``zarr.json`` of an array; with three dimension names the channel axis (of length 1) is left out."""
     codecs = _inner_codecs(layout)
     grid_chunk = layout.chunk_shape
     if layout.shard_shape is not None:
         grid_chunk = layout.shard_shape
-        sharding = {
-            "chunk_shape": list(layout.chunk_shape),
-            "codecs": codecs,
-            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-            "index_location": "end",
-        }
-        codecs = [{"name": "sharding_indexed", "configuration": sharding}]
+        codecs = [
+            documents.codec(
+                "sharding_indexed",
+                chunk_shape=list(layout.chunk_shape),
+                codecs=codecs,
+                index_codecs=[documents.bytes_codec(), documents.codec("crc32c")],
+                index_location="end",
+            )
+        ]
     shape: list[int] = list(layout.shape)
     chunks: list[int] = list(grid_chunk)
     if len(dimension_names) == len(shape) - 1:  # no channel axis: the bytes are the same, the rank is not
         shape, chunks, codecs = shape[1:], chunks[1:], [_without_channel(codec) for codec in codecs]
-    return {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": shape,
-        "data_type": layout.dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": layout.json_fill_value,
-        "codecs": codecs,
-        "dimension_names": list(dimension_names),
-        "attributes": attributes or {},
-    }
+    return documents.array_zarr_json(
+        shape, layout.dtype.name, chunks, layout.json_fill_value, codecs, dimension_names, attributes or {}
+    )
 
 
-def _without_channel(codec: dict) -> dict:
+def _without_channel(codec: CodecDocument) -> CodecDocument:
     """A codec over ``(c, x, y, z)`` as one over ``(x, y, z)``: a transpose loses the channel axis, and so do
     the inner chunk shape and inner codecs of a shard; other codecs are unchanged."""
     if codec["name"] == "sharding_indexed":
@@ -133,51 +121,21 @@ def _without_channel(codec: dict) -> dict:
             "chunk_shape": sharding["chunk_shape"][1:],
             "codecs": [_without_channel(inner_codec) for inner_codec in sharding["codecs"]],
         }
-        return {"name": "sharding_indexed", "configuration": inner}
+        return documents.codec("sharding_indexed", **inner)
     if codec["name"] != "transpose":
         return codec
-    return _transpose([axis - 1 for axis in codec["configuration"]["order"] if axis != 0])
+    return documents.transpose_codec([axis - 1 for axis in codec["configuration"]["order"] if axis != 0])
 
 
-def _transpose(order: list[int]) -> dict:
-    return {"name": "transpose", "configuration": {"order": order}}
+def _datasets(layer: LayerDescription) -> list[documents.MultiscaleDataset]:
+    return [documents.ome_dataset(m.path, [1.0, *(v * f for v, f in zip(layer.voxel_size, m.mag))]) for m in layer.mags]
 
 
-def group_zarr_json(attributes: dict | None = None, members: dict[str, dict] | None = None) -> dict:
-    """A v3 group's ``zarr.json``; ``members`` (paths below the group and their documents) are consolidated inline.
-
-    Inline consolidated metadata is how a client that cannot list a directory (an object store's HTTP client,
-    zarr-python's ``members()`` over plain HTTP) finds the group's members: zarr-python 3's format.
-    """
-    document: dict = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
-    if members is not None:
-        document["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": members}
-    return document
-
-
-def _axes(unit: str) -> list[dict]:
-    return [{"name": "c", "type": "channel"}] + [{"name": a, "type": "space", "unit": unit} for a in AXES[1:]]
-
-
-def _datasets(layer: LayerDescription) -> list[dict]:
-    return [
-        {
-            "path": m.path,
-            "coordinateTransformations": [
-                {"type": "scale", "scale": [1.0, *(v * f for v, f in zip(layer.voxel_size, m.mag))]}
-            ],
-        }
-        for m in layer.mags
-    ]
-
-
-def ome_v04(layer: LayerDescription) -> dict:
+def ome_v04(layer: LayerDescription) -> documents.OmeV04Attributes:
     """Layer ``.zattrs``: OME-NGFF 0.4 multiscales."""
-    multiscale = {"version": "0.4", "name": layer.name, "axes": _axes(layer.unit), "datasets": _datasets(layer)}
-    return {"multiscales": [multiscale]}
+    return documents.ome_v04(layer.name, documents.ome_axes(AXES[1:], layer.unit), _datasets(layer))
 
 
-def ome_v05(layer: LayerDescription) -> dict:
+def ome_v05(layer: LayerDescription) -> documents.OmeV05Attributes:
     """Layer group attributes in the v3 tree: OME-NGFF 0.5 under ``ome``."""
-    multiscale = {"name": layer.name, "axes": _axes(layer.unit), "datasets": _datasets(layer)}
-    return {"ome": {"version": "0.5", "multiscales": [multiscale]}}
+    return documents.ome_v05(layer.name, documents.ome_axes(AXES[1:], layer.unit), _datasets(layer))

@@ -7,11 +7,14 @@ v2 compressor. Chunks that straddle the bounding box are re-encoded here in
 the same encoding, so every chunk of an array matches its metadata.
 """
 
+from typing import Any, Literal
+
 import numcodecs
 import numpy as np
 
 from ..sources.mag import NativeEncoding
 from .codecs import DeterministicGZip, codec_from_config
+from .documents import CodecDocument
 
 _V2_TO_V3 = {"blosc", "gzip", "zstd"}
 _SHUFFLE_NAMES = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
@@ -22,7 +25,7 @@ def _effective_order(native: NativeEncoding) -> list[int]:
     return [a for a in native.permutation if native.chunk_shape[a] > 1]
 
 
-def v2_order(native: NativeEncoding) -> str | None:
+def v2_order(native: NativeEncoding) -> Literal["C", "F"] | None:
     """ "C" or "F" if a v2 ``order`` describes the stored bytes, else None."""
     order = _effective_order(native)
     if order == sorted(order):
@@ -32,7 +35,7 @@ def v2_order(native: NativeEncoding) -> str | None:
     return None
 
 
-def v2_compressor(native: NativeEncoding) -> tuple[bool, dict | None]:
+def v2_compressor(native: NativeEncoding) -> tuple[bool, CodecDocument | None]:
     """(expressible, compressor) of the native encoding as a v2 ``compressor``."""
     if native.zarr_format == 2:
         return True, native.v2_compressor
@@ -54,7 +57,7 @@ def v2_compressor(native: NativeEncoding) -> tuple[bool, dict | None]:
     return True, {"id": codec["name"], "level": config.get("level", 1 if codec["name"] == "zstd" else 5)}
 
 
-def v3_codecs(native: NativeEncoding) -> list[dict] | None:
+def v3_codecs(native: NativeEncoding) -> list[CodecDocument] | None:
     """The bytes-to-bytes codecs of the native encoding in v3 form, or None if v3 cannot name them."""
     if native.zarr_format == 3:
         return list(native.v3_codecs)
@@ -65,7 +68,7 @@ def v3_codecs(native: NativeEncoding) -> list[dict] | None:
     if name not in _V2_TO_V3:
         return None
     if name == "blosc":
-        config = {
+        config: dict[str, Any] = {
             "cname": compressor.get("cname", "lz4"),
             "clevel": compressor.get("clevel", 5),
             "shuffle": _SHUFFLE_NAMES.get(compressor.get("shuffle", 1), "shuffle"),
@@ -78,7 +81,7 @@ def v3_codecs(native: NativeEncoding) -> list[dict] | None:
     return [{"name": "gzip", "configuration": {"level": compressor.get("level", 5)}}]
 
 
-def _v3_numcodec(codec: dict) -> numcodecs.abc.Codec | None:
+def _v3_numcodec(codec: CodecDocument) -> numcodecs.abc.Codec | None:
     config = codec.get("configuration") or {}
     if codec["name"] == "blosc":
         shuffle = {v: k for k, v in _SHUFFLE_NAMES.items()}[config.get("shuffle", "noshuffle")]

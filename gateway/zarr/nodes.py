@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import documents
 from .chunks import ChunkNotFound, ServedMag, encoded_chunk, passthrough_chunk, plain_chunk
+from .documents import Attributes
 from .layout import array_zarr_json, zarray
 from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
 from .shards import ShardPlans
@@ -23,19 +25,23 @@ class ArrayNode(ABC):
     """An array: the names of its dimensions, its attributes, its metadata in each Zarr version, its chunks."""
 
     dimension_names: tuple[str, ...]
-    attributes: dict
+    attributes: Attributes
 
     @property
     def rank(self) -> int:
         return len(self.dimension_names)
 
     @abstractmethod
-    def zarr_json(self) -> dict:
+    def zarr_json(self) -> documents.ArrayZarrJson:
         """The array's ``zarr.json`` (Zarr v3)."""
 
     @abstractmethod
-    def zarray(self) -> dict:
+    def zarray(self) -> documents.ZArray:
         """The array's ``.zarray`` (Zarr v2)."""
+
+    def v2_attributes(self) -> dict[str, object]:
+        """The array's ``.zattrs`` (Zarr v2), with its dimension names."""
+        return documents.v2_array_attributes(self.attributes, self.dimension_names)
 
     @abstractmethod
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
@@ -67,7 +73,7 @@ class SourceArray(ArrayNode):
         self,
         served: ServedMag,
         dimension_names: tuple[str, ...],
-        attributes: dict | None = None,
+        attributes: Attributes | None = None,
         plans: ShardPlans | None = None,
     ) -> None:
         self.served = served
@@ -87,10 +93,10 @@ class SourceArray(ArrayNode):
         stored_bytes = None if stored is None else int(np.prod(stored)) * served.layout.dtype.itemsize
         self._passes_inline = self._local and stored_bytes is not None and stored_bytes <= INLINE_ENCODE_BYTES
 
-    def zarr_json(self) -> dict:
+    def zarr_json(self) -> documents.ArrayZarrJson:
         return array_zarr_json(self.layout, self.dimension_names, self.attributes)
 
-    def zarray(self) -> dict:
+    def zarray(self) -> documents.ZArray:
         return zarray(self.layout)
 
     def _source_index(self, index: tuple[int, ...]) -> tuple[int, ...]:
@@ -132,7 +138,7 @@ class CoordinateArray(ArrayNode):
     chunk of it is asked for.
     """
 
-    def __init__(self, name: str, size: int, step: float, attributes: dict) -> None:
+    def __init__(self, name: str, size: int, step: float, attributes: Attributes) -> None:
         self.dimension_names = (name,)
         self.attributes = attributes
         self.size = size
@@ -140,31 +146,14 @@ class CoordinateArray(ArrayNode):
         self.chunk = max(1, min(size, COORDINATE_CHUNK))
         self._etag_parts = ("coordinate", name, size, self.step)
 
-    def zarr_json(self) -> dict:
-        return {
-            "zarr_format": 3,
-            "node_type": "array",
-            "shape": [self.size],
-            "data_type": "float64",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [self.chunk]}},
-            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": 0.0,
-            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "dimension_names": list(self.dimension_names),
-            "attributes": self.attributes,
-        }
+    def zarr_json(self) -> documents.ArrayZarrJson:
+        codecs = [documents.bytes_codec("little")]
+        return documents.array_zarr_json(
+            [self.size], "float64", [self.chunk], 0.0, codecs, self.dimension_names, self.attributes
+        )
 
-    def zarray(self) -> dict:
-        return {
-            "zarr_format": 2,
-            "shape": [self.size],
-            "chunks": [self.chunk],
-            "dtype": "<f8",
-            "compressor": None,
-            "fill_value": 0.0,
-            "order": "C",
-            "filters": None,
-        }
+    def zarray(self) -> documents.ZArray:
+        return documents.zarray([self.size], [self.chunk], "<f8", 0.0, "C")
 
     def cheap_chunk(self, index: tuple[int, ...]) -> Resource | None:
         chunks = -(-self.size // self.chunk)
@@ -185,5 +174,5 @@ class GroupNode:
     """A group of a tree (a layer, or an xarray mag) and the arrays in it."""
 
     name: str
-    attributes: dict
+    attributes: Attributes
     arrays: dict[str, ArrayNode] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway_storage import ByteLRU, FileChangedError
+from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import BlockDecodeError
 
 from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks
@@ -19,8 +20,6 @@ from .chunks import ServedMag, check_grid
 from .codecs import Codec
 from .framing import Framing, framing_for
 from .resource import OCTET_STREAM, Resource, make_etag
-
-Vec3 = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +73,9 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
     framing = framing_for(blocks.encoding)
     lo = (np.array(cube) * n + blocks.block_coords) * side
     hi = lo + side
-    inside = np.all(lo >= source.bbox_lo, axis=1) & np.all(hi <= source.bbox_hi, axis=1)
-    present = ~(np.any(hi <= source.bbox_lo, axis=1) | np.any(lo >= source.bbox_hi, axis=1))
+    bbox_lo, bbox_hi = np.array(source.bbox.lo), np.array(source.bbox.hi)
+    inside = np.all(lo >= bbox_lo, axis=1) & np.all(hi <= bbox_hi, axis=1)
+    present = ~(np.any(hi <= bbox_lo, axis=1) | np.any(lo >= bbox_hi, axis=1))
     offsets, lengths = blocks.block_table()
     if np.any(present & (lengths == 0)):
         raise BlockDecodeError(f"{blocks.origin}: a block has no bytes in the jump table")
@@ -111,8 +111,8 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
 def _masked_block(source: MagSource, plan: ShardPlan, block: int) -> bytes:
     blocks = plan.blocks
     n, side = blocks.blocks_per_edge, blocks.block_edge
-    lo = tuple(int((c * n + b) * side) for c, b in zip(plan.cube, blocks.block_coords[block]))
-    region = source.read_box(lo, tuple(v + side for v in lo))  # type: ignore[arg-type]
+    lo = vec3(int((c * n + b) * side) for c, b in zip(plan.cube, blocks.block_coords[block]))
+    region = source.read_box(lo, vec3(v + side for v in lo))
     if any(identity != blocks.identity for _, identity in region.sources or []):
         raise FileChangedError(f"{blocks.origin} changed while a shard was being read")
     return memcpy_chunk_prefix(blocks.block_bytes) + region.data.tobytes(order="F")
@@ -179,7 +179,7 @@ class ShardPlans:
         assert edge is not None, "the sharded layout is only offered for sources with file cubes"
         cube = (index[1], index[2], index[3])
         lo = (cube[0] * edge, cube[1] * edge, cube[2] * edge)
-        if source.clip(lo, (lo[0] + edge, lo[1] + edge, lo[2] + edge)) is None:
+        if source.bbox.clip(Box.sized(lo, (edge, edge, edge))) is None:
             raise ChunkNotFound("the shard lies wholly outside the layer's bounding box")
         blocks = source.stored_blocks(cube)
         if blocks is None:

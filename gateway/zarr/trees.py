@@ -17,15 +17,29 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
 from ..sources.catalog import Dataset
 from ..sources.mag import MagSource
-from ..sources.properties import mag_name
 from . import native
 from .chunks import served_mag
 from .codecs import Codec
+from .documents import (
+    ArrayZarrJson,
+    Attributes,
+    Document,
+    GroupZarrJson,
+    ZArray,
+    ZGroup,
+    ZMetadata,
+    group_zarr_json,
+    zgroup,
+    zmetadata,
+)
 from .keys import MalformedKey, parse_v2_key, parse_v3_key
-from .layout import AXES, ArrayLayout, LayerDescription, MagArray, group_zarr_json, ome_v04, ome_v05
+from .layout import AXES, ArrayLayout, LayerDescription, MagArray, ome_v04, ome_v05
 from .nodes import ArrayNode, CoordinateArray, GroupNode, SourceArray
 from .resource import JSON, Resource, bytes_resource
 from .shards import ShardPlans, shard_inner_codec
@@ -82,7 +96,7 @@ class DatasetView:
             )
         return found
 
-    def document(self, key: tuple[str, ...], make: Callable[[], dict]) -> Resource:
+    def document(self, key: tuple[str, ...], make: Callable[[], Document]) -> Resource:
         """A metadata document as a JSON resource, rendered once per view (views are rebuilt on change)."""
         found = self.documents.get(key)
         if found is None:
@@ -106,13 +120,13 @@ class Tree(ABC):
         """The dataset as this tree serves it."""
 
     @abstractmethod
-    def dataset_document(self, view: DatasetView, name: str) -> dict: ...
+    def dataset_document(self, view: DatasetView, name: str) -> Document: ...
 
     @abstractmethod
-    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict: ...
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> Document: ...
 
     @abstractmethod
-    def array_document(self, node: ArrayNode, name: str) -> dict: ...
+    def array_document(self, node: ArrayNode, name: str) -> Document: ...
 
     @abstractmethod
     def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
@@ -134,12 +148,6 @@ class Tree(ABC):
         if name not in own:
             return f"{name} belongs to the other Zarr version's tree; this is the {self.name} tree"
         return f"no {name} at the {level} level of the {self.name} tree; it answers {', '.join(files)}"
-
-
-def short_mag_name(name: str) -> str:
-    """Mags are named ``2`` or ``2-2-1``; the long form ``2-2-2`` of an isotropic mag is accepted too."""
-    parts = name.split("-")
-    return parts[0] if len(parts) == 3 and len(set(parts)) == 1 else name
 
 
 # --- the layer trees: a group per layer, an array per mag -------------------------------------------
@@ -195,14 +203,14 @@ class LayerTree(Tree):
         return DatasetView(self, dataset, groups, unusable, problems)
 
     @abstractmethod
-    def layer_attributes(self, layer: LayerDescription) -> dict: ...
+    def layer_attributes(self, layer: LayerDescription) -> Attributes: ...
 
     def array_alias(self, name: str) -> str:
-        return short_mag_name(name)
+        return canonical_mag_name(name)
 
-    def rewritten_properties(self, view: DatasetView) -> dict:
+    def rewritten_properties(self, view: DatasetView) -> dict[str, Any]:
         """The dataset's ``datasource-properties.json`` as a Zarr dataset of this tree."""
-        document = json.loads(json.dumps(view.dataset.document))
+        document: dict[str, Any] = json.loads(json.dumps(view.dataset.document))
         served_layers = []
         for layer in document.get("dataLayers", []):
             group = view.groups.get(layer.get("name"))
@@ -231,47 +239,42 @@ class ZarrV2Tree(LayerTree):
     group_files = (".zgroup", ".zattrs", ".zmetadata")
     array_files = (".zarray", ".zattrs")
 
-    def layer_attributes(self, layer: LayerDescription) -> dict:
+    def layer_attributes(self, layer: LayerDescription) -> Attributes:
         return ome_v04(layer)
 
     def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
         return parse_v2_key(key, rank)
 
-    def dataset_document(self, view: DatasetView, name: str) -> dict:
+    def dataset_document(self, view: DatasetView, name: str) -> Document:
         if name == PROPERTIES:
             return self.rewritten_properties(view)
         if name == ".zmetadata":
             return self.consolidated(view, None)
-        return {"zarr_format": 2} if name == ".zgroup" else {}
+        return zgroup() if name == ".zgroup" else {}
 
-    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> Document:
         if name == ".zmetadata":
             return self.consolidated(view, group)
-        return {"zarr_format": 2} if name == ".zgroup" else group.attributes
+        return zgroup() if name == ".zgroup" else group.attributes
 
-    def array_document(self, node: ArrayNode, name: str) -> dict:
-        return node.zarray() if name == ".zarray" else _v2_array_attributes(node)
+    def array_document(self, node: ArrayNode, name: str) -> Document:
+        return node.zarray() if name == ".zarray" else node.v2_attributes()
 
-    def consolidated(self, view: DatasetView, only: GroupNode | None) -> dict:
+    def consolidated(self, view: DatasetView, only: GroupNode | None) -> ZMetadata:
         """``.zmetadata`` of the dataset group, or of one layer group."""
-        metadata: dict[str, dict] = {}
+        metadata: dict[str, ZArray | ZGroup | Attributes] = {}
         if only is None:
-            metadata = {".zgroup": {"zarr_format": 2}, ".zattrs": {}}
+            metadata = {".zgroup": zgroup(), ".zattrs": {}}
         for group in view.groups.values():
             if only is not None and group is not only:
                 continue
             prefix = "" if only is not None else f"{group.name}/"
-            metadata[f"{prefix}.zgroup"] = {"zarr_format": 2}
+            metadata[f"{prefix}.zgroup"] = zgroup()
             metadata[f"{prefix}.zattrs"] = group.attributes
             for array_name, node in group.arrays.items():
                 metadata[f"{prefix}{array_name}/.zarray"] = node.zarray()
-                metadata[f"{prefix}{array_name}/.zattrs"] = _v2_array_attributes(node)
-        return {"zarr_consolidated_format": 1, "metadata": metadata}
-
-
-def _v2_array_attributes(node: ArrayNode) -> dict:
-    """Array ``.zattrs``: xarray and viewers read the dimension names from ``_ARRAY_DIMENSIONS``."""
-    return {**node.attributes, "_ARRAY_DIMENSIONS": list(node.dimension_names)}
+                metadata[f"{prefix}{array_name}/.zattrs"] = node.v2_attributes()
+        return zmetadata(metadata)
 
 
 class ZarrV3Tree(LayerTree):
@@ -281,31 +284,31 @@ class ZarrV3Tree(LayerTree):
     group_files = ("zarr.json",)
     array_files = ("zarr.json",)
 
-    def layer_attributes(self, layer: LayerDescription) -> dict:
+    def layer_attributes(self, layer: LayerDescription) -> Attributes:
         return ome_v05(layer)
 
     def parse_key(self, key: str, rank: int) -> tuple[int, ...]:
         return parse_v3_key(key, rank)
 
-    def dataset_document(self, view: DatasetView, name: str) -> dict:
+    def dataset_document(self, view: DatasetView, name: str) -> Document:
         if name == PROPERTIES:
             return self.rewritten_properties(view)
         return _consolidated_dataset(view.groups.values())
 
-    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> Document:
         return _consolidated_group(group)
 
-    def array_document(self, node: ArrayNode, name: str) -> dict:
+    def array_document(self, node: ArrayNode, name: str) -> Document:
         return node.zarr_json()
 
 
-def _consolidated_dataset(groups: Iterable[GroupNode]) -> dict:
+def _consolidated_dataset(groups: Iterable[GroupNode]) -> GroupZarrJson:
     """The dataset group's ``zarr.json`` with every group and array below it consolidated inline.
 
     The entries are flat paths, as zarr-python writes them: a group's entry carries an empty consolidated block
     (its members follow as entries of their own), an array's entry is its ``zarr.json``.
     """
-    metadata: dict[str, dict] = {}
+    metadata: dict[str, ArrayZarrJson | GroupZarrJson] = {}
     for group in groups:
         metadata[group.name] = group_zarr_json(group.attributes, members={})
         for array_name, node in group.arrays.items():
@@ -313,9 +316,10 @@ def _consolidated_dataset(groups: Iterable[GroupNode]) -> dict:
     return group_zarr_json(members=metadata)
 
 
-def _consolidated_group(group: GroupNode) -> dict:
+def _consolidated_group(group: GroupNode) -> GroupZarrJson:
     """A group's ``zarr.json`` with its arrays consolidated inline."""
-    return group_zarr_json(group.attributes, members={name: node.zarr_json() for name, node in group.arrays.items()})
+    members: dict[str, ArrayZarrJson | GroupZarrJson] = {name: node.zarr_json() for name, node in group.arrays.items()}
+    return group_zarr_json(group.attributes, members)
 
 
 # --- the xarray tree: a group per mag, an array per layer on the dataset's grid ---------------------
@@ -333,7 +337,7 @@ class XarrayTree(Tree):
     def build(self, dataset: Dataset, options: ServeOptions, plans: ShardPlans) -> DatasetView:
         scale = dataset.properties.scale
         plain = ServeOptions(options.codec, options.chunk_edge, sharded=False)
-        by_mag: dict[tuple[int, int, int], dict[str, MagSource]] = {}
+        by_mag: dict[Vec3, dict[str, MagSource]] = {}
         for layer_name, layer in dataset.layers.items():
             for mag, source in layer.mags.items():
                 by_mag.setdefault(mag, {})[layer_name] = source
@@ -375,15 +379,15 @@ class XarrayTree(Tree):
         return parse_v3_key(key, rank)
 
     def group_alias(self, name: str) -> str:
-        return short_mag_name(name)
+        return canonical_mag_name(name)
 
-    def dataset_document(self, view: DatasetView, name: str) -> dict:
+    def dataset_document(self, view: DatasetView, name: str) -> Document:
         return _consolidated_dataset(view.groups.values())
 
-    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> dict:
+    def group_document(self, view: DatasetView, group: GroupNode, name: str) -> Document:
         return _consolidated_group(group)
 
-    def array_document(self, node: ArrayNode, name: str) -> dict:
+    def array_document(self, node: ArrayNode, name: str) -> Document:
         return node.zarr_json()
 
 

@@ -104,7 +104,7 @@ def xpublish_app() -> Any:
     """xpublish with its zarr plugin over a dask array whose chunks are read from the WKW mag."""
     import dask.array as da
     import xarray as xr
-    import xpublish
+    from xpublish.rest import SingleDatasetRest
 
     mag = WkwMag(os.environ["BENCH_XP_MAG"], WkwFileCache(LocalStore()))
     origin = json.loads(os.environ["BENCH_XP_ORIGIN"])
@@ -119,7 +119,7 @@ def xpublish_app() -> Any:
     chunks = ((1,), *(((BLOCK,) * (s // BLOCK)) for s in shape))
     array = da.map_blocks(read, dtype=np.uint8, chunks=chunks, meta=np.empty((0, 0, 0, 0), np.uint8))
     dataset = xr.Dataset({"color": (("c", "x", "y", "z"), array)})
-    return xpublish.SingleDatasetRest(dataset).app
+    return SingleDatasetRest(dataset).app
 
 
 APPS = {"floor": floor_app, "bare": bare_app, "xpublish": xpublish_app}

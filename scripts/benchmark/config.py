@@ -12,7 +12,7 @@ SCRIPTS = REPO / "scripts"
 if str(REPO) not in sys.path:  # the gateway, its kernel, wkw_adapter, deploy/render.py of this checkout
     sys.path.insert(0, str(REPO))
 
-Vec3 = tuple[int, int, int]
+from gateway_storage.geometry import Vec3  # noqa: E402 (the path above comes first)
 
 ORG = DATASET = "bench"
 EXTENT = (4096, 4096, 2048)  # mag-1 voxels: 32 GiB of uint8 (64 GiB of uint16), nearly all of it virtual

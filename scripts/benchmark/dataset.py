@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from gateway.sample import smooth_lattice_grid
+from gateway_storage.geometry import Vec3, mag_name
 from wkw_adapter import BlockType, WkwHeader, compress_block, morton_decode, write_mag
 
-from .config import BLOCK, DATA_CUBE, DATA_ORIGIN, DATA_VERSION, DATASET, EXTENT, ORG, SEED, Mode, Vec3, log
+from .config import BLOCK, DATA_CUBE, DATA_ORIGIN, DATA_VERSION, DATASET, EXTENT, ORG, SEED, Mode, log
 
 
 class _Smooth:
@@ -95,10 +96,6 @@ def _shifted(blocks: dict[Vec3, bytes], corner: Vec3) -> Callable[[Vec3], bytes]
     return block_at
 
 
-def mag_name(mag: Vec3) -> str:
-    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
-
-
 def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
     """Write the dataset under ``root`` unless one of the same parameters is there; return its facts."""
     dataset_dir = root / ORG / DATASET
@@ -114,7 +111,8 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
             old = None
         if old is not None and old.get("stamp") == stamp:
             log(f"reusing the dataset in {root}")
-            return old["facts"]
+            facts: dict[str, Any] = old["facts"]
+            return facts
     if root.exists():
         shutil.rmtree(root)
     dataset_dir.mkdir(parents=True)
@@ -180,7 +178,7 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
 
     box = {"topLeft": [0, 0, 0], "width": EXTENT[0], "height": EXTENT[1], "depth": EXTENT[2]}
 
-    def layer(name: str, element_class: str, mags: list[Vec3]) -> dict:
+    def layer(name: str, element_class: str, mags: list[Vec3]) -> dict[str, Any]:
         return {
             "name": name,
             "category": "color",

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import BLOCK, DATA_ORIGIN, SEED, V2, Mode, Vec3
+from gateway_storage.geometry import Vec3
+
+from .config import BLOCK, DATA_ORIGIN, SEED, V2, Mode
 
 Request = tuple[str, str]  # (path, byte range "first-last" or "")
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import LocalStore
+from gateway_storage.geometry import mag_name
 from wkw_adapter import WkwFileCache, WkwMag
 
 from .config import DATASET, ORG, READY, REFERENCE_SERVER, V2, V3, log
-from .dataset import mag_name
 from .keys import Request, write_paths
 from .load import run_wrk
 from .processes import Server, running, start_gateway, status_kib

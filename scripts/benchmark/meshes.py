@@ -37,7 +37,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_gateway(root: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     env["PYTHONPATH"] = str(REPO)

@@ -104,7 +104,7 @@ def viewer_times(run: Run) -> dict[str, Any]:
     """The three set-ups' times (fastest of ``ROUNDS``), or an error."""
     sys.path.insert(0, str(REPO / "tests"))
     try:
-        import neuroglancer  # type: ignore[import-untyped]
+        import neuroglancer
         from support.browser import Browser, chromium_path
     except ImportError as exc:
         return {"error": f"not run: {exc}"}

@@ -8,13 +8,16 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gateway_storage.geometry import Vec3, vec3
+from gateway_storage.geometry import mag_name as mag_name  # the name every test builds URLs and paths with
+
 ORG = "test_org"
 TOKEN = "secret-token-for-tests"
 OTHER_TOKEN = "token-for-another-org"
 DATASET_NAME = "wk_dataset"
-TOP_LEFT = (37, 21, 5)
-SIZE = (150, 120, 70)
-MAGS = ((1, 1, 1), (2, 2, 1), (4, 4, 2))
+TOP_LEFT: Vec3 = (37, 21, 5)
+SIZE: Vec3 = (150, 120, 70)
+MAGS: tuple[Vec3, ...] = ((1, 1, 1), (2, 2, 1), (4, 4, 2))
 # name, dtype, channels, compressed, category
 LAYERS: list[tuple[str, str, int, bool, Literal["color", "segmentation"]]] = [
     ("color_u8", "uint8", 1, True, "color"),
@@ -25,13 +28,10 @@ LAYERS: list[tuple[str, str, int, bool, Literal["color", "segmentation"]]] = [
 ]
 
 
-def mag_name(mag: tuple[int, ...]) -> str:
-    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
-
-
-def bbox_at_mag(mag: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    lo = tuple(t // m for t, m in zip(TOP_LEFT, mag))
-    hi = tuple(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
+def bbox_at_mag(mag: Vec3) -> tuple[Vec3, Vec3]:
+    """The mag-``mag`` voxels of the bounding box, worked out here rather than by the code under test."""
+    lo = vec3(t // m for t, m in zip(TOP_LEFT, mag))
+    hi = vec3(-(-(t + s) // m) for t, s, m in zip(TOP_LEFT, SIZE, mag))
     return lo, hi
 
 

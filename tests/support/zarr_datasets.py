@@ -16,6 +16,8 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
+from gateway_storage.geometry import mag_name
+
 from .clients import read_tensorstore, read_zarr_python
 
 ZARR_ORG = "zarr_org"
@@ -102,7 +104,7 @@ class ServedArray:
 
     @property
     def mag_name(self) -> str:
-        return str(self.mag[0]) if len(set(self.mag)) == 1 else "-".join(map(str, self.mag))
+        return mag_name(self.mag)
 
     @property
     def id(self) -> str:
@@ -140,9 +142,7 @@ def served_arrays(root: Path) -> list[ServedArray]:
     for name, _, _, channels in WK_LAYERS:
         for mag in WK_MAGS:
             lo, hi = _at_mag(WK_TOP_LEFT, WK_SIZE, mag)
-            directory = root / ZARR_ORG / WK_DATASET / name / "-".join(map(str, mag))
-            if len(set(mag)) == 1:
-                directory = directory.parent / str(mag[0])
+            directory = root / ZARR_ORG / WK_DATASET / name / mag_name(mag)
             arrays.append(ServedArray(WK_DATASET, name, mag, directory, "cxyz", (channels, *hi), lo, hi, 0))
     for spec in USABLE_SPECS:
         directory = root / ZARR_ORG / ZP_DATASET / spec.name / "1"
