@@ -32,6 +32,7 @@ from gateway_storage import LocalStore
 from wkw_adapter import BlockType, WkwFileCache, WkwHeader
 
 MIB = 1 << 20
+Words = tuple[str, ...]  # what a refusal's message must name
 
 
 # --- building hostile roots -------------------------------------------------------------------------
@@ -168,9 +169,7 @@ def geometry(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[
         ("fat_voxels", ("decodes to",)),
     ],
 )
-def test_geometry_no_writer_produces_makes_the_layer_unusable(
-    geometry: Root, layer: str, words: tuple[str, ...]
-) -> None:
+def test_geometry_no_writer_produces_makes_the_layer_unusable(geometry: Root, layer: str, words: Words) -> None:
     listing = get(geometry.server, "/data/zarr/geo/ds/")
     assert listing.status_code == 200
     assert layer in listing.text and all(word in listing.text for word in words)
@@ -443,9 +442,7 @@ def metadata(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[
         ("vast", ("largest extent",)),
     ],
 )
-def test_bad_properties_make_the_dataset_unusable_with_a_reason(
-    metadata: Root, dataset: str, words: tuple[str, ...]
-) -> None:
+def test_bad_properties_make_the_dataset_unusable_with_a_reason(metadata: Root, dataset: str, words: Words) -> None:
     listing = get(metadata.server, "/data/zarr/meta/")
     assert listing.status_code == 200
     assert dataset in listing.text and all(word in listing.text for word in words)

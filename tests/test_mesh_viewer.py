@@ -20,17 +20,10 @@ import numpy as np
 import pytest
 import requests
 from scipy import ndimage
+from support import viewer
 from support.browser import Browser
 from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
-from support.viewer import (
-    PANEL_RECT_JS,
-    AccessLine,
-    access_lines,
-    png_pixels,
-    settled_screenshot,
-    wait_until_drawn,
-)
 
 from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 
@@ -96,21 +89,21 @@ def state(server: Server, kind: str, segments: list[int]) -> dict[str, Any]:
 
 def open_mesh_view(
     chromium: Browser, client_url: str, server: Server, name: str, view: dict[str, Any], out: Path
-) -> tuple[Any, np.ndarray, list[AccessLine], list[str]]:
+) -> tuple[Any, np.ndarray, list[viewer.AccessLine], list[str]]:
     start = len(server.log())
     with chromium.page() as page:
         page.navigate(client_url + "#!" + quote(json.dumps(view), safe=""))
         page.wait_for("typeof window.viewer === 'object'", timeout=60)
-        layers = wait_until_drawn(page)["layers"]
+        layers = viewer.wait_until_drawn(page)["layers"]
         time.sleep(2)  # meshes arrive after the manifests: give the last fragments a moment, then settle
-        wait_until_drawn(page)
-        shot = settled_screenshot(page, out / f"{name}.png")
-        left, top, right, bottom = page.evaluate(PANEL_RECT_JS)
+        viewer.wait_until_drawn(page)
+        shot = viewer.settled_screenshot(page, out / f"{name}.png")
+        left, top, right, bottom = page.evaluate(viewer.PANEL_RECT_JS)
         console = list(page.console)
     time.sleep(0.5)
-    panel = png_pixels(shot)[top:bottom, left:right]
+    panel = viewer.png_pixels(shot)[top:bottom, left:right]
     print(f"{name}: screenshot {shot}")
-    return layers, panel, access_lines(server, start), console
+    return layers, panel, viewer.access_lines(server, start), console
 
 
 def drawn_pixels(panel: np.ndarray) -> np.ndarray:
