@@ -388,7 +388,8 @@ def test_the_proxy_renders_its_template_and_has_njs(stack: Stack) -> None:
     assert "server gateway:8000;" in rendered and "listen 8080;" in rendered
     assert not re.search(r"\$\{?PROXY_[A-Z0-9]", rendered), "every PROXY_ name is substituted"
     assert "$request_uri" in rendered, "nginx's own variables are left alone"
-    assert stack.engine.docker("exec", proxy, "ls", "/etc/nginx/conf.d").split() == sorted(TEMPLATES)
+    rendered_files = stack.engine.docker("exec", proxy, "find", "/etc/nginx/conf.d", "-type", "f").split()
+    assert sorted(path.removeprefix("/etc/nginx/conf.d/") for path in rendered_files) == sorted(TEMPLATES)
     scope = stack.engine.docker("exec", proxy, "cat", "/etc/nginx/conf.d/auth-scope.conf")
     assert scope == AUTH_SCOPE.read_text(), "the file the Ingress controller shares is used as it is"
     # njs, as in the official image: a main-context configuration can load it by the same relative path

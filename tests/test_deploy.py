@@ -909,6 +909,9 @@ def test_a_path_token_is_checked_at_the_proxy(proxy: Proxy, pair: list[Server]) 
     tokened = requests.get(proxy.url + _in_path(chunk), timeout=10)
     assert (tokened.status_code, tokened.content) == (200, plain.content)
     assert requests.get(proxy.url + _in_path(f"{THEIRS}/color_u8/1/0.2.2.1", OTHER_TOKEN), timeout=10).ok
+    # access lines are written in batches: count from after the allowed request's own line, not before it
+    allowed = f"/t/***{THEIRS}/color_u8/1/0.2.2.1"
+    wait_until(lambda: any(line["path"] == allowed for s in pair for line in s.access_lines()), timeout=10)
     before = [len(s.access_lines()) for s in pair]
     for path, status in (
         (_in_path(chunk, "not-a-token"), 401),

@@ -334,8 +334,9 @@ def test_multipart_answers_are_streamed_part_by_part(shards: tuple[Root, Root]) 
         whole = get(sharded, url)
     assert whole.status_code == 200 and whole.content[:100] in response.content
     assert whole.content[half : half + 1000] in response.content
-    # streamed in 4 MiB pieces, as one range is; joined whole, 32 MiB in two parts took several times more
-    assert peak.growth < max(2 * single.growth, 24 * MIB), (peak.growth / MIB, single.growth / MIB)
+    # streamed in 4 MiB pieces, as one range is; joined whole, 32 MiB in two parts took over 100 MiB more
+    # (the bound is generous: a busy machine moves the peak by a few MiB)
+    assert peak.growth < max(2 * single.growth, 40 * MIB), (peak.growth / MIB, single.growth / MIB)
 
 
 # --- 4. no silent corruption ----------------------------------------------------------------------------
