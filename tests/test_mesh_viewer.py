@@ -27,6 +27,8 @@ from support.servers import Server
 
 from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 
+pytestmark = pytest.mark.browser  # every test drives headless Chromium
+
 TOKEN = "viewer-mesh-token"
 CENTRE = [float(v) for v in (VOLUME_LO + VOLUME_HI) / 2]
 PANEL_VOXELS = 400  # projectionScale: the 3-D panel's height in voxels (of x and y, which are the same size)

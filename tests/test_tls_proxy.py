@@ -30,6 +30,7 @@ ARRAY = f"/data/zarr/{ORG}/wk_dataset/{LAYER}/{mag_name(MAG)}"
 V3_LAYER = f"/data/zarr3/{ORG}/wk_dataset/{LAYER}"
 CHUNK = ARRAY + "/0.1.0.0"  # inside the bounding box (chunk 0 along x lies before it)
 HEADERS = {"X-Auth-Token": TOKEN}
+pytestmark = pytest.mark.nginx  # every test runs deploy/nginx.conf (with deploy/tls.conf) in front of a gateway
 
 
 def make_certificate(directory: Path) -> Path:
@@ -171,6 +172,7 @@ def test_zarr_python_reads_a_mag_over_https(
     assert np.array_equal(np.asarray(array[:]), test_data.expected(LAYER, MAG))
 
 
+@pytest.mark.browser
 def test_neuroglancer_draws_a_layer_through_the_http2_listener(
     open_tls_proxy: tuple[Proxy, str], certificate: Path, neuroglancer_url: str, tmp_path: Path
 ) -> None:
