@@ -1,8 +1,9 @@
-"""The Python servers the benchmark runs itself: two floors and xpublish, on uvicorn or Granian.
+"""The Python servers the benchmark runs itself: three floors and xpublish, on uvicorn or Granian.
 
-Both floors answer a path with the bytes the gateway served for it (read into a dict at start-up)
+The floors answer a path with the bytes the gateway served for it (read into a dict at start-up)
 and a ``Range: bytes=a-b`` with that slice: the Starlette floor is what a minimal framework app
-costs, the bare floor what the ASGI server alone costs.
+costs, the bare floor what the ASGI server alone costs, and the RSGI floor what Granian costs through
+its native interface (RSGI), which skips the ASGI message dictionaries.
 """
 
 from __future__ import annotations
@@ -100,6 +101,26 @@ def bare_app() -> ASGIApp:
     return app
 
 
+def rsgi_app() -> Callable[[Any, Any], Awaitable[None]]:
+    """The RSGI floor: a plain callable of Granian's native interface returning stored bytes from a dict."""
+    data = _stored_bytes()
+    octet = ("content-type", "application/octet-stream")
+
+    async def app(scope: Any, protocol: Any) -> None:
+        body = data.get(scope.path)
+        if body is None:
+            protocol.response_empty(404, [])
+            return
+        spec = scope.headers.get("range")
+        if spec is None:
+            protocol.response_bytes(200, [octet], body)
+            return
+        part, content_range = _byte_range(body, spec)
+        protocol.response_bytes(206, [octet, ("content-range", content_range)], part)
+
+    return app
+
+
 def xpublish_app() -> Any:
     """xpublish with its zarr plugin over a dask array whose chunks are read from the WKW mag."""
     import dask.array as da
@@ -122,7 +143,8 @@ def xpublish_app() -> Any:
     return SingleDatasetRest(dataset).app
 
 
-APPS = {"floor": floor_app, "bare": bare_app, "xpublish": xpublish_app}
+APPS = {"floor": floor_app, "bare": bare_app, "rsgi": rsgi_app, "xpublish": xpublish_app}
+RSGI_APPS = {"rsgi"}  # served through Granian's RSGI interface; every other app is ASGI
 
 
 def serve_main(argv: list[str]) -> None:
@@ -143,7 +165,7 @@ def serve_main(argv: list[str]) -> None:
             target,
             address="127.0.0.1",
             port=args.port,
-            interface=Interfaces.ASGI,
+            interface=Interfaces.RSGI if args.kind in RSGI_APPS else Interfaces.ASGI,
             workers=args.workers,
             http=HTTPModes.http1,
             websockets=False,
@@ -152,6 +174,8 @@ def serve_main(argv: list[str]) -> None:
             working_dir=SCRIPTS,
         ).serve()
         return
+    if args.kind in RSGI_APPS:
+        parser.error(f"{args.kind} is an RSGI app: it runs on granian only")
     import uvicorn
 
     uvicorn.run(

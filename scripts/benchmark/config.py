@@ -116,12 +116,14 @@ def config_token(config: str) -> str | None:
 # The Python HTTP servers every Python case runs on; the first is the reference of the ratio columns.
 HTTP_SERVERS = ("uvicorn", "granian")
 REFERENCE_SERVER = HTTP_SERVERS[0]
+FLOOR_KINDS = ("floor", "bare", "rsgi")  # the benchmark's own apps (benchmark.apps) that serve stored bytes
+RSGI_SERVER = "granian"  # the one server with an RSGI interface
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # nginx | floor | bare | xpublish | gateway | proxy
+    kind: str  # nginx | floor | bare | rsgi | xpublish | gateway | proxy
     keyset: str
     config: str = ""  # the gateway configuration (GATEWAYS) of gateway and proxy cases
     http: str = REFERENCE_SERVER  # the Python server: uvicorn | granian (nginx: unused)
@@ -145,7 +147,8 @@ def _on(http: str) -> str:
 
 
 def _group(keyset: str, gateways: list[tuple[str, str, str]], first: bool = False) -> list[Case]:
-    """nginx, both floors and the gateway rows of one key set, each Python row on every HTTP server.
+    """nginx, the floors and the gateway rows of one key set, each Python row on every HTTP server (and the
+    RSGI floor on the server that has that interface).
 
     The baselines are described in the first group only; gateway rows on their reference server.
     """
@@ -153,6 +156,7 @@ def _group(keyset: str, gateways: list[tuple[str, str, str]], first: bool = Fals
         "nginx": "static files of the same bytes, sendfile (the ceiling)",
         "floor": "minimal Starlette app returning the same bytes from a dict (the Python floor)",
         "bare": "a plain ASGI callable (no framework) returning the same bytes from a dict",
+        "rsgi": "a plain callable of Granian's native RSGI interface returning the same bytes from a dict",
     }
     cases = [Case("nginx", "nginx", keyset, note=notes["nginx"] if first else "")]
     for http in HTTP_SERVERS:
@@ -161,6 +165,7 @@ def _group(keyset: str, gateways: list[tuple[str, str, str]], first: bool = Fals
             if first and http != REFERENCE_SERVER and kind == "floor":
                 note = f"the same app, workers and keys on {http}; so is every row{_on(http)}"
             cases.append(Case(f"{name}{_on(http)}", kind, keyset, http=http, note=note))
+    cases.append(Case(f"RSGI floor{_on(RSGI_SERVER)}", "rsgi", keyset, http=RSGI_SERVER, note=notes["rsgi"] * first))
     for http in HTTP_SERVERS:
         for name, config, note in gateways:
             cases.append(Case(f"{name}{_on(http)}", "gateway", keyset, config, http, note * (http == REFERENCE_SERVER)))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, KEYSETS, ORG, Case, log
+from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSETS, ORG, Case, log
 from .keys import Request, chunk_index, write_paths
 from .load import run_wrk, summarize, wrk_round
 from .nginx import start_nginx, start_proxy
@@ -16,7 +16,16 @@ from .processes import Server, start_python_app
 from .profiling import profile_server
 from .run import Run
 
-PROFILED = ("floor", "gateway pass-through", "gateway pass-through on granian")  # sampled in the u8-32 group
+# The cases sampled with py-spy (by name and key set): the pass-through and its floor, and each decoding case.
+PROFILED = {
+    ("floor", "u8-32"),
+    ("gateway pass-through", "u8-32"),
+    ("gateway pass-through on granian", "u8-32"),
+    ("gateway re-encode zstd", "u8-32"),
+    ("gateway 64³ chunks", "u8-64"),
+    ("gateway 128³ chunks", "u8-128"),
+    ("gateway sharded ranges", "shard"),
+}
 
 
 class Target:
@@ -56,7 +65,7 @@ def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways:
     serving: list[Server] = []
     if case.kind == "nginx":
         server = start_nginx(run.static(keyset), run.work, run.logs)
-    elif case.kind in ("floor", "bare"):
+    elif case.kind in FLOOR_KINDS:
         env = {"BENCH_FLOOR_ROOT": str(run.static(keyset))}
         server = start_python_app(case.kind, case.http, run.workers, run.logs, env)
     elif case.kind == "proxy":
@@ -67,7 +76,7 @@ def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways:
         raise ValueError(case.kind)
 
     def check() -> None:
-        server.wait_ready(first, run.workers if case.kind in ("floor", "bare") else 1, ready or None)
+        server.wait_ready(first, run.workers if case.kind in FLOOR_KINDS else 1, ready or None)
         check_static(server, run.static(keyset), sample, case.token)
 
     return Target(server, paths, [server, *serving], started=True, check=check)
@@ -144,7 +153,7 @@ def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[Gat
                     except Exception as exc:
                         broken[case] = f"{type(exc).__name__}: {exc}"
                 log(f"[{keyset}] round {number + 1} of {run.mode.rounds} done")
-            if run.profile and keyset == "u8-32":
+            if run.profile:
                 _profile(run, targets, broken)
         finally:
             for case, target in targets.items():
@@ -162,7 +171,7 @@ def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[Gat
 def _profile(run: Run, targets: dict[Case, Target], broken: dict[Case, str]) -> None:
     profiles = run.extras.setdefault("profile", {})
     for case, target in targets.items():
-        if case.name in PROFILED and case not in broken:
+        if (case.name, case.keyset) in PROFILED and case not in broken:
             log(f"profiling {case.name} with py-spy for {run.profile} s")
             raw = run.out / f"profile-{case.name.replace(' ', '-')}.txt"
             profiles[case.name] = profile_server(target.server, target.paths, run.profile, raw)

@@ -243,6 +243,29 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DECODING_PROFILES = ("gateway re-encode zstd", "gateway 64³ chunks", "gateway 128³ chunks", "gateway sharded ranges")
+
+
+def _decoding_profiles(profiles: dict[str, Any], categories: list[str]) -> list[str]:
+    """Where the time of the cases that decode or assemble chunks goes: the same categories, one column each."""
+    sampled = [(name, profiles[name]) for name in DECODING_PROFILES if "categories" in profiles.get(name, {})]
+    if not sampled:
+        return []
+    by_case = [{e["category"]: e["us_per_request"] for e in p["categories"]} for _, p in sampled]
+    names = categories + [c for per in by_case for c in per if c not in categories]
+    lines = [
+        "",
+        "The cases that decode, encode or assemble chunks, sampled the same way (µs per request):",
+        "",
+        "| where | " + " | ".join(name.removeprefix("gateway ") for name, _ in sampled) + " |",
+        "|---|" + "---:|" * len(sampled),
+        "| all | " + " | ".join(str(p["cpu_us_per_request"]) for _, p in sampled) + " |",
+    ]
+    for category in dict.fromkeys(names):
+        lines.append(f"| {category} | " + " | ".join(str(per.get(category, 0)) for per in by_case) + " |")
+    return lines
+
+
 def _profile_markdown(profiles: dict[str, Any]) -> list[str]:
     """The floor's and the gateway's profiles side by side (and on Granian), then the gateway's hottest functions."""
     gateway = profiles.get("gateway pass-through", {})
@@ -278,6 +301,7 @@ def _profile_markdown(profiles: dict[str, Any]) -> list[str]:
             f"| {category} | {floor_us.get(category, 0)} | {entry['us_per_request']} | {entry['percent']} | "
             f"{granian_us.get(category, 0)} |"
         )
+    lines += _decoding_profiles(profiles, categories)
     lines += ["", "| gateway function (inclusive) | % | µs/req |", "|---|---:|---:|"]
     lines += [f"| `{e['function']}` | {e['percent']} | {e['us_per_request']} |" for e in gateway["inclusive"]]
     lines += ["", "| gateway function (self) | % | µs/req |", "|---|---:|---:|"]
@@ -291,7 +315,14 @@ def chart(run: Run, path: Path, info: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"nginx": "#4c72b0", "floor": "#8c8c8c", "bare": "#b5b5b5", "xpublish": "#dd8452", "proxy": "#8172b3"}
+    colors = {
+        "nginx": "#4c72b0",
+        "floor": "#8c8c8c",
+        "bare": "#b5b5b5",
+        "rsgi": "#d0d0d0",
+        "xpublish": "#dd8452",
+        "proxy": "#8172b3",
+    }
     labels, values, fills, notes = [], [], [], []
     for case in CASES:
         r = run.results.get((case.name, case.keyset))
