@@ -86,4 +86,4 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     document = json.loads((out / "results.json").read_text())
     servers = {result["server"] for result in document["results"]}
     assert {f"gateway:main@{http}" for http in HTTP_SERVERS} <= servers
-    assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian"} <= servers
+    assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian", "rsgi@granian"} <= servers
