@@ -7,7 +7,7 @@ the same sequence of chunk keys:
 
 - nginx serving exactly the bytes the gateway serves for those keys, as static files (the ceiling),
 - a minimal Starlette app and a bare ASGI callable returning the same bytes from a dict in memory
-  (the Python floors),
+  (the Python floors), and on Granian a bare callable of its native RSGI interface (the RSGI floor),
 - the gateway: LZ4 pass-through, raw uint16 pass-through, re-encoding (zstd), 64^3 and 128^3 chunks,
   and byte ranges of virtual shards (what tensorstore sends),
 - the floors and the gateway on uvicorn and on Granian,

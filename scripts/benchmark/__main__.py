@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __doc__ as package_doc
-from .config import CASES, FULL, REPO, SHORT, Mode, log
+from .config import CASES, FULL, REPO, SHORT, Mode, Result, log
 from .dataset import build_dataset
 from .keys import chunk_sequences, write_paths
 from .load import wrk_binary
@@ -20,6 +20,7 @@ from .measure import run_groups
 from .nginx import nginx_binary
 from .prepare import prepare_key_sets, start_gateways
 from .processes import Server
+from .profiling import resummarize
 from .report import chart, compute_ratios, machine, markdown, update_readme
 from .run import Run
 from .viewer import viewer_times
@@ -42,7 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-requests", type=int, help="requests of the long RSS run (default: 10⁶ in full mode)")
     parser.add_argument("--readme", type=Path, help="also put the table between bench markers in this file")
     parser.add_argument("--keep", action="store_true", help="keep static files and logs in the work directory")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: write the report (and --readme) again from a run's results.json and raw profiles",
+    )
     args = parser.parse_args(argv)
+    if args.report_from:
+        return report_again(args.report_from.resolve(), args.readme)
 
     mode = SHORT if args.short else FULL
     overrides = {}
@@ -113,6 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     if run.failures:
         print("bench: some cases failed:\n" + "\n".join(f"  {f}" for f in run.failures), file=sys.stderr)
         return 1
+    return 0
+
+
+def report_again(results: Path, readme: Path | None) -> int:
+    """results.md, results.png (and the README's block) from a stored run, its profiles summarized again."""
+    document = json.loads(results.read_text())
+    out = results.parent
+    run = Run(Mode(**document["mode"]), out, out / "work", document["workers"], document["mode"]["profile"])
+    for stored in document["results"]:
+        result = Result(**stored)
+        run.results[(result.case, result.keyset)] = result
+    run.extras = document["extras"]
+    run.failures = document["failures"]
+    profiles = run.extras.get("profile") or {}
+    for name, profile in profiles.items():
+        profiles[name] = resummarize(profile, out, run.workers)
+    compute_ratios(run)
+    table = markdown(run, document["machine"], document["data"])
+    (out / "results.md").write_text(table)
+    results.write_text(json.dumps({**document, "extras": run.extras}, indent=2) + "\n")
+    chart(run, out / "results.png", document["machine"])
+    if readme:
+        update_readme(readme, table)
+    log(f"wrote {out / 'results.md'} and {out / 'results.png'} again from {results}")
     return 0
 
 

@@ -16,6 +16,8 @@ from .config import REPO
 from .load import run_wrk
 from .processes import Server
 
+RATE = 250  # py-spy samples per second
+
 
 def profile_server(server: Server, paths: Path, seconds: int, raw: Path) -> dict[str, Any]:
     """Sample one worker with py-spy under the usual load: where its time goes, per request.
@@ -29,7 +31,7 @@ def profile_server(server: Server, paths: Path, seconds: int, raw: Path) -> dict
         info["error"] = "py-spy is not installed (it is in the bench extra)"
         return info
     workers = server.workers()
-    rate = 250
+    rate = RATE
     stats: dict[str, Any] = {}
     load = threading.Thread(target=lambda: stats.update(run_wrk(server.url, paths, seconds + 2)))
     load.start()
@@ -44,13 +46,27 @@ def profile_server(server: Server, paths: Path, seconds: int, raw: Path) -> dict
     req_s = stats["requests"] / (stats["duration_us"] / 1e6)
     info.update(summarize_profile(raw, rate, req_s * seconds / len(workers)))
     info["req_s_while_sampled"] = round(req_s)
+    info["workers"] = len(workers)
     info["raw"] = raw.name
     return info
 
 
+def resummarize(profile: dict[str, Any], directory: Path, workers: int) -> dict[str, Any]:
+    """A stored profile summarized again from its raw stacks (after the categories changed), or as it was."""
+    raw = directory / profile.get("raw", "")
+    if "raw" not in profile or not raw.is_file():
+        return profile
+    requests = profile["req_s_while_sampled"] * profile["seconds"] / profile.get("workers", workers)
+    return {**profile, **summarize_profile(raw, RATE, requests)}
+
+
 # Where a sample's time goes: the first frame, from the leaf up, that matches one of these.
 PROFILE_CATEGORIES = [
-    ("socket writes (uvicorn send -> transport.write; with waits for a CPU)", ("RequestResponseCycle.send (uvicorn/",)),
+    # The gateway's writes leave in _HeadWithBody.release (one writelines per answer, see gateway/serving.py).
+    (
+        "socket writes (uvicorn send -> transport.write; with waits for a CPU)",
+        ("RequestResponseCycle.send (uvicorn/", "_HeadWithBody.release (gateway/serving.py)"),
+    ),
     ("logging", ("logging/", "gateway/logs.py")),
     ("metrics", ("prometheus_client/", "gateway/metrics.py")),
     ("storage and WKW reads (stat, open, pread, LZ4)", ("gateway_storage/", "wkw_adapter/", "lz4", "cramjam")),
