@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from gateway_storage import FileChangedError, FileUnsettledError, StorageError, StoreUnavailableError
 from wkw_adapter import WkwError
 
-from ..meshes.errors import MeshExtraMissing, MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
+from ..extras import MissingExtraError
+from ..meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
 from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError
@@ -57,7 +58,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MeshInputError: ErrorRule(400),
     SegmentIndexRequired: ErrorRule(409),
     MeshTooLarge: ErrorRule(413),
-    MeshExtraMissing: ErrorRule(501, logged=True),
+    MissingExtraError: ErrorRule(501, logged=True),  # a feature whose extra is not installed (meshes)
     SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
         503, "the data file was written moments ago and may still be being written; retry", retry_after="1"

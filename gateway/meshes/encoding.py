@@ -20,7 +20,7 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
-from .errors import MeshExtraMissing
+from ..extras import MESHES
 from .geometry import Level
 from .surfaces import Surface
 
@@ -68,10 +68,9 @@ def draco_fragment(surface: Surface, level: Level, position: Vec3) -> bytes:
     """One fragment, Draco-encoded; empty bytes for no triangles (Neuroglancer reads size 0 as an empty node)."""
     if surface.empty:
         return b""
-    try:
-        import DracoPy
-    except ImportError as exc:
-        raise MeshExtraMissing("DracoPy") from exc
+    MESHES.require("meshes")
+    import DracoPy
+
     points = quantize(surface, level, position).astype(np.float64)
     return bytes(
         DracoPy.encode(

@@ -13,14 +13,5 @@ class MeshTooLarge(ValueError):
     """The segment needs more meshing than one request may do: a 413 that names the way out."""
 
 
-class MeshExtraMissing(ImportError):
-    """The optional packages for meshes (``zarr-gateway[meshes]``) are not installed: a 501."""
-
-    def __init__(self, missing: str) -> None:
-        super().__init__(
-            f"meshes need the optional package {missing!r}: install the extra with pip install 'zarr-gateway[meshes]'"
-        )
-
-
 class MeshNotFound(LookupError):
     """No such layer, source or cube: absent by design (a 404)."""

@@ -10,8 +10,9 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
+from ..extras import MESHES
 from ..sources.mag import MagSource
-from .errors import MeshExtraMissing, MeshTooLarge
+from .errors import MeshTooLarge
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
@@ -51,10 +52,9 @@ EMPTY = Surface(np.zeros((0, 3)), np.zeros((0, 3), dtype=np.uint32))
 
 
 def _mesher() -> type:
-    try:
-        import zmesh
-    except ImportError as exc:
-        raise MeshExtraMissing("zmesh") from exc
+    MESHES.require("meshes")
+    import zmesh
+
     mesher: type = zmesh.Mesher
     return mesher
 
