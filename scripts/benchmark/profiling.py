@@ -31,12 +31,11 @@ def profile_server(server: Server, paths: Path, seconds: int, raw: Path) -> dict
         info["error"] = "py-spy is not installed (it is in the bench extra)"
         return info
     workers = server.workers()
-    rate = RATE
     stats: dict[str, Any] = {}
     load = threading.Thread(target=lambda: stats.update(run_wrk(server.url, paths, seconds + 2)))
     load.start()
     time.sleep(1)
-    command = [py_spy, "record", "--pid", str(workers[0]), "--duration", str(seconds), "--rate", str(rate)]
+    command = [py_spy, "record", "--pid", str(workers[0]), "--duration", str(seconds), "--rate", str(RATE)]
     command += ["--format", "raw", "--output", str(raw), "--nonblocking"]
     sampled = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     load.join()
@@ -44,7 +43,7 @@ def profile_server(server: Server, paths: Path, seconds: int, raw: Path) -> dict
         info["error"] = f"py-spy failed: {(sampled.stderr or '').strip()[-500:]}"
         return info
     req_s = stats["requests"] / (stats["duration_us"] / 1e6)
-    info.update(summarize_profile(raw, rate, req_s * seconds / len(workers)))
+    info.update(summarize_profile(raw, RATE, req_s * seconds / len(workers)))
     info["req_s_while_sampled"] = round(req_s)
     info["workers"] = len(workers)
     info["raw"] = raw.name
