@@ -120,6 +120,22 @@ FLOOR_KINDS = ("floor", "bare", "rsgi")  # the benchmark's own apps (benchmark.a
 RSGI_SERVER = "granian"  # the one server with an RSGI interface
 
 
+# The cases sampled with py-spy, by name and key set: the pass-through and its floor, and each case that
+# decodes, encodes or assembles chunks (the report shows those side by side).
+DECODING_PROFILED = (
+    ("gateway re-encode zstd", "u8-32"),
+    ("gateway 64³ chunks", "u8-64"),
+    ("gateway 128³ chunks", "u8-128"),
+    ("gateway sharded ranges", "shard"),
+)
+PROFILED = {
+    ("floor", "u8-32"),
+    ("gateway pass-through", "u8-32"),
+    ("gateway pass-through on granian", "u8-32"),
+    *DECODING_PROFILED,
+}
+
+
 @dataclass(frozen=True)
 class Case:
     name: str

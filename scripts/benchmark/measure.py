@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSETS, ORG, Case, log
+from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSETS, ORG, PROFILED, Case, log
 from .keys import Request, chunk_index, write_paths
 from .load import run_wrk, summarize, wrk_round
 from .nginx import start_nginx, start_proxy
@@ -15,17 +15,6 @@ from .prepare import GatewayKey, check_static, check_xpublish, token_headers
 from .processes import Server, start_python_app
 from .profiling import profile_server
 from .run import Run
-
-# The cases sampled with py-spy (by name and key set): the pass-through and its floor, and each decoding case.
-PROFILED = {
-    ("floor", "u8-32"),
-    ("gateway pass-through", "u8-32"),
-    ("gateway pass-through on granian", "u8-32"),
-    ("gateway re-encode zstd", "u8-32"),
-    ("gateway 64³ chunks", "u8-64"),
-    ("gateway 128³ chunks", "u8-128"),
-    ("gateway sharded ranges", "shard"),
-}
 
 
 class Target:

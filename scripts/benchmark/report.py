@@ -12,7 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from .config import CASES, CONNECTIONS, EXTENT, HTTP_SERVERS, KEYSETS, REFERENCE_SERVER, REPO, THREADS, Result, _on
+from .config import (
+    CASES,
+    CONNECTIONS,
+    DECODING_PROFILED,
+    EXTENT,
+    HTTP_SERVERS,
+    KEYSETS,
+    REFERENCE_SERVER,
+    REPO,
+    THREADS,
+    Result,
+    _on,
+)
 from .load import wrk_binary
 from .nginx import nginx_binary
 from .run import Run
@@ -243,12 +255,9 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-DECODING_PROFILES = ("gateway re-encode zstd", "gateway 64³ chunks", "gateway 128³ chunks", "gateway sharded ranges")
-
-
 def _decoding_profiles(profiles: dict[str, Any], categories: list[str]) -> list[str]:
     """Where the time of the cases that decode or assemble chunks goes: the same categories, one column each."""
-    sampled = [(name, profiles[name]) for name in DECODING_PROFILES if "categories" in profiles.get(name, {})]
+    sampled = [(name, profiles[name]) for name, _ in DECODING_PROFILED if "categories" in profiles.get(name, {})]
     if not sampled:
         return []
     by_case = [{e["category"]: e["us_per_request"] for e in p["categories"]} for _, p in sampled]
