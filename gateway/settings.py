@@ -127,7 +127,8 @@ class Settings(BaseSettings):
     )
     remote_roots: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
-        description="store URLs (gs://bucket/prefix, az://container/prefix, https://host/prefix) that mag and "
+        description="store URLs (s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, https://host/prefix) "
+        "that mag and "
         "layer paths in datasource-properties.json may point below, read with the gateway's credentials; "
         "a path to any other URL is refused; separated by ',' or a JSON list",
     )

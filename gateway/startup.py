@@ -97,7 +97,13 @@ def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]
             store = (
                 LocalStore(url.removeprefix("file://"))
                 if kind is None
-                else kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
+                else kind.open(
+                    url,
+                    timeout=5.0,
+                    max_attempts=1,
+                    headers=headers_for(url, headers),
+                    as_remote_root=what == "remote root",
+                )
             )
         except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors
             return [("exit", f"zarr-gateway: {what} {url}: {exc}")]

@@ -27,27 +27,41 @@ from .store import Store, is_absolute_location, is_listed
 
 @dataclass(frozen=True, slots=True)
 class StoreKind:
-    """A kind of network store: the class that reads it and the pip extra of the library it needs."""
+    """A kind of network store: the classes that read it and the pip extra of the libraries they need."""
 
     module: str  # below this package; imported only when such a store is opened
-    class_name: str
+    class_name: str  # the store of a data root of this kind
     extra: str  # as in ``pip install 'zarr-gateway[extra]'``
-    remote: bool  # its paths are URLs, so it can be a remote root beside the data root (RoutedStore)
+    # The store (in .remote) of a remote root of this kind, beside the data root (RoutedStore): its paths are
+    # URLs. None: the kind cannot be a remote root.
+    remote_class_name: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.remote_class_name is not None
 
     def open(
-        self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
+        self,
+        url: str,
+        timeout: float = 10.0,
+        max_attempts: int = 4,
+        headers: Mapping[str, str] | None = None,
+        as_remote_root: bool = False,
     ) -> Store:
-        kind: type = getattr(importlib.import_module(self.module, __name__), self.class_name)
+        module, name = (".remote", self.remote_class_name) if as_remote_root else (self.module, self.class_name)
+        if name is None:
+            raise ValueError(f"{url!r} cannot be a remote root: remote roots are {', '.join(remote_schemes())} URLs")
+        kind: type = getattr(importlib.import_module(module, __name__), name)
         store: Store = kind(url, timeout=timeout, max_attempts=max_attempts, headers=headers)
         return store
 
 
 # Every store that is not a local directory, by the scheme of its URL: the one table to add a store to.
 STORE_KINDS: dict[str, StoreKind] = {
-    "s3": StoreKind(".s3", "S3Store", "s3", remote=False),  # paths are keys: a data root only
-    "gs": StoreKind(".remote", "GCSStore", "gcs", remote=True),
-    "az": StoreKind(".remote", "AzureStore", "azure", remote=True),
-    "https": StoreKind(".remote", "HTTPSStore", "https", remote=True),
+    "s3": StoreKind(".s3", "S3Store", "s3", "S3ObjectStore"),  # a data root's paths are keys (boto3)
+    "gs": StoreKind(".remote", "GCSStore", "gcs", "GCSStore"),
+    "az": StoreKind(".remote", "AzureStore", "azure", "AzureStore"),
+    "https": StoreKind(".remote", "HTTPSStore", "https", "HTTPSStore"),
 }
 
 
@@ -128,7 +142,7 @@ def open_remote_root(
     kind = store_kind(url)
     if kind is None or not kind.remote:
         raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in remote_schemes())}")
-    return kind.open(url, timeout, max_attempts, headers)
+    return kind.open(url, timeout, max_attempts, headers, as_remote_root=True)
 
 
 __all__ = [

@@ -1,8 +1,9 @@
-"""Google Cloud Storage, Azure Blob Storage and HTTPS servers as stores, all read through obstore.
+"""Google Cloud Storage, Azure Blob Storage, HTTPS servers and S3 (as a remote root) as stores, all read
+through obstore.
 
 obstore (a Rust client for every object store) is imported here only, when such a store is opened.
-One base class, :class:`ObjectStore`, does what the three share: paths are URLs (``gs://bucket/key``,
-``az://container/key``, ``https://host/path``), every read is one ranged GET that names the version
+One base class, :class:`ObjectStore`, does what they share: paths are URLs (``gs://bucket/key``,
+``az://container/key``, ``https://host/path``, ``s3://bucket/key``), every read is one ranged GET that names the version
 it expects, transient faults are retried by the client and what still fails is
 StoreUnavailableError. Each provider says only how it is reached and how a version is named.
 """
@@ -261,6 +262,33 @@ class AzureStore(ObjectStore):
         endpoint = config.get("endpoint") or os.environ.get("AZURE_STORAGE_ENDPOINT") or ""
         if endpoint.startswith("http://") or os.environ.get("AZURE_STORAGE_USE_EMULATOR", "").lower() == "true":
             client_options = {**client_options, "allow_http": True}
+        return client(netloc, config=config, client_options=client_options, retry_config=retry_config)
+
+
+class S3ObjectStore(ObjectStore):
+    """A bucket prefix in S3 or an S3-compatible server, ``s3://bucket/prefix``, as a remote root: the mags
+    a ``datasource-properties.json`` places in a bucket. (A data root in S3 is :class:`~.s3.S3Store`, whose
+    paths are keys below the root; here paths are URLs, as every remote root's are.)
+
+    Credentials, region and endpoint from the AWS environment, as for the data root: ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` and ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO or Ceph, plain HTTP allowed there). A
+    version is the object's ETag, and each read carries ``If-Match``.
+    """
+
+    scheme = "s3"
+
+    def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
+        client = _obstore_class("S3Store")
+
+        config: dict[str, Any] = {}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            config["endpoint"] = endpoint.rstrip("/")
+            client_options = {**client_options, "allow_http": endpoint.startswith("http://")}
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            config["region"] = region
         return client(netloc, config=config, client_options=client_options, retry_config=retry_config)
 
 

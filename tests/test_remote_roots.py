@@ -1,4 +1,5 @@
-"""Real gateways over Google Cloud Storage, Azure Blob Storage and HTTPS data roots, and over remote mags.
+"""Real gateways over Google Cloud Storage, Azure Blob Storage and HTTPS data roots, and over remote mags
+(on those and on S3).
 
 conftest's WKW datasets and the Zarr datasets of ``test_zarr_sources`` are uploaded to fake-gcs-server,
 to Azurite and into the directory of a local HTTPS server (tests/support/emulators.py, tests/support/https.py),
@@ -8,8 +9,8 @@ voxel through tensorstore and zarr-python; store faults are 5xx with Retry-After
 replaced between the lookup of its version and its read is a 503, never mixed bytes.
 
 A webKnossos "remote dataset" (a local properties file whose mags are ``https://`` URLs of public Zarr
-arrays) is served when its URLs lie below a ``remote_roots`` entry, and refused, without a request to
-the URL, when they do not.
+arrays, or ``s3://`` URLs in a bucket of moto's S3 server) is served when its URLs lie below a
+``remote_roots`` entry, and refused, without a request to the URL, when they do not.
 """
 
 import json
@@ -25,7 +26,7 @@ import requests
 from support.datasets import MAGS, ORG, WrittenDataset, mag_name
 from support.emulators import Azurite, FakeGcs, environment, start_azurite, start_fake_gcs
 from support.https import Certificate, FileServer, make_certificate
-from support.s3 import CountingProxy
+from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
 from support.servers import Server, assert_healed
 from support.zarr_datasets import (
     ARRAY_IDS,
@@ -353,6 +354,41 @@ def test_a_remote_dataset_below_an_allowed_root_is_served(
         check_array(gateway.url, array, "zarr3", "tensorstore")
         check_array(gateway.url, array, "zarr", "zarr-python")
     assert "remote root" in gateway.log() and "answers" in gateway.log()
+
+
+@pytest.fixture(scope="module")
+def s3_copy(tree: Tree, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
+    """The tree's files in a bucket of moto's S3 server, below PREFIX."""
+    server = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        client = server.client()
+        client.create_bucket(Bucket=BUCKET)
+        upload_tree(client, tree.root, BUCKET, PREFIX)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_remote_dataset_in_a_bucket_is_served_from_an_s3_remote_root(
+    s3_copy: Moto, tree: Tree, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Mags at ``s3://`` URLs beside a local data root: read through obstore with the AWS environment's
+    credentials and endpoint, voxel for voxel; the same URLs without ``remote_roots`` are refused."""
+    base = f"s3://{BUCKET}/{PREFIX}"
+    root = _local_root(tmp_path / "local", _remote_dataset(tree.root, base))
+    with aws_environment(s3_copy.endpoint):
+        gateway = server_factory(root, remote_roots=base)
+        refusing = server_factory(root)
+    zp_arrays = [a for a in tree.arrays.values() if a.dataset == ZP_DATASET]
+    assert zp_arrays
+    for array in zp_arrays:
+        check_array(gateway.url, array, "zarr3", "tensorstore")
+        check_array(gateway.url, array, "zarr", "zarr-python")
+    assert "remote root" in gateway.log() and "answers" in gateway.log()
+    layer = zp_arrays[0].layer
+    refused = get(refusing, f"/data/zarr/{ZARR_ORG}/{ZP_DATASET}/{layer}/.zattrs")
+    assert refused.status_code == 404, (refused.status_code, refused.text[:300])
+    assert "no servable" in refused.json()["error"] and "remote_roots" in refused.json()["error"]
 
 
 def test_a_remote_dataset_outside_every_allowed_root_is_refused_without_a_request(

@@ -2,7 +2,8 @@
 
 In the manner of zarr-python's ``StoreTests``: :class:`StoreContract` states the contract as tests,
 and each store subclasses it with fixtures that make a store over a fresh root and write files into
-it the store's own way (a local directory; a bucket prefix on moto's real S3 server). A store that
+it the store's own way (a local directory; a bucket prefix on moto's real S3 server, as a data root and
+as a remote root). A store that
 can be unreachable (a network service) also subclasses :class:`UnreachableStoreContract`. New stores
 (GCS, Azure, HTTPS) are new subclasses here.
 """
@@ -12,11 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.emulators import environment
 from support.processes import free_port
 from support.s3 import Moto, aws_environment, start_moto
 from support.store_contract import LocalStoreContract, UnreachableStoreContract
 
 from gateway_storage import Store
+from gateway_storage.remote import S3ObjectStore
 from gateway_storage.s3 import S3Store
 
 
@@ -70,3 +73,39 @@ class TestS3Store(UnreachableStoreContract):
     def unreachable(self, moto: Moto) -> Store:
         nobody = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on: connection refused
         return S3Store(f"s3://{BUCKET}/root", endpoint_url=nobody, timeout=1.0, max_attempts=1)
+
+
+class TestS3ObjectStore(UnreachableStoreContract):
+    """The same bucket as a remote root (obstore), whose paths are ``s3://`` URLs: one fresh prefix per test."""
+
+    @pytest.fixture
+    def store(self, moto: Moto) -> Store:
+        self.client: Any = moto.client()
+        return S3ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
+
+    def key(self, path: str) -> str:
+        return path.removeprefix(f"s3://{BUCKET}/")
+
+    def write(self, store: Store, name: str, data: bytes) -> str:
+        path = self.path(store, *name.split("/"))
+        self.client.put_object(Bucket=BUCKET, Key=self.key(path), Body=data)
+        return path
+
+    def outside(self, store: Store, name: str, data: bytes) -> str:
+        self.client.put_object(
+            Bucket=BUCKET, Key=self.key(store.root).rpartition("/")[0] + "/outside/" + name, Body=data
+        )
+        return store.join(store.root, "..", "outside", *name.split("/"))
+
+    def replica(self, store: Store) -> Store:
+        other = S3ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
+        listed = self.client.list_objects_v2(Bucket=BUCKET, Prefix=self.key(store.root) + "/")
+        for item in listed.get("Contents", []):
+            target = self.key(other.root) + item["Key"].removeprefix(self.key(store.root))
+            self.client.copy_object(Bucket=BUCKET, Key=target, CopySource={"Bucket": BUCKET, "Key": item["Key"]})
+        return other
+
+    @pytest.fixture
+    def unreachable(self, moto: Moto) -> Iterator[Store]:
+        with environment({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}):  # nothing listens there
+            yield S3ObjectStore(f"s3://{BUCKET}/root", timeout=1.0, max_attempts=1)
