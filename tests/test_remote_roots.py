@@ -341,6 +341,16 @@ def _local_root(directory: Path, properties: dict[str, Any]) -> Path:
     return directory
 
 
+def _check_remote_dataset(gateway: Server, tree: Tree) -> None:
+    """Every array of the remote dataset read voxel for voxel, and the remote root said to answer at start-up."""
+    zp_arrays = [a for a in tree.arrays.values() if a.dataset == ZP_DATASET]
+    assert zp_arrays
+    for array in zp_arrays:
+        check_array(gateway.url, array, "zarr3", "tensorstore")
+        check_array(gateway.url, array, "zarr", "zarr-python")
+    assert "remote root" in gateway.log() and "answers" in gateway.log()
+
+
 def test_a_remote_dataset_below_an_allowed_root_is_served(
     https: FileServer, tree: Tree, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
@@ -348,12 +358,7 @@ def test_a_remote_dataset_below_an_allowed_root_is_served(
     root = _local_root(tmp_path / "local", _remote_dataset(tree.root, base))
     with environment({}):
         gateway = server_factory(root, remote_roots=base)
-    zp_arrays = [a for a in tree.arrays.values() if a.dataset == ZP_DATASET]
-    assert zp_arrays
-    for array in zp_arrays:
-        check_array(gateway.url, array, "zarr3", "tensorstore")
-        check_array(gateway.url, array, "zarr", "zarr-python")
-    assert "remote root" in gateway.log() and "answers" in gateway.log()
+    _check_remote_dataset(gateway, tree)
 
 
 @pytest.fixture(scope="module")
@@ -379,13 +384,8 @@ def test_a_remote_dataset_in_a_bucket_is_served_from_an_s3_remote_root(
     with aws_environment(s3_copy.endpoint):
         gateway = server_factory(root, remote_roots=base)
         refusing = server_factory(root)
-    zp_arrays = [a for a in tree.arrays.values() if a.dataset == ZP_DATASET]
-    assert zp_arrays
-    for array in zp_arrays:
-        check_array(gateway.url, array, "zarr3", "tensorstore")
-        check_array(gateway.url, array, "zarr", "zarr-python")
-    assert "remote root" in gateway.log() and "answers" in gateway.log()
-    layer = zp_arrays[0].layer
+    _check_remote_dataset(gateway, tree)
+    layer = next(a for a in tree.arrays.values() if a.dataset == ZP_DATASET).layer
     refused = get(refusing, f"/data/zarr/{ZARR_ORG}/{ZP_DATASET}/{layer}/.zattrs")
     assert refused.status_code == 404, (refused.status_code, refused.text[:300])
     assert "no servable" in refused.json()["error"] and "remote_roots" in refused.json()["error"]
