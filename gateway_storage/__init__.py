@@ -32,13 +32,8 @@ class StoreKind:
     module: str  # below this package; imported only when such a store is opened
     class_name: str  # the store of a data root of this kind
     extra: str  # as in ``pip install 'zarr-gateway[extra]'``
-    # The store (in .remote) of a remote root of this kind, beside the data root (RoutedStore): its paths are
-    # URLs. None: the kind cannot be a remote root.
-    remote_class_name: str | None = None
-
-    @property
-    def remote(self) -> bool:
-        return self.remote_class_name is not None
+    # The store (in .remote) of a remote root of this kind, beside the data root (RoutedStore): its paths are URLs.
+    remote_class_name: str
 
     def open(
         self,
@@ -49,8 +44,6 @@ class StoreKind:
         as_remote_root: bool = False,
     ) -> Store:
         module, name = (".remote", self.remote_class_name) if as_remote_root else (self.module, self.class_name)
-        if name is None:
-            raise ValueError(f"{url!r} cannot be a remote root: remote roots are {', '.join(remote_schemes())} URLs")
         kind: type = getattr(importlib.import_module(module, __name__), name)
         store: Store = kind(url, timeout=timeout, max_attempts=max_attempts, headers=headers)
         return store
@@ -133,14 +126,14 @@ def open_store(
 
 
 def remote_schemes() -> list[str]:
-    return [scheme for scheme, kind in STORE_KINDS.items() if kind.remote]
+    return list(STORE_KINDS)  # every kind of store can be a remote root
 
 
 def open_remote_root(
     url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
 ) -> Store:
     kind = store_kind(url)
-    if kind is None or not kind.remote:
+    if kind is None:
         raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in remote_schemes())}")
     return kind.open(url, timeout, max_attempts, headers, as_remote_root=True)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pytest
 
 from gateway_storage.geometry import Vec3, vec3
 from gateway_storage.geometry import mag_name as mag_name  # the name every test builds URLs and paths with
@@ -14,6 +15,16 @@ from gateway_storage.geometry import mag_name as mag_name  # the name every test
 ORG = "test_org"
 TOKEN = "secret-token-for-tests"
 OTHER_TOKEN = "token-for-another-org"
+# One token sent more than once, in the query and in X-Auth-Token lines: each is refused (400) by the
+# gateway and by every proxy in front of it, even once a grant for the real token is cached.
+REPEATED_TOKENS = [
+    pytest.param(f"?token={TOKEN}&token={TOKEN}", [], id="query-twice"),
+    pytest.param(f"?token=decoy&token={TOKEN}", [], id="query-decoy"),
+    pytest.param(f"?token={TOKEN}", [TOKEN], id="query-and-header"),
+    pytest.param("", [TOKEN, TOKEN], id="lines-twice"),
+    pytest.param("", ["decoy", TOKEN], id="lines-decoy"),
+    pytest.param("", [f"decoy, {TOKEN}"], id="list"),
+]
 DATASET_NAME = "wk_dataset"
 TOP_LEFT: Vec3 = (37, 21, 5)
 SIZE: Vec3 = (150, 120, 70)
