@@ -39,6 +39,10 @@ class Store(ABC):
         Not yet checked against the roots: :meth:`resolve` does that.
         """
 
+    def endpoint(self) -> str | None:
+        """Where the store is reached when its URL does not say so (an S3-compatible server), for messages."""
+        return None
+
     def relative(self, path: str) -> str:
         """``path`` below its root, without the root: what messages and ETags may name."""
         root = self.root_of(path)
