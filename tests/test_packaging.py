@@ -33,6 +33,7 @@ OWN_MODULES = {
     "wkw_adapter",
     "deploy",
     "benchmark",
+    *(path.stem for path in (REPO / "scripts").glob("*.py")),  # chromium_devtools, shared with the tests
     *(path.stem for path in (REPO / "tests").iterdir()),
 }
 OPTIONAL = ("boto3", "botocore", "obstore", "granian", "rich", "starlette")  # what the core must run without
