@@ -1,6 +1,6 @@
 """The store protocol: what every place bytes live in (a local root, a bucket) must offer.
 
-Paths are strings in the store's own namespace (absolute local paths, or object keys). Everything
+Paths are strings in the store's own namespace (absolute local paths, or the URLs of objects). Everything
 a source reads goes through a store, so containment in the data root, file versions and the
 mapping of store faults to the errors of :mod:`gateway_storage.errors` are decided here and
 nowhere else. A new kind of store subclasses :class:`Store` and passes the contract tests in
