@@ -30,7 +30,7 @@ class Extra:
                 ) from None
 
 
-S3 = Extra("s3", ("boto3", "botocore", "obstore"))  # obstore: an s3:// remote root
+S3 = Extra("s3", ("obstore",))
 GCS = Extra("gcs", ("obstore",))
 AZURE = Extra("azure", ("obstore",))
 HTTPS = Extra("https", ("obstore",))

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
+from pydantic import (
+    Field,
+    FieldSerializationInfo,
+    SecretStr,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -25,11 +33,17 @@ from pydantic_settings import (
 
 from gateway_storage import remote_schemes, store_kind
 
-from .zarr.codecs import Codec
-
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
 MAX_CHUNK_EDGE = 1024
 ENV_PREFIX = "ZARR_GATEWAY_"
+
+# The codecs chunks may be encoded with, by name: the members of gateway.zarr.codecs.Codec, which encodes them.
+CodecName = Literal["none", "blosc-lz4", "blosc-zstd", "zstd", "gzip"]
+
+# The list settings and the separator of their text form (an environment variable, a KEY=VALUE line; a JSON
+# list is read as one): PATH-style for paths, whose items are kept as given; ',' for URLs and addresses
+# (URLs hold ':'), whose items are stripped of blanks.
+LIST_SEPARATORS = {"trusted_proxies": ",", "extra_roots": os.pathsep, "remote_roots": ","}
 
 
 class Settings(BaseSettings):
@@ -48,7 +62,7 @@ class Settings(BaseSettings):
     server: Literal["uvicorn", "granian"] = Field(
         default="uvicorn", description="the HTTP server that runs the workers: uvicorn or granian"
     )
-    codec: Codec = Field(default=Codec.BLOSC_LZ4, description="codec of chunks that are not passed through")
+    codec: CodecName = Field(default="blosc-lz4", description="codec of chunks that are not passed through")
     chunk_edge: int = Field(default=32, description="edge of served chunks in voxels")
     v3_layout: Literal["plain", "sharded"] = Field(default="plain", description="v3 arrays: plain chunks or shards")
     cache_bytes: int = Field(default=256 << 20, ge=0, description="bound of the header/jump-table/shard cache")
@@ -168,14 +182,22 @@ class Settings(BaseSettings):
             raise ValueError(f"public_url must not hold quotes, brackets, blanks or control characters, got {url!r}")
         return url.rstrip("/")
 
-    @field_validator("trusted_proxies", mode="before")
+    @field_validator(*LIST_SEPARATORS, mode="before")
     @classmethod
-    def _split_proxies(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list setting from its text form: a JSON list, or items between the field's separator."""
         if not isinstance(value, str):
             return value
         if value.lstrip().startswith("["):
             return json.loads(value)
-        return [part.strip() for part in value.split(",") if part.strip()]
+        separator = LIST_SEPARATORS[str(info.field_name)]
+        parts = value.split(separator)
+        return [part if separator == os.pathsep else part.strip() for part in parts if part.strip()]
+
+    @field_serializer(*LIST_SEPARATORS)
+    def _join_list(self, items: tuple[str, ...], info: FieldSerializationInfo) -> str:
+        """The text form that start-up hands to the workers through the environment."""
+        return LIST_SEPARATORS[info.field_name].join(items)
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -189,20 +211,6 @@ class Settings(BaseSettings):
                 ) from None
         return proxies
 
-    @field_serializer("trusted_proxies")
-    def _join_proxies(self, proxies: tuple[str, ...]) -> str:
-        return ",".join(proxies)
-
-    @field_validator("extra_roots", mode="before")
-    @classmethod
-    def _split_roots(cls, value: Any) -> Any:
-        """A JSON list or PATH-style ``dir:dir`` text (as environment variables and KEY=VALUE files give it)."""
-        if not isinstance(value, str):
-            return value
-        if value.lstrip().startswith("["):
-            return json.loads(value)
-        return [part for part in value.split(os.pathsep) if part.strip()]
-
     @field_validator("extra_roots")
     @classmethod
     def _absolute_roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
@@ -212,21 +220,6 @@ class Settings(BaseSettings):
             raise ValueError(f"extra_roots must be absolute paths, got {', '.join(map(repr, relative))}")
         return tuple(root.removeprefix("file://") for root in roots)
 
-    @field_serializer("extra_roots")
-    def _join_roots(self, roots: tuple[str, ...]) -> str:
-        """The PATH-style text that start-up hands to the workers through the environment."""
-        return os.pathsep.join(roots)
-
-    @field_validator("remote_roots", mode="before")
-    @classmethod
-    def _split_remote_roots(cls, value: Any) -> Any:
-        """A JSON list or ``url,url`` text (URLs hold ':', so they are not separated like extra_roots)."""
-        if not isinstance(value, str):
-            return value
-        if value.lstrip().startswith("["):
-            return json.loads(value)
-        return [part.strip() for part in value.split(",") if part.strip()]
-
     @field_validator("remote_roots")
     @classmethod
     def _store_urls(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
@@ -235,10 +228,6 @@ class Settings(BaseSettings):
         if wrong:
             raise ValueError(f"remote_roots must be URLs of {schemes}, got {', '.join(map(repr, wrong))}")
         return tuple(root.rstrip("/") for root in roots)
-
-    @field_serializer("remote_roots")
-    def _join_remote_roots(self, roots: tuple[str, ...]) -> str:
-        return ",".join(roots)
 
     @model_validator(mode="after")
     def _extra_roots_are_local(self) -> "Settings":

@@ -97,19 +97,13 @@ def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]
             store = (
                 LocalStore(url.removeprefix("file://"))
                 if kind is None
-                else kind.open(
-                    url,
-                    timeout=5.0,
-                    max_attempts=1,
-                    headers=headers_for(url, headers),
-                    as_remote_root=what == "remote root",
-                )
+                else kind.open(url, timeout=5.0, max_attempts=1, headers=headers_for(url, headers))
             )
         except (ValueError, OSError) as exc:  # a URL no store can be opened from, obstore's configuration errors
             return [("exit", f"zarr-gateway: {what} {url}: {exc}")]
         stores.append((url, what, store))
     for url, what, store in stores:
-        named = getattr(store, "endpoint_url", None)  # an S3 endpoint other than AWS's, where one is set
+        named = store.endpoint()
         endpoint = f" (endpoint {named})" if named else ""
         try:
             if what == "remote root":

@@ -1,8 +1,8 @@
 """The storage kernel: where bytes live and how they are read safely, for every format and every store.
 
-File identity, the store protocol, the local store (root containment, the settle rule), the S3
-store, the storage errors and a byte-bounded cache. It imports nothing of the rest of the project:
-formats (``wkw_adapter``) and sources (``gateway.sources``) are built on it.
+File identity, the store protocol, the local store (root containment, the settle rule), the object
+stores (S3, GCS, Azure, HTTPS), the storage errors and a byte-bounded cache. It imports nothing of the
+rest of the project: formats (``wkw_adapter``) and sources (``gateway.sources``) are built on it.
 """
 
 import importlib
@@ -27,34 +27,28 @@ from .store import Store, is_absolute_location, is_listed
 
 @dataclass(frozen=True, slots=True)
 class StoreKind:
-    """A kind of network store: the classes that read it and the pip extra of the libraries they need."""
+    """A kind of network store: the class (in .remote) that reads it and the pip extra of the library it needs.
 
-    module: str  # below this package; imported only when such a store is opened
-    class_name: str  # the store of a data root of this kind
+    One class serves a data root and a remote root alike: its paths are the URLs of the objects.
+    """
+
+    class_name: str  # imported only when such a store is opened
     extra: str  # as in ``pip install 'zarr-gateway[extra]'``
-    # The store (in .remote) of a remote root of this kind, beside the data root (RoutedStore): its paths are URLs.
-    remote_class_name: str
 
     def open(
-        self,
-        url: str,
-        timeout: float = 10.0,
-        max_attempts: int = 4,
-        headers: Mapping[str, str] | None = None,
-        as_remote_root: bool = False,
+        self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
     ) -> Store:
-        module, name = (".remote", self.remote_class_name) if as_remote_root else (self.module, self.class_name)
-        kind: type = getattr(importlib.import_module(module, __name__), name)
+        kind: type = getattr(importlib.import_module(".remote", __name__), self.class_name)
         store: Store = kind(url, timeout=timeout, max_attempts=max_attempts, headers=headers)
         return store
 
 
 # Every store that is not a local directory, by the scheme of its URL: the one table to add a store to.
 STORE_KINDS: dict[str, StoreKind] = {
-    "s3": StoreKind(".s3", "S3Store", "s3", "S3ObjectStore"),  # a data root's paths are keys (boto3)
-    "gs": StoreKind(".remote", "GCSStore", "gcs", "GCSStore"),
-    "az": StoreKind(".remote", "AzureStore", "azure", "AzureStore"),
-    "https": StoreKind(".remote", "HTTPSStore", "https", "HTTPSStore"),
+    "s3": StoreKind("S3Store", "s3"),
+    "gs": StoreKind("GCSStore", "gcs"),
+    "az": StoreKind("AzureStore", "azure"),
+    "https": StoreKind("HTTPSStore", "https"),
 }
 
 
@@ -135,7 +129,7 @@ def open_remote_root(
     kind = store_kind(url)
     if kind is None:
         raise ValueError(f"remote root {url!r} is not a URL of {', '.join(f'{s}://' for s in remote_schemes())}")
-    return kind.open(url, timeout, max_attempts, headers, as_remote_root=True)
+    return kind.open(url, timeout, max_attempts, headers)
 
 
 __all__ = [

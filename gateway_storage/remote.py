@@ -1,11 +1,11 @@
-"""Google Cloud Storage, Azure Blob Storage, HTTPS servers and S3 (as a remote root) as stores, all read
-through obstore.
+"""S3, Google Cloud Storage, Azure Blob Storage and HTTPS servers as stores, all read through obstore.
 
 obstore (a Rust client for every object store) is imported here only, when such a store is opened.
-One base class, :class:`ObjectStore`, does what they share: paths are URLs (``gs://bucket/key``,
-``az://container/key``, ``https://host/path``, ``s3://bucket/key``), every read is one ranged GET that names the version
-it expects, transient faults are retried by the client and what still fails is
-StoreUnavailableError. Each provider says only how it is reached and how a version is named.
+One base class, :class:`ObjectStore`, does what they share: paths are URLs (``s3://bucket/key``,
+``gs://bucket/key``, ``az://container/key``, ``https://host/path``), every read is one ranged GET that
+names the version it expects, transient faults are retried by the client and what still fails is
+StoreUnavailableError. Each provider says only how it is reached and how a version is named. One class
+per provider serves both a data root and a remote root.
 """
 
 import os
@@ -265,24 +265,29 @@ class AzureStore(ObjectStore):
         return client(netloc, config=config, client_options=client_options, retry_config=retry_config)
 
 
-class S3ObjectStore(ObjectStore):
-    """A bucket prefix in S3 or an S3-compatible server, ``s3://bucket/prefix``, as a remote root: the mags
-    a ``datasource-properties.json`` places in a bucket. (A data root in S3 is :class:`~.s3.S3Store`, whose
-    paths are keys below the root; here paths are URLs, as every remote root's are.)
+class S3Store(ObjectStore):
+    """A bucket prefix in S3 or an S3-compatible server, ``s3://bucket/prefix``, as a data root or a remote root.
 
-    Credentials, region and endpoint from the AWS environment, as for the data root: ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` and ``AWS_ENDPOINT_URL_S3`` or
-    ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO or Ceph, plain HTTP allowed there). A
-    version is the object's ETag, and each read carries ``If-Match``.
+    Credentials, region and endpoint from the AWS environment: ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``) and
+    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (an S3-compatible server such as MinIO or Ceph, plain
+    HTTP allowed there). A version is the object's ETag, and each read carries ``If-Match``.
     """
 
     scheme = "s3"
+
+    def __init__(
+        self, url: str, timeout: float = 10.0, max_attempts: int = 4, headers: Mapping[str, str] | None = None
+    ) -> None:
+        # Read once, as the client is configured once: messages name the server the client talks to.
+        self._endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        super().__init__(url, timeout, max_attempts, headers)
 
     def _client(self, netloc: str, client_options: dict[str, Any], retry_config: dict[str, Any]) -> Any:
         client = _obstore_class("S3Store")
 
         config: dict[str, Any] = {}
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = self.endpoint()
         if endpoint:
             config["endpoint"] = endpoint.rstrip("/")
             client_options = {**client_options, "allow_http": endpoint.startswith("http://")}
@@ -290,6 +295,10 @@ class S3ObjectStore(ObjectStore):
         if region:
             config["region"] = region
         return client(netloc, config=config, client_options=client_options, retry_config=retry_config)
+
+    def endpoint(self) -> str | None:
+        """The S3-compatible server the environment named instead of AWS's, if any."""
+        return self._endpoint
 
 
 def _obstore_class(name: str) -> Any:

@@ -1,6 +1,6 @@
 """The store protocol: what every place bytes live in (a local root, a bucket) must offer.
 
-Paths are strings in the store's own namespace (absolute local paths, or object keys). Everything
+Paths are strings in the store's own namespace (absolute local paths, or the URLs of objects). Everything
 a source reads goes through a store, so containment in the data root, file versions and the
 mapping of store faults to the errors of :mod:`gateway_storage.errors` are decided here and
 nowhere else. A new kind of store subclasses :class:`Store` and passes the contract tests in
@@ -38,6 +38,10 @@ class Store(ABC):
 
         Not yet checked against the roots: :meth:`resolve` does that.
         """
+
+    def endpoint(self) -> str | None:
+        """Where the store is reached when its URL does not say so (an S3-compatible server), for messages."""
+        return None
 
     def relative(self, path: str) -> str:
         """``path`` below its root, without the root: what messages and ETags may name."""

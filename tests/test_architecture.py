@@ -146,3 +146,20 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
     found = imports(planted, tmp_path)
     assert "gateway.http.data" in found
     assert layer_of("gateway.http.data") > layer_of(module_name(planted, tmp_path))
+
+
+def test_the_scripts_import_nothing_of_the_tests() -> None:
+    """The benchmark shares code with the tests through modules both may import (scripts/chromium_devtools.py,
+    deploy/render.py), never through the tests' own support package."""
+    tests = {"tests", "support", "conftest", *(path.stem for path in (ROOT / "tests").glob("test_*.py"))}
+    found = []
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.partition(".")[0] in tests]
+    assert not found, f"scripts import the tests' modules: {found}"

@@ -2,8 +2,7 @@
 
 In the manner of zarr-python's ``StoreTests``: :class:`StoreContract` states the contract as tests,
 and each store subclasses it with fixtures that make a store over a fresh root and write files into
-it the store's own way (a local directory; a bucket prefix on moto's real S3 server, as a data root and
-as a remote root). A store that
+it the store's own way (a local directory; a bucket prefix on moto's real S3 server). A store that
 can be unreachable (a network service) also subclasses :class:`UnreachableStoreContract`. New stores
 (GCS, Azure, HTTPS) are new subclasses here.
 """
@@ -19,8 +18,7 @@ from support.s3 import Moto, aws_environment, start_moto
 from support.store_contract import LocalStoreContract, UnreachableStoreContract
 
 from gateway_storage import Store
-from gateway_storage.remote import S3ObjectStore
-from gateway_storage.s3 import S3Store
+from gateway_storage.remote import S3Store
 
 
 class TestLocalStore(LocalStoreContract):
@@ -42,46 +40,13 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
 
 
 class TestS3Store(UnreachableStoreContract):
-    """A bucket prefix: one fresh prefix per test."""
+    """A bucket prefix, whose paths are ``s3://`` URLs (a data root and a remote root alike): one fresh prefix
+    per test."""
 
     @pytest.fixture
     def store(self, moto: Moto) -> Store:
         self.client: Any = moto.client()
-        self.endpoint = moto.endpoint
-        return S3Store(f"s3://{BUCKET}/{uuid.uuid4().hex}/root", endpoint_url=moto.endpoint)
-
-    def write(self, store: Store, name: str, data: bytes) -> str:
-        key = self.path(store, *name.split("/"))
-        self.client.put_object(Bucket=BUCKET, Key=key, Body=data)
-        return key
-
-    def outside(self, store: Store, name: str, data: bytes) -> str:
-        # Keys are names, not links: what lies outside is a key past the prefix, reached by a path with "..".
-        escape = store.join(store.root, "..", "outside", *name.split("/"))
-        self.client.put_object(Bucket=BUCKET, Key=store.join(store.root.rpartition("/")[0], "outside", name), Body=data)
-        return escape
-
-    def replica(self, store: Store) -> Store:
-        other = S3Store(f"s3://{BUCKET}/{uuid.uuid4().hex}/root", endpoint_url=self.endpoint)
-        listed = self.client.list_objects_v2(Bucket=BUCKET, Prefix=store.root + "/")
-        for item in listed.get("Contents", []):
-            target = other.root + item["Key"].removeprefix(store.root)
-            self.client.copy_object(Bucket=BUCKET, Key=target, CopySource={"Bucket": BUCKET, "Key": item["Key"]})
-        return other
-
-    @pytest.fixture
-    def unreachable(self, moto: Moto) -> Store:
-        nobody = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on: connection refused
-        return S3Store(f"s3://{BUCKET}/root", endpoint_url=nobody, timeout=1.0, max_attempts=1)
-
-
-class TestS3ObjectStore(UnreachableStoreContract):
-    """The same bucket as a remote root (obstore), whose paths are ``s3://`` URLs: one fresh prefix per test."""
-
-    @pytest.fixture
-    def store(self, moto: Moto) -> Store:
-        self.client: Any = moto.client()
-        return S3ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
+        return S3Store(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
 
     def key(self, path: str) -> str:
         return path.removeprefix(f"s3://{BUCKET}/")
@@ -92,13 +57,14 @@ class TestS3ObjectStore(UnreachableStoreContract):
         return path
 
     def outside(self, store: Store, name: str, data: bytes) -> str:
+        # Keys are names, not links: what lies outside is a key past the prefix, reached by a path with "..".
         self.client.put_object(
             Bucket=BUCKET, Key=self.key(store.root).rpartition("/")[0] + "/outside/" + name, Body=data
         )
         return store.join(store.root, "..", "outside", *name.split("/"))
 
     def replica(self, store: Store) -> Store:
-        other = S3ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
+        other = S3Store(f"s3://{BUCKET}/{uuid.uuid4().hex}/root")
         listed = self.client.list_objects_v2(Bucket=BUCKET, Prefix=self.key(store.root) + "/")
         for item in listed.get("Contents", []):
             target = self.key(other.root) + item["Key"].removeprefix(self.key(store.root))
@@ -108,4 +74,9 @@ class TestS3ObjectStore(UnreachableStoreContract):
     @pytest.fixture
     def unreachable(self, moto: Moto) -> Iterator[Store]:
         with environment({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}):  # nothing listens there
-            yield S3ObjectStore(f"s3://{BUCKET}/root", timeout=1.0, max_attempts=1)
+            yield S3Store(f"s3://{BUCKET}/root", timeout=1.0, max_attempts=1)
+
+    def test_the_endpoint_is_the_one_the_environment_names(self, store: Store, unreachable: Store) -> None:
+        """What start-up messages name: moto for one store, the closed port for the other (read at opening)."""
+        assert store.endpoint() == self.client.meta.endpoint_url
+        assert unreachable.endpoint() != store.endpoint() and unreachable.endpoint() is not None

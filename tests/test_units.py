@@ -562,3 +562,41 @@ def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
     box = BoundingBox.model_validate({"topLeft": [0, 0, 0], "width": 8, "height": 8, "depth": 8})
     with pytest.raises(SourceError, match=r"separator .* is neither"):
         ZarrMagSource((1, 1, 1), LocalStore(str(tmp_path)), str(directory), box, None, ByteLRU(1 << 20))
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+
+def test_the_codec_setting_names_exactly_the_codecs_the_gateway_encodes(tmp_path: Path) -> None:
+    """Settings name codecs without importing the encoders; each name is a Codec, and each Codec a name."""
+    from typing import get_args
+
+    from pydantic import ValidationError
+
+    from gateway.settings import CodecName, Settings
+
+    assert set(get_args(CodecName)) == {codec.value for codec in Codec}
+    assert Codec(Settings(root=str(tmp_path)).codec) is Codec.BLOSC_LZ4
+    assert Codec(Settings(root=str(tmp_path), codec="zstd").codec) is Codec.ZSTD
+    with pytest.raises(ValidationError, match="blosc-zstd"):
+        Settings.model_validate({"root": str(tmp_path), "codec": "lz4"})
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "items"),
+    [
+        ("trusted_proxies", " 10.0.0.0/8 , 192.168.1.7,,", ("10.0.0.0/8", "192.168.1.7")),
+        ("remote_roots", "https://host/data, s3://bucket/x ,", ("https://host/data", "s3://bucket/x")),
+        ("extra_roots", "/mnt/a:/mnt/b c::", ("/mnt/a", "/mnt/b c")),
+    ],
+)
+def test_list_settings_read_and_write_their_text_form(tmp_path: Path, name: str, text: str, items: tuple[str]) -> None:
+    """A list setting from text or a JSON list; start-up hands it to the workers as text, which reads back the same."""
+    from gateway.settings import Settings
+
+    settings = Settings.model_validate({"root": str(tmp_path), name: text})
+    assert getattr(settings, name) == items
+    written = settings.model_dump(mode="json")[name]
+    assert isinstance(written, str)
+    assert getattr(Settings.model_validate({"root": str(tmp_path), name: written}), name) == items
+    assert getattr(Settings.model_validate({"root": str(tmp_path), name: json.dumps(list(items))}), name) == items

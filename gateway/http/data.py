@@ -19,6 +19,7 @@ from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
+from ..zarr.codecs import Codec
 from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
@@ -62,7 +63,7 @@ class Gateway:
         self.meshes = meshes
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
-        self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
+        self.options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
         self._views: dict[tuple[str, str, str], DatasetView] = {}
 

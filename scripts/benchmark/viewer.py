@@ -16,14 +16,13 @@ import json
 import re
 import secrets
 import subprocess
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .config import DATA_ORIGIN, DATASET, ORG, READY, REFERENCE_SERVER, REPO, Mode, log
+from .config import DATA_ORIGIN, DATASET, ORG, READY, REFERENCE_SERVER, Mode, log
 from .nginx import start_proxy
 from .processes import Server, free_port, start_gateway
 from .run import Run
@@ -102,10 +101,9 @@ def _time_view(page: Any, url: str, base: str, gateway: Server) -> dict[str, Any
 
 def viewer_times(run: Run) -> dict[str, Any]:
     """The three set-ups' times (fastest of ``ROUNDS``), or an error."""
-    sys.path.insert(0, str(REPO / "tests"))
     try:
         import neuroglancer
-        from support.browser import Browser, chromium_path
+        from chromium_devtools import Browser, chromium_path
     except ImportError as exc:
         return {"error": f"not run: {exc}"}
     if chromium_path() is None:

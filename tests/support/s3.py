@@ -27,7 +27,8 @@ _OVERRIDDEN = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_PRO
 
 @contextmanager
 def aws_environment(endpoint: str) -> Iterator[None]:
-    """``os.environ`` pointing boto3 (and a gateway started meanwhile) at ``endpoint``; restored afterwards."""
+    """``os.environ`` pointing S3 clients at ``endpoint``: the gateway's (obstore, in stores opened and gateways
+    started meanwhile) and boto3's; restored afterwards."""
     with environment({**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}, _OVERRIDDEN):
         yield
 
@@ -39,7 +40,7 @@ class Moto:
     endpoint: str
     process: "subprocess.Popen[bytes]"
 
-    def client(self) -> Any:  # a boto3 S3 client
+    def client(self) -> Any:  # a boto3 S3 client, which writes the test data (the gateway reads with obstore)
         import boto3
 
         return boto3.client(
