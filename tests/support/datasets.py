@@ -23,7 +23,77 @@ REPEATED_TOKENS = [
     pytest.param(f"?token={TOKEN}", [TOKEN], id="query-and-header"),
     pytest.param("", [TOKEN, TOKEN], id="lines-twice"),
     pytest.param("", ["decoy", TOKEN], id="lines-decoy"),
-    pytest.param("", [f"decoy, {TOKEN}"], id="list"),
+]
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One way of sending TOKEN, or of trying to: the token path before a data path (``""`` for none), a
+    query string and X-Auth-Token lines; and the answer the gateway and the shipped proxy give it.
+
+    200 at the gateway means it read exactly TOKEN; 200 at the proxy means the proxy passed it on, its
+    limits counting it under TOKEN; 400 means refused (by the proxy: before any limit counts it).
+    """
+
+    prefix: str
+    query: str
+    lines: tuple[str, ...]
+    at_gateway: tuple[int, ...]  # more than one where HTTP servers differ (whether they strip blanks)
+    at_proxy: int
+
+    def uri(self, path: str) -> str:
+        return f"{self.prefix}{path}{self.query}"
+
+    def request(self, path: str, request_id: str = "") -> bytes:
+        """A raw GET of ``path`` so spelt: no client library tidies it up."""
+        lines = "".join(f"X-Auth-Token: {line}\r\n" for line in self.lines)
+        marker = f"X-Request-Id: {request_id}\r\n" if request_id else ""
+        return f"GET {self.uri(path)} HTTP/1.1\r\nHost: x\r\n{lines}{marker}Connection: close\r\n\r\n".encode()
+
+
+_ENCODED = TOKEN.replace("-", "%2D", 1)  # TOKEN with one character percent-encoded, as a URL may carry it
+# Every spelling of TOKEN that the gateway reads, or refuses, and what the proxy does with it.
+TOKEN_SPELLINGS = [
+    pytest.param(Spelling("", "", (TOKEN,), (200,), 200), id="header"),
+    pytest.param(Spelling("", f"?token={TOKEN}", (), (200,), 200), id="query"),
+    pytest.param(Spelling(f"/t/{TOKEN}", "", (), (200,), 200), id="path"),
+    pytest.param(Spelling("", f"?token={TOKEN}", ("",), (200,), 200), id="empty-header-and-query"),
+    pytest.param(Spelling("", "?token=&x=1", (TOKEN,), (200,), 200), id="empty-query-and-header"),
+    pytest.param(Spelling(f"/t/{TOKEN}", "?token=", (), (200,), 200), id="empty-query-and-path"),
+    # percent-encoded: the gateway decodes it, the proxy cannot and refuses it (send such a token as the header)
+    pytest.param(Spelling("", f"?token={_ENCODED}", (), (200,), 400), id="encoded-query"),
+    pytest.param(Spelling("", f"?token={_ENCODED.lower()}", (), (200,), 400), id="encoded-query-lower-hex"),
+    pytest.param(Spelling(f"/t/{_ENCODED}", "", (), (200,), 400), id="encoded-path"),
+    # a header value is the token exactly: no list syntax, no commas, no blanks around it
+    pytest.param(Spelling("", "", (f"{TOKEN},",), (400,), 400), id="comma-after"),
+    pytest.param(Spelling("", "", (f",{TOKEN}",), (400,), 400), id="comma-before"),
+    pytest.param(Spelling("", "", (f"{TOKEN} ,",), (400,), 400), id="blank-comma"),
+    pytest.param(Spelling("", "", (f"{TOKEN}, ",), (400,), 400), id="comma-blank"),
+    pytest.param(Spelling("", "", (f"{TOKEN},{TOKEN}",), (400,), 400), id="list-twice"),
+    pytest.param(Spelling("", "", (f"decoy, {TOKEN}",), (400,), 400), id="list-decoy"),
+    pytest.param(Spelling("", "", (f"{TOKEN} \t, ,",), (400,), 400), id="list-blanks"),
+    pytest.param(Spelling("", "", (TOKEN, TOKEN), (400,), 400), id="lines-twice"),
+    pytest.param(Spelling("", "", (TOKEN, ""), (400,), 400), id="lines-and-empty"),
+    pytest.param(Spelling("", "", ("", TOKEN), (400,), 400), id="empty-and-line"),
+    # blanks around a header value: servers drop those before the value (RFC 9110's optional whitespace), some
+    # keep those after it (and the gateway refuses them); the proxy drops both and passes exactly the token on
+    pytest.param(Spelling("", "", (f" {TOKEN}",), (200, 400), 200), id="blank-before"),
+    pytest.param(Spelling("", "", (f"{TOKEN} ",), (200, 400), 200), id="blank-after"),
+    pytest.param(Spelling("", "", (f"\t{TOKEN}\t",), (200, 400), 200), id="tabs-around"),
+    # the token parameter has one spelling: "token", lower case, unencoded, once
+    pytest.param(Spelling("", f"?TOKEN={TOKEN}", (), (400,), 400), id="query-upper"),
+    pytest.param(Spelling("", f"?Token={TOKEN}", (), (400,), 400), id="query-capital"),
+    pytest.param(Spelling("", f"?%74oken={TOKEN}", (), (400,), 400), id="query-encoded-name"),
+    pytest.param(Spelling("", f"?%54OKEN={TOKEN}", (), (400,), 400), id="query-encoded-upper-name"),
+    pytest.param(Spelling("", f"?toKen=&token={TOKEN}", (), (400,), 400), id="query-misspelt-empty"),
+    pytest.param(Spelling("", f"?token={TOKEN}&token={TOKEN}", (), (400,), 400), id="query-twice"),
+    pytest.param(Spelling("", f"?token=&token={TOKEN}", (), (400,), 400), id="query-empty-and-token"),
+    pytest.param(Spelling("", f"?token&token={TOKEN}", (), (400,), 400), id="query-bare-and-token"),
+    # two carriers, even of one token, or a decoy beside it
+    pytest.param(Spelling(f"/t/{TOKEN}", "?TOKEN=random", (), (400,), 400), id="path-and-upper-query"),
+    pytest.param(Spelling(f"/t/{TOKEN}", f"?token={TOKEN}", (), (400,), 400), id="path-and-query"),
+    pytest.param(Spelling(f"/t/{TOKEN}", "", (TOKEN,), (400,), 400), id="path-and-header"),
+    pytest.param(Spelling("", f"?token={TOKEN}", (TOKEN,), (400,), 400), id="query-and-header"),
 ]
 DATASET_NAME = "wk_dataset"
 TOP_LEFT: Vec3 = (37, 21, 5)
