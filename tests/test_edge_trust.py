@@ -124,7 +124,7 @@ def test_a_cached_or_earlier_grant_does_not_carry_a_second_token(edge: Server) -
         assert status_of(exchange(edge, get(theirs, lines))) == 400
 
 
-@pytest.mark.parametrize("spelling", TOKEN_SPELLINGS)
+@pytest.mark.parametrize("spelling", TOKEN_SPELLINGS.values(), ids=TOKEN_SPELLINGS.keys())
 def test_a_token_has_one_spelling_per_carrier(edge: Server, spelling: Spelling) -> None:
     """Each spelling is read as exactly TOKEN (200: no other token grants this dataset) or refused with a
     400 that says why; the proxy's /auth decides as the route does, letting the route's 400 through."""
