@@ -1093,14 +1093,12 @@ def test_of_rapid_requests_in_every_spelling_of_one_token_no_more_than_the_burst
 def test_no_spelling_of_a_token_reaches_a_log_line_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
     chunk = f"{DATASET}/color_u8/1/0.2.2.1"
     secrets = []
-    for number, spelling in enumerate(TOKEN_PATH_SPELLINGS):
+    for number, token_path in enumerate(TOKEN_PATH_SPELLINGS):
         for below in ("", chunk, "/data/zarr/"):
             secret = f"never-logged-{number}-{len(below)}"
             secrets.append(secret)
-            _raw_exchange(
-                proxy.url,
-                f"GET {spelling.format(token=secret)}{below} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-            )
+            path = token_path.format(token=secret) + below
+            _raw_exchange(proxy.url, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     for spelling in TOKEN_SPELLINGS.values():
         _raw_exchange(proxy.url, spelling.request(chunk).decode())
     time.sleep(0.3)
