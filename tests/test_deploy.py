@@ -21,7 +21,18 @@ import pytest
 import requests
 import yaml
 from support.clients import read_webknossos_mags
-from support.datasets import ORG, OTHER_TOKEN, REPEATED_TOKENS, TOKEN, WrittenDataset, mag_name, v2_chunk_paths
+from support.datasets import (
+    ORG,
+    OTHER_TOKEN,
+    REPEATED_TOKENS,
+    TOKEN,
+    TOKEN_PATH_SPELLINGS,
+    TOKEN_SPELLINGS,
+    Spelling,
+    WrittenDataset,
+    mag_name,
+    v2_chunk_paths,
+)
 from support.processes import free_port, raw_exchange, wait_until
 from support.proxy import TMPFS, Proxy, address, start_proxy, tool
 from support.servers import Server
@@ -813,12 +824,8 @@ def _nginx_version() -> tuple[int, ...]:
     return tuple(map(int, version.groups()))
 
 
-# The proxy decodes a query's names too: a percent-encoded second "token" is still a second token.
-MANY_TOKENS = [*REPEATED_TOKENS, pytest.param(f"?to%6Ben={TOKEN}", [], id="encoded-name")]
-
-
 @pytest.mark.nginx
-@pytest.mark.parametrize(("query", "tokens"), MANY_TOKENS)
+@pytest.mark.parametrize(("query", "tokens"), REPEATED_TOKENS)
 def test_more_than_one_token_is_a_400_at_the_proxy(
     proxy: Proxy, pair: list[Server], query: str, tokens: list[str]
 ) -> None:
@@ -1015,3 +1022,87 @@ def test_no_path_token_in_any_log_line(proxy: Proxy, pair: list[Server]) -> None
     assert f"/t/***{chunk}" in logs
     for secret in (TOKEN, OTHER_TOKEN, TOKEN[4:16]):
         assert secret not in logs
+
+
+# --- one token, one spelling: the limits count the token the gateways read (issue 24) ----------------------
+
+
+def _served(pair: list[Server], request_id: str) -> list[dict[str, Any]]:
+    """The gateways' access lines of ``request_id`` that served it: neither the token check nor a 400."""
+    lines = [line for s in pair for line in s.access_lines() if line["request_id"] == request_id]
+    return [line for line in lines if line["path"] != "/auth" and line["status"] != 400]
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def _refused_by_the_gateway_only(spelling: Spelling) -> bool:
+    """Repeated header lines, of which nginx before 1.23 sees only the first: it counts and checks that one,
+    and the gateways refuse the request (400) if nginx lets it through."""
+    return len(spelling.lines) > 1 and _nginx_version() < (1, 23)
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize("spelling", TOKEN_SPELLINGS.values(), ids=TOKEN_SPELLINGS.keys())
+def test_each_spelling_of_a_token_is_passed_on_or_refused_at_the_proxy(
+    proxy: Proxy, pair: list[Server], spelling: Spelling
+) -> None:
+    zarray = f"{DATASET}/color_u8/1/.zarray"
+    plain = requests.get(proxy.url + zarray, headers=HEADERS, timeout=10)
+    marker = f"spelling-{abs(hash(spelling)):x}"
+    answer = _raw_exchange(proxy.url, spelling.request(zarray, marker).decode())
+    if spelling.at_proxy == 200:
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(plain.content), answer[:300]
+        return
+    assert b"token" in answer.partition(b"\r\n\r\n")[2]
+    time.sleep(0.3)
+    assert _served(pair, marker) == [], "none served"
+    if _refused_by_the_gateway_only(spelling):  # with the first line's (cached) answer, or the gateway's 400
+        assert status_of(answer) in (400, 401), answer[:300]
+    else:
+        assert status_of(answer) == 400, answer[:300]
+        assert not [line for s in pair for line in s.access_lines() if line["request_id"] == marker], "by nginx"
+
+
+@pytest.mark.nginx
+def test_of_rapid_requests_in_every_spelling_of_one_token_no_more_than_the_burst_pass(
+    pair: list[Server], tmp_path: Path
+) -> None:
+    """A per-token limit of a burst of 2 (and 1 a minute): 30 requests in the spellings the proxy passes on,
+    every refused spelling between them; 3 pass at most, whichever spelling they use."""
+    limited = _rate_limited_proxy(pair, tmp_path, "token", rate="1r/m", burst="2")
+    spellings = list(TOKEN_SPELLINGS.values())
+    passed_on = [s for s in spellings if s.at_proxy == 200]
+    refused = [s for s in spellings if s.at_proxy == 400]
+    zarray = f"{DATASET}/color_u8/1/.zarray"
+    try:
+        statuses: list[int] = []
+        for number in range(30):
+            answer = _raw_exchange(limited.url, passed_on[number % len(passed_on)].request(zarray).decode())
+            statuses.append(status_of(answer))
+            spelling = refused[number % len(refused)]
+            refusal = status_of(_raw_exchange(limited.url, spelling.request(zarray).decode()))
+            assert refusal in ((400, 401, 429) if _refused_by_the_gateway_only(spelling) else (400,)), spelling
+    finally:
+        limited.stop()
+    assert set(statuses) <= {200, 429} and 1 <= statuses.count(200) <= 3, statuses
+
+
+@pytest.mark.nginx
+def test_no_spelling_of_a_token_reaches_a_log_line_at_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
+    chunk = f"{DATASET}/color_u8/1/0.2.2.1"
+    secrets = []
+    for number, token_path in enumerate(TOKEN_PATH_SPELLINGS):
+        for below in ("", chunk, "/data/zarr/"):
+            secret = f"never-logged-{number}-{len(below)}"
+            secrets.append(secret)
+            path = token_path.format(token=secret) + below
+            _raw_exchange(proxy.url, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    for spelling in TOKEN_SPELLINGS.values():
+        _raw_exchange(proxy.url, spelling.request(chunk).decode())
+    time.sleep(0.3)
+    logs = proxy.logs() + "".join(s.log() for s in pair)
+    assert "/t/***" in logs
+    for secret in (*secrets, TOKEN, TOKEN[4:16]):
+        assert secret not in logs, secret

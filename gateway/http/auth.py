@@ -1,15 +1,16 @@
 """Who may read what: the one place that reads a request's token, keeps the tokens file current and
 decides grants. The data routes, the previews, the index and the proxy's ``/auth`` all ask here.
 
-A token is one token. It comes as the ``X-Auth-Token`` header, as the ``token`` query parameter or as
-the path segment of ``/t/{token}/data/...`` (cut from the path by
-:func:`gateway.http.urls.split_path_token`), once. The header's bytes are the token's UTF-8 encoding,
-exactly as ``?token=`` and the path carry it percent-encoded, so a token of any characters works every
-way. Following RFC 9110 (5.3, 5.6.1), header lines of one name are one comma-separated list and empty
-list elements are ignored; a token therefore cannot contain a comma (the tokens file is refused at
-start-up if one does). A request that offers more than one token, in any mix of header lines, list
-elements, query parameters and the path, even equal ones, is a 400: a proxy in front might count or
-cache it under another token than the one read here.
+A token is one token, with one spelling per carrier, so that a proxy in front counts and caches it under
+the very token read here. It comes once: as one ``X-Auth-Token`` header line whose value is the token's
+UTF-8 bytes exactly as the tokens file writes it (no list, no comma, no blanks around it), as one
+``token`` query parameter (that name, lower case and unencoded; its value percent-decoded) or as the path
+segment of ``/t/{token}/data/...`` (cut from the path by :func:`gateway.http.urls.split_path_token`,
+percent-decoded). An empty header or parameter carries no token. Anything else is a 400 with the reason:
+two carriers, even of equal tokens; repeated header lines or parameters; a header value with a comma or
+surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which another reader (nginx's
+``$arg_token`` ignores case) might take for the token. The tokens file is refused at start-up if a token
+holds a comma or surrounding blanks.
 """
 
 import fnmatch
@@ -21,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
@@ -30,6 +31,7 @@ from .messages import HttpError
 log = logging.getLogger("gateway")
 SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
 TOKEN_HEADER = b"x-auth-token"
+QUERY_NAME = b"token"  # the one spelling of the token parameter
 HOW = "send it as the X-Auth-Token header, the token query parameter or the path /t/{token}/data/..."
 
 
@@ -170,11 +172,45 @@ def _utf8(raw: bytes, where: str) -> str:
         raise HttpError(400, f"the token in {where} is not UTF-8") from None
 
 
-def _query_values(query: bytes, name: str) -> list[bytes]:
-    """The raw bytes of every ``name`` parameter, percent escapes in names and values decoded."""
-    text = query.decode("latin-1")  # one character per byte, so the bytes come back unchanged
-    pairs = parse_qsl(text, keep_blank_values=True, encoding="latin-1", errors="strict")
-    return [value.encode("latin-1") for key, value in pairs if key == name]
+def _header_token(lines: list[bytes]) -> Token | None:
+    """The token of the ``X-Auth-Token`` header: its one line's value, exactly; 400 for a list or blanks."""
+    if len(lines) > 1:
+        raise HttpError(400, f"the request carries more than one token (X-Auth-Token header lines): {HOW}, once")
+    if not lines or not lines[0]:
+        return None
+    value = _utf8(lines[0], "the X-Auth-Token header")
+    if "," in value or value != value.strip(" \t"):
+        raise HttpError(
+            400,
+            "the X-Auth-Token header carries one token exactly as it was issued: no list, no comma, "
+            "no blanks around it",
+        )
+    return Token(value, False)
+
+
+def _query_token(query: bytes) -> Token | None:
+    """The token of the one ``token`` parameter, percent-decoded; 400 for more, or for a misspelt name."""
+    if not query or (b"%" not in query and b"token" not in query.lower()):  # the cheap test first
+        return None
+    values: list[bytes] = []
+    for part in query.split(b"&"):
+        name, _, value = part.partition(b"=")
+        if name == QUERY_NAME:
+            values.append(_form_decoded(value))
+        elif _form_decoded(name).lower() == QUERY_NAME:  # bytes.lower: ASCII only, as every proxy folds case
+            raise HttpError(
+                400,
+                "the token parameter is spelled 'token', in lower case and unencoded: another reader "
+                "could take this one for it",
+            )
+    if len(values) > 1:
+        raise HttpError(400, f"the request carries more than one token (token parameters): {HOW}, once")
+    return Token(_utf8(values[0], "the query"), True) if values and values[0] else None
+
+
+def _form_decoded(raw: bytes) -> bytes:
+    """A query name or value as form decoding reads it: ``+`` is a blank, percent escapes are bytes."""
+    return unquote_to_bytes(raw.replace(b"+", b" "))
 
 
 def _path_token(raw: bytes) -> Token:
@@ -186,18 +222,17 @@ def _path_token(raw: bytes) -> Token:
 
 def read_token(header_lines: list[bytes], query: bytes, path_token: bytes | None = None) -> Token | None:
     """The one token offered by these ``X-Auth-Token`` lines, this raw query string and the path's token
-    segment (see :func:`gateway.http.urls.split_path_token`), if any; 400 for more."""
+    segment (see :func:`gateway.http.urls.split_path_token`), if any; 400 for more, or for a token spelt
+    otherwise than one way."""
     offered = [
-        Token(element, False)
-        for line in header_lines
-        for element in (part.strip(" \t") for part in _utf8(line, "the X-Auth-Token header").split(","))
-        if element
+        token
+        for token in (
+            _header_token(header_lines),
+            _query_token(query),
+            None if path_token is None else _path_token(path_token),
+        )
+        if token is not None
     ]
-    if b"token" in query or b"%" in query:  # the cheap test first; a percent-encoded name is found by the parse
-        offered += [Token(_utf8(value, "the query"), True) for value in _query_values(query, "token")]
-    offered = [token for token in offered if token.value]
-    if path_token is not None:
-        offered.append(_path_token(path_token))
     if len(offered) > 1:
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
     return offered[0] if offered else None

@@ -118,7 +118,7 @@ class Edge:
                 return route, await self.gateway.preview(request)
             handler = self.pages.get(path)
             if handler is None:
-                return route, json_error(404, f"nothing at {path}; data is under {DATA_PREFIX}")
+                return route, json_error(404, f"nothing at {request.logged_path}; data is under {DATA_PREFIX}")
             route = "index" if path == "/" else path.strip("/")
             return route, await handler(request)
         except Exception as exc:

@@ -20,6 +20,14 @@ RawHeaders = list[tuple[bytes, bytes]]
 REDACTED_PATH_TOKEN = "/t/***"  # what log lines and messages show for the token of a /t/{token}/ path
 
 
+def without_path_token(path: str) -> str:
+    """``path`` cut after its first ``/t/`` (any letter case), ``***`` in place of the rest: a decoded path that
+    spells a token path another way (``//t/``, ``/./t/``, ``/x/../t/``, ``/%74/``) shows no token either."""
+    if "/t/" not in path and "/T/" not in path:  # the cheap test first: almost every path
+        return path
+    return path[: path.lower().index("/t/")] + REDACTED_PATH_TOKEN
+
+
 class ClientGone(Exception):
     """The client disconnected before its answer was ready: the work it waited for was skipped."""
 
@@ -56,8 +64,13 @@ class Request:
 
     @property
     def logged_path(self) -> str:
-        """The path as log lines show it: a token that stood in the path as ``/t/***``."""
-        return self.path if self.path_token is None else REDACTED_PATH_TOKEN + self.path
+        """The path as log lines and messages show it: whatever may be a token after a ``/t/`` as ``***``.
+
+        The one place they take it from: the path below a ``/t/{token}/`` the routes read is shown after
+        ``/t/***``, and any other path is cut after a ``/t/`` it holds, however it was spelt.
+        """
+        below = without_path_token(self.path)
+        return below if self.path_token is None else REDACTED_PATH_TOKEN + below
 
     @property
     def context(self) -> str:

@@ -31,7 +31,7 @@ from .. import metrics
 from ..zarr.trees import NodeNotFound
 from .auth import TOKEN_HEADER, read_token
 from .data import Gateway
-from .errors import HttpError, json_error
+from .errors import HttpError, json_error, relative_paths
 from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
 from .urls import access_names, request_path, split_path_token
 
@@ -83,6 +83,7 @@ class Ops:
         return _json(200, {"status": "ready"})
 
     async def _root_problem(self) -> str | None:
+        """Why the data root cannot be read, if it cannot; named "the data root", never by its location."""
         root = self.settings.root
         storage = self.gateway.storage
 
@@ -91,18 +92,19 @@ class Ops:
                 try:
                     storage.is_directory(storage.root)
                 except Exception as exc:
-                    return f"data root {root!r} cannot be reached: {exc}"
+                    return f"the data root cannot be reached: {exc}"
                 return None
             try:
                 with os.scandir(root) as entries:
                     next(entries, None)
             except OSError as exc:
-                return f"data root {str(root)!r} is not readable: {exc.strerror or exc}"
+                return f"the data root is not readable: {exc.strerror or type(exc).__name__}"
             return None
 
         with anyio.move_on_after(5):
-            return await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
-        return f"data root {str(root)!r} did not answer within 5 s"
+            problem = await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
+            return None if problem is None else relative_paths(problem)
+        return "the data root did not answer within 5 s"
 
     async def metrics(self, request: Request) -> Answer:
         metrics.STATS.flush()
