@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,8 @@ def write_wkw(mag: Path, data: np.ndarray, block_type: int = wkw.Header.BLOCK_TY
 
 def checkerboard(edge: int) -> np.ndarray:
     x, y, z = np.indices((edge, edge, edge))
-    return ((x + y + z) % 2 == 0).astype(np.uint8)
+    board: np.ndarray = ((x + y + z) % 2 == 0).astype(np.uint8)
+    return board
 
 
 def blobs(size: tuple[int, int, int]) -> np.ndarray:
@@ -95,14 +95,9 @@ def blobs(size: tuple[int, int, int]) -> np.ndarray:
     return data
 
 
-@dataclass(frozen=True)
-class Root:
-    server: Server
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> Root:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bombs (meshes, previews, a colour layer to read chunks of) and a layer rewritten by a test."""
     root = tmp_path_factory.mktemp("bounded-work")
     bombs = root / ORG / "bombs"
     write_wkw(bombs / "checker" / "1", checkerboard(CHECKER))
@@ -138,7 +133,12 @@ def bounded(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[.
         wkw.Header.BLOCK_TYPE_RAW,
     )
     write_properties(root / ORG / "pictures", [wkw_layer("color", (512, 512, 64), "color")])
-    return Root(server_factory(root, mesh_threads=1), root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(root: Path, server_factory: Callable[..., Server]) -> Server:
+    return server_factory(root, mesh_threads=1)
 
 
 def get(server: Server, path: str, **headers: str) -> requests.Response:
@@ -166,32 +166,32 @@ class Spent:
 # --- meshes ----------------------------------------------------------------------------------------------------
 
 
-def test_a_checkerboard_legacy_fragment_is_refused_before_it_is_meshed(bounded: Root) -> None:
+def test_a_checkerboard_legacy_fragment_is_refused_before_it_is_meshed(server: Server) -> None:
     """Meshing this cube once cost 1.4 s of CPU and made 21 MB: now its surface is counted first (milliseconds)."""
-    with Spent(bounded.server) as spent:
-        answer = get(bounded.server, f"{MESHES}/checker/legacy/1:0:0_0_0")
+    with Spent(server) as spent:
+        answer = get(server, f"{MESHES}/checker/legacy/1:0:0_0_0")
     assert_reason(answer, 413, "voxel faces", f"more than the {MAX_BOX_SURFACE}", "the work was stopped")
     assert spent.cpu < 1.0, f"refusing one fragment cost {spent.cpu:.2f} s of CPU"
-    assert_no_unexpected_errors(bounded.server)
+    assert_no_unexpected_errors(server)
 
 
-def test_a_checkerboard_multires_mesh_is_refused_and_stops(bounded: Root) -> None:
+def test_a_checkerboard_multires_mesh_is_refused_and_stops(server: Server) -> None:
     """The manifest once took 211 s and 131 s of CPU for 2.2 M voxels: now the first box meshed stops it."""
-    with Spent(bounded.server) as spent:
-        manifest = get(bounded.server, f"{MESHES}/checker/multires/1.index")
-        data = get(bounded.server, f"{MESHES}/checker/multires/1")
+    with Spent(server) as spent:
+        manifest = get(server, f"{MESHES}/checker/multires/1.index")
+        data = get(server, f"{MESHES}/checker/multires/1")
     for answer in (manifest, data):
         assert_reason(answer, 413, "voxel faces", "the work was stopped")
     # the index scan of the layer (2.2 M voxels, once) and two refusals; each box would be seconds more
     assert spent.cpu < 15.0, f"the refusals cost {spent.cpu:.2f} s of CPU"
-    listing = get(bounded.server, f"{MESHES}/checker/legacy/1:0")
+    listing = get(server, f"{MESHES}/checker/legacy/1:0")
     assert listing.status_code == 200 and len(listing.json()["fragments"]) == 27, listing.text[:300]
-    assert_no_unexpected_errors(bounded.server)
+    assert_no_unexpected_errors(server)
 
 
-def test_a_surface_under_the_bound_is_meshed(bounded: Root) -> None:
+def test_a_surface_under_the_bound_is_meshed(server: Server) -> None:
     """The bound refuses noise, not meshes: a box of many small blobs (below it) is made, with every blob."""
-    answer = get(bounded.server, f"{MESHES}/blobs/legacy/1:0:1_1_1")
+    answer = get(server, f"{MESHES}/blobs/legacy/1:0:1_1_1")
     assert answer.status_code == 200, answer.text[:300]
     vertices = int.from_bytes(answer.content[:4], "little")
     triangles = (len(answer.content) - 4 - 12 * vertices) // 12
@@ -215,7 +215,7 @@ def test_the_budget_stops_at_its_time_and_its_totals() -> None:
     assert surface_faces(checkerboard(4).astype(bool)) == 3 * 3 * 4 * 4
 
 
-def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(bounded: Root) -> None:
+def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(server: Server) -> None:
     """Four clients ask for fragments of the blob layer, one after another, while a fifth reads chunks."""
     stop = threading.Event()
     meshed: list[int] = []
@@ -224,7 +224,7 @@ def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(boun
         cube = start
         while not stop.is_set():
             x, y, z = cube % 5, cube // 5 % 5, cube // 25 % 3
-            meshed.append(get(bounded.server, f"{MESHES}/blobs/legacy/1:0:{x}_{y}_{z}").status_code)
+            meshed.append(get(server, f"{MESHES}/blobs/legacy/1:0:{x}_{y}_{z}").status_code)
             cube += 4
 
     clients = [threading.Thread(target=mesh_client, args=(i,)) for i in range(4)]
@@ -235,7 +235,7 @@ def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(boun
         time.sleep(1.0)  # the mesh thread is taken
         for i in range(30):
             started = time.monotonic()
-            answer = get(bounded.server, f"/data/zarr/{ORG}/bombs/color/1/0.{i % 8}.{i // 8 % 8}.{i % 2}")
+            answer = get(server, f"/data/zarr/{ORG}/bombs/color/1/0.{i % 8}.{i // 8 % 8}.{i % 2}")
             latencies.append(time.monotonic() - started)
             assert answer.status_code == 200, answer.text[:300]
             time.sleep(0.2)
@@ -250,41 +250,41 @@ def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(boun
 # --- previews --------------------------------------------------------------------------------------------------
 
 
-def test_a_preview_of_one_voxel_chunks_reads_a_bounded_window(bounded: Root) -> None:
+def test_a_preview_of_one_voxel_chunks_reads_a_bounded_window(server: Server) -> None:
     """Once 14.8 s and +1.16 GiB a preview: now at most ``MAX_CHUNKS`` chunks are read (the central window)."""
-    with PeakRss(bounded.server) as peak, Spent(bounded.server) as spent:
-        answer = get(bounded.server, f"/preview/{ORG}/bombs/ones.png")
+    with PeakRss(server) as peak, Spent(server) as spent:
+        answer = get(server, f"/preview/{ORG}/bombs/ones.png")
     assert answer.status_code == 200 and answer.content.startswith(b"\x89PNG"), answer.text[:300]
     assert peak.growth < 128 << 20, f"RSS grew by {peak.growth >> 20} MiB"
     assert spent.cpu < 10.0, f"the preview cost {spent.cpu:.2f} s of CPU"
     assert MAX_CHUNKS <= 64 * 64  # the window the layer gets: 64 x 64 chunks of one voxel
 
 
-def test_a_preview_of_inflating_chunks_is_refused_before_a_chunk_is_decoded(bounded: Root) -> None:
+def test_a_preview_of_inflating_chunks_is_refused_before_a_chunk_is_decoded(server: Server) -> None:
     """16 zlib chunks of 128 MiB (2 MB on disk) once cost +256 MiB: one chunk decodes past the bound."""
-    with PeakRss(bounded.server) as peak:
-        answer = get(bounded.server, f"/preview/{ORG}/bombs/inflating.png")
+    with PeakRss(server) as peak:
+        answer = get(server, f"/preview/{ORG}/bombs/inflating.png")
     assert_reason(answer, 413, "too large or too many to preview", f"more than the {MAX_DECODED_BYTES} bytes")
     assert peak.growth < 64 << 20, f"RSS grew by {peak.growth >> 20} MiB"
-    assert_no_unexpected_errors(bounded.server)
+    assert_no_unexpected_errors(server)
 
 
-def test_a_preview_is_revalidated_without_reading_its_files(bounded: Root) -> None:
+def test_a_preview_is_revalidated_without_reading_its_files(server: Server, root: Path) -> None:
     """The first answer reads 8 MiB of blocks; a revalidation stats the files and reads none of them, and a
     rewritten file makes a new preview."""
     path = f"/preview/{ORG}/pictures/color.png"
-    first = get(bounded.server, path)
+    first = get(server, path)
     assert first.status_code == 200, first.text[:300]
     etag = first.headers["ETag"]
-    before = bytes_read(bounded.server)
+    before = bytes_read(server)
     for _ in range(5):
-        again = get(bounded.server, path, **{"If-None-Match": etag})
+        again = get(server, path, **{"If-None-Match": etag})
         assert again.status_code == 304 and again.headers["ETag"] == etag
-    read = bytes_read(bounded.server) - before
+    read = bytes_read(server) - before
     assert read < 1 << 20, f"five revalidations read {read} bytes (one preview reads 8 MiB)"
-    mag = bounded.root / ORG / "pictures" / "color" / "1"
+    mag = root / ORG / "pictures" / "color" / "1"
     with wkw.Dataset.open(str(mag)) as dataset:
         dataset.write((0, 0, 31), np.full((1, 64, 64, 1), 255, dtype=np.uint8))
-    changed = get(bounded.server, path, **{"If-None-Match": etag})
+    changed = get(server, path, **{"If-None-Match": etag})
     assert changed.status_code == 200 and changed.headers["ETag"] != etag
     assert changed.content != first.content
