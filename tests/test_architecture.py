@@ -189,3 +189,17 @@ def test_the_store_rule_sees_planted_file_access(tmp_path: Path) -> None:
     found = " ".join(file_access(planted))
     for needle in ("import pathlib", "import tempfile", "read_bytes()", "os.replace", "open()"):
         assert needle in found, (needle, found)
+
+
+def test_the_units_of_webknossos_are_defined_once_and_imported_directly() -> None:
+    """``meters_per_unit`` lives in gateway/sources/units.py; the meshes and the pages import it from there."""
+    defining = [
+        name
+        for name, path in modules().items()
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "meters_per_unit"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert defining == ["gateway.sources.units"], defining
+    assert "gateway.sources.units" in graph()["gateway.meshes.layers"]
