@@ -172,31 +172,50 @@ def make_sample(args: argparse.Namespace) -> None:
 
 def index_segments(args: argparse.Namespace) -> None:
     """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
+    import anyio
+
     from gateway_storage import open_store
 
-    from .http.listing import meters_per_unit
     from .meshes.build import DataChangedWhileIndexing, index_layer
     from .meshes.errors import MeshInputError, MeshNotFound
+    from .meshes.segments import index_place
     from .meshes.service import MeshService
     from .sources.catalog import BrokenDataset, Catalog
     from .sources.registry import SourceFormats
 
     organization, _, name = args.dataset.partition("/")
-    index_dir = Path(args.segment_index_dir) if args.segment_index_dir else None
     storage = open_store(args.root)
     catalog = Catalog(storage, SourceFormats(storage, 128 << 20))
     dataset = catalog.dataset(organization, name)
     if dataset is None or isinstance(dataset, BrokenDataset):
         sys.exit(f"no servable dataset {args.dataset!r} under {args.root}" + (f": {dataset.reason}" if dataset else ""))
-    service = MeshService(storage, index_dir, 64 << 20, meters_per_unit)
+    place = index_place(storage, args.segment_index_dir or None)
+    service = MeshService(storage, place, 64 << 20, anyio.CapacityLimiter(1))
     try:
         built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
     except (MeshInputError, MeshNotFound, DataChangedWhileIndexing) as exc:
         sys.exit(f"index-segments: {exc}")
+    _write_atomically(Path(built.location), built.index.to_bytes())
     print(
         f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
-        f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.path}"
+        f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.location}"
     )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path``, readable by the gateway's user: a reader sees the old file or the new one."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def flag_name(setting: str) -> str:

@@ -1,19 +1,29 @@
 """Small PNG previews of a layer, so a person sees what a dataset holds before opening a viewer.
 
 A preview is the middle Z slice of the bounding box from a coarse mag: colour data contrast-stretched,
-segmentations coloured by id. It is cached by what makes it change (the identities of the files read,
-or the voxels themselves where the reader cannot name its files), and that key is also its ETag, so
-every replica answers alike. A damaged file raises the storage error unchanged: the HTTP layer answers
-5xx for that image alone.
+segmentations coloured by id. Its ETag is made from what makes it change (the identities of the files
+read, or the voxels themselves where the reader cannot name its files), so every replica answers alike.
+
+What one preview may cost is known before a byte is read: the bytes its read decodes and the stored
+chunks it touches (``MagSource.decoded_bytes``). Past either bound a coarser mag or a smaller central
+window is read, and where none fits the answer is a 413 with the reason. A preview made is kept with
+the identities of the files it read: while a stat of each says they are unchanged it is answered again,
+and revalidated (304), without reading or decoding anything; a reader that cannot name its files is
+read again after ``RECHECK_SECONDS``. A damaged file raises the storage error unchanged: the HTTP layer
+answers 5xx for that image alone. The work runs in the threads of the limiter it is given (the one the
+meshes use), never in those that serve chunks.
 """
 
 import io
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+import anyio
 import numpy as np
 from PIL import Image
 
-from gateway_storage import ByteLRU
+from gateway_storage import ByteLRU, FileSource, Store
 from gateway_storage.geometry import Vec3
 
 from .sources.mag import MagSource
@@ -23,12 +33,21 @@ PNG = "image/png"
 MAX_EDGE = 256  # long edge of a preview in pixels
 MIN_EDGE = 128  # a coarser mag is chosen only while its XY extent still gives this many pixels
 MAX_READ_EDGE = 1024  # a slice wider than this at the coarsest mag is previewed by its central window
+# Where the chosen mag's slice would decode too much, these smaller central windows are tried (after coarser mags).
+READ_EDGES = (MAX_READ_EDGE, 512, 256, 128, 64)
+MAX_DECODED_BYTES = 64 << 20  # decoded by the read of one preview (whole stored chunks, as the source counts)
+MAX_CHUNKS = 4096  # stored chunks one preview's read touches: each costs a lookup and a decoder call
+RECHECK_SECONDS = 5.0  # a preview whose reader cannot name its files is read again after this long
 LOW_PERCENTILE, HIGH_PERCENTILE = 1.0, 99.0
 _RENDERING_VERSION = "preview-1"  # part of every cache key and ETag: bump it when the rendering changes
 
 
 class NoPreviewError(LookupError):
     """The layer has no mag to read or an empty bounding box: there is nothing to show."""
+
+
+class PreviewTooLarge(ValueError):
+    """Every slice a preview could read decodes more, or touches more chunks, than one preview may: a 413."""
 
 
 def choose_mag(mags: Mapping[Vec3, MagSource]) -> MagSource:
@@ -46,19 +65,61 @@ def _long_xy_edge(source: MagSource) -> int:
     return max(source.bbox.size[:2])
 
 
-def preview_box(source: MagSource) -> tuple[Vec3, Vec3]:
-    """The box the preview reads, in the mag's voxels: the middle Z slice, at most ``MAX_READ_EDGE`` a side."""
+def preview_box(source: MagSource, edge: int = MAX_READ_EDGE) -> tuple[Vec3, Vec3]:
+    """The box the preview reads, in the mag's voxels: the middle Z slice, at most ``edge`` a side (centred)."""
     lo, hi = source.bbox.lo, source.bbox.hi
     if source.bbox.is_empty:
         raise NoPreviewError("the layer's bounding box is empty")
     xy_lo, xy_hi = [], []
     for axis in (0, 1):
         extent = hi[axis] - lo[axis]
-        start = lo[axis] + max(0, (extent - MAX_READ_EDGE) // 2)
+        start = lo[axis] + max(0, (extent - edge) // 2)
         xy_lo.append(start)
-        xy_hi.append(min(hi[axis], start + MAX_READ_EDGE))
+        xy_hi.append(min(hi[axis], start + edge))
     z = (lo[2] + hi[2] - 1) // 2
     return (xy_lo[0], xy_lo[1], z), (xy_hi[0], xy_hi[1], z + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadCost:
+    """What reading a box of a mag costs, known before the read."""
+
+    decoded_bytes: int
+    chunks: int
+
+    @classmethod
+    def of(cls, source: MagSource, lo: Vec3, hi: Vec3) -> "ReadCost":
+        shape = (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
+        decoded = source.decoded_bytes(shape)
+        return cls(decoded, -(-decoded // max(1, source.decoded_bytes((1, 1, 1)))))
+
+    @property
+    def fits(self) -> bool:
+        return self.decoded_bytes <= MAX_DECODED_BYTES and self.chunks <= MAX_CHUNKS
+
+
+def plan_read(mags: Mapping[Vec3, MagSource]) -> tuple[MagSource, Vec3, Vec3]:
+    """The mag and box a preview reads: :func:`choose_mag`'s full slice if its cost fits, else the slice of a
+    coarser mag, else a smaller central window; a 413 with the reason where nothing fits."""
+    chosen = choose_mag(mags)
+    area = chosen.mag[0] * chosen.mag[1]
+    coarser = sorted(
+        (s for s in mags.values() if s.mag[0] * s.mag[1] > area), key=lambda s: (s.mag[0] * s.mag[1], s.mag)
+    )
+    cheapest: ReadCost | None = None
+    for edge in READ_EDGES:
+        for source in (chosen, *coarser):
+            lo, hi = preview_box(source, edge)
+            cost = ReadCost.of(source, lo, hi)
+            if cost.fits:
+                return source, lo, hi
+            cheapest = cost if cheapest is None or cost.decoded_bytes < cheapest.decoded_bytes else cheapest
+    assert cheapest is not None
+    raise PreviewTooLarge(
+        f"the layer's stored chunks are too large or too many to preview: the cheapest slice decodes "
+        f"{cheapest.decoded_bytes} bytes in {cheapest.chunks} chunks, more than the {MAX_DECODED_BYTES} bytes "
+        f"or {MAX_CHUNKS} chunks one preview may"
+    )
 
 
 def segment_colors(ids: np.ndarray) -> np.ndarray:
@@ -119,20 +180,45 @@ def encode_png(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-class Previews:
-    """Preview images of layers, cached by the identities of what they were made from.
+@dataclass(frozen=True, slots=True)
+class PreviewKey:
+    """One preview's read: the mag's place, the box and the rendering."""
 
-    Each call reads the slice (a few blocks of a coarse mag: this is also what finds damaged files),
-    then reuses the PNG when the files read are unchanged. Blocking: call it off the event loop.
+    location: str
+    mag: Vec3
+    lo: Vec3
+    hi: Vec3
+    category: str
+
+
+@dataclass(frozen=True, slots=True)
+class MadePreview:
+    resource: Resource
+    sources: list[FileSource] | None  # the files read, with their identities; None: the reader cannot say
+    made_at: float  # time.monotonic()
+
+
+class Previews:
+    """Preview images of layers, kept with the identities of what they were made from.
+
+    :meth:`preview` is blocking; :meth:`answer` runs it in a thread of the limiter given.
     """
 
-    def __init__(self, max_bytes: int) -> None:
-        self.cache: ByteLRU[Resource] = ByteLRU(max_bytes)
+    def __init__(self, max_bytes: int, store: Store, limiter: anyio.CapacityLimiter | None = None) -> None:
+        self.cache: ByteLRU[MadePreview] = ByteLRU(max_bytes)
+        self.store = store
+        self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
+
+    async def answer(self, mags: Mapping[Vec3, MagSource], category: str) -> Resource:
+        return await anyio.to_thread.run_sync(self.preview, mags, category, limiter=self.limiter)
 
     def preview(self, mags: Mapping[Vec3, MagSource], category: str) -> Resource:
         """The PNG preview of a layer given its mags; raises the storage error of a damaged file unchanged."""
-        source = choose_mag(mags)
-        lo, hi = preview_box(source)
+        source, lo, hi = plan_read(mags)
+        key = PreviewKey(source.location_key, source.mag, lo, hi, category)
+        made = self.cache.get(key)
+        if made is not None and self._unchanged(made):
+            return made.resource
         region = source.read_box(lo, hi)
         if region.sources is None:
             origin: object = region.data.tobytes()  # the reader cannot name its files: the voxels decide
@@ -142,10 +228,17 @@ class Previews:
             mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
             last_modified = max(mtimes, default=None)
         etag = make_etag(_RENDERING_VERSION, source.location_key, source.mag, lo, hi, category, origin)
-        cached = self.cache.get(etag)
-        if cached is not None:
-            return cached
-        png = encode_png(render_image(region.data[..., 0], category))
-        resource = bytes_resource(png, PNG, etag, last_modified)
-        self.cache.put(etag, resource, len(png))
+        if made is not None and made.resource.etag == etag:
+            resource = made.resource  # read again (the files could not be named), and unchanged
+        else:
+            png = encode_png(render_image(region.data[..., 0], category))
+            resource = bytes_resource(png, PNG, etag, last_modified)
+        size = len(resource.body or b"") + 64 * len(region.sources or ())
+        self.cache.put(key, MadePreview(resource, region.sources, time.monotonic()), size)
         return resource
+
+    def _unchanged(self, made: MadePreview) -> bool:
+        """Whether the files a preview was made from are still the versions read (a stat each, no read)."""
+        if made.sources is None:
+            return time.monotonic() - made.made_at < RECHECK_SECONDS
+        return all(self.store.identity(path) == identity for path, identity in made.sources)

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         ge=1,
         description="threads per worker that read and encode chunks; default: two per core, at least 4",
     )
+    mesh_threads: int = Field(
+        default=1,
+        ge=1,
+        description="threads per worker that make meshes and previews, apart from those that serve chunks "
+        "(the mesher holds the interpreter while it runs: more threads serve chunks less evenly)",
+    )
     chunk_memory_bytes: int = Field(
         default=1 << 30,
         ge=0,

@@ -163,3 +163,60 @@ def test_the_scripts_import_nothing_of_the_tests() -> None:
                 continue
             found += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.partition(".")[0] in tests]
     assert not found, f"scripts import the tests' modules: {found}"
+
+
+# What gateway/meshes may not do itself: open, read or write a file's bytes. Its indexes, labels and voxels come
+# through a Store (containment, versions, size bounds); index-segments writes the index from the command line.
+# The data stamp (gateway/meshes/index.py) walks the local mag directories' names and stats, which no store lists.
+FILE_BYTE_CALLS = {"open", "read_bytes", "read_text", "write_bytes", "write_text", "fromfile"}  # os.* below
+FILE_MODULES = {"pathlib", "tempfile", "shutil", "mmap", "io.open"}
+STAMP_CALLS = {"walk", "stat", "path"}  # os.walk, os.stat, os.path.*: names and stats, never bytes
+
+
+def file_access(path: Path) -> list[str]:
+    """Calls and imports in ``path`` that reach a file's bytes other than through a store."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = function.id if isinstance(function, ast.Name) else getattr(function, "attr", "")
+            if name in FILE_BYTE_CALLS:
+                found.append(f"line {node.lineno}: {name}()")
+        on_os = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+        if on_os and isinstance(node, ast.Attribute) and node.attr not in STAMP_CALLS:
+            found.append(f"line {node.lineno}: os.{node.attr}")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"line {node.lineno}: import {n}" for n in names if n.split(".")[0] in FILE_MODULES]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "gateway" / "meshes").rglob("*.py")), ids=lambda p: p.name)
+def test_meshes_read_only_through_stores(path: Path) -> None:
+    assert not file_access(path), f"{path.name} reaches files itself: {file_access(path)}"
+
+
+def test_the_store_rule_sees_planted_file_access(tmp_path: Path) -> None:
+    """The rule can fail: each way the old index reading and writing reached a file is caught."""
+    planted = tmp_path / "bad.py"
+    planted.write_text(
+        "import os\nimport tempfile\nfrom pathlib import Path\n"
+        "data = Path('x').read_bytes()\nfd, name = tempfile.mkstemp()\nos.replace(name, 'y')\nopen('z')\n"
+    )
+    found = " ".join(file_access(planted))
+    for needle in ("import pathlib", "import tempfile", "read_bytes()", "os.replace", "open()"):
+        assert needle in found, (needle, found)
+
+
+def test_the_units_of_webknossos_are_defined_once_and_imported_directly() -> None:
+    """``meters_per_unit`` lives in gateway/sources/units.py; the meshes and the pages import it from there."""
+    defining = [
+        name
+        for name, path in modules().items()
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "meters_per_unit"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert defining == ["gateway.sources.units"], defining
+    assert "gateway.sources.units" in graph()["gateway.meshes.layers"]

@@ -26,6 +26,7 @@ import wkw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.datasets import ORG, TOKEN, WrittenDataset
+from support.measure import PeakRss, bytes_read
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway_storage import LocalStore
@@ -90,40 +91,6 @@ def garble_block(path: Path, index: int) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(b"\xff" * length)
-
-
-# --- measuring the worker ---------------------------------------------------------------------------
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
-class PeakRss:
-    """Peak resident memory of the serving process while the block runs, above its resident size before."""
-
-    def __init__(self, server: Server) -> None:
-        self.pid = server.serving_pid()
-        self.growth = 0
-
-    def __enter__(self) -> "PeakRss":
-        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        self.before = _status_kib(self.pid, "VmRSS") * 1024
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.growth = _status_kib(self.pid, "VmHWM") * 1024 - self.before
-
-
-def bytes_read(server: Server) -> int:
-    """Bytes the serving process has read from files and sockets so far (``rchar``)."""
-    for line in Path(f"/proc/{server.serving_pid()}/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar")
 
 
 def get(server: Server, path: str, **headers: str) -> requests.Response:

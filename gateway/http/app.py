@@ -8,9 +8,12 @@ top a sixteenth for preview images and a quarter for segment meshes.
 
 import logging
 
+import anyio
+
 from gateway_storage import open_store, read_headers_file
 
 from ..logs import configure_logging
+from ..meshes.segments import index_place
 from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
@@ -19,7 +22,6 @@ from ..sources.registry import SourceFormats
 from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Edge
-from .listing import meters_per_unit
 from .ops import Ops
 
 log = logging.getLogger("gateway")
@@ -32,8 +34,10 @@ def create_app(settings: Settings) -> Edge:
     )
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
-    previews = Previews(settings.cache_bytes // 16)
-    meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
+    mesh_limiter = anyio.CapacityLimiter(settings.mesh_threads)  # meshes and previews: never the chunks' threads
+    previews = Previews(settings.cache_bytes // 16, store, mesh_limiter)
+    index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
+    meshes = MeshService(store, index_place(store, index_dir), settings.cache_bytes // 4, mesh_limiter)
     gateway = Gateway(settings, store, catalog, shards, previews, meshes)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")

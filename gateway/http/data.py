@@ -147,9 +147,7 @@ class Gateway:
         layer = dataset.layers.get(layer_name)
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {layer_name!r}; there are {', '.join(dataset.layers)}")
-        resource = await anyio.to_thread.run_sync(
-            self.previews.preview, layer.mags, layer.properties.category, limiter=self.limiter
-        )
+        resource = await self.previews.answer(layer.mags, layer.properties.category)
         return await self._send(request, resource)
 
     async def mesh(self, request: Request) -> Answer:
@@ -158,9 +156,7 @@ class Gateway:
         target = parse_mesh_path(request.path)
         await self.authorize(self.token(request), (target.organization, target.dataset))
         dataset = await self._dataset(target.organization, target.dataset)
-        found = await anyio.to_thread.run_sync(
-            self.meshes.file, dataset, target.layer, target.kind, target.file, limiter=self.limiter
-        )
+        found = await self.meshes.answer(dataset, target.layer, target.kind, target.file)
         return await self._send(request, bytes_resource(found.body, found.media_type))
 
     async def _in_dataset(

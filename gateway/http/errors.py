@@ -19,10 +19,10 @@ from gateway_storage import FileChangedError, FileUnsettledError, StorageError, 
 from wkw_adapter import WkwError
 
 from ..extras import MissingExtraError
-from ..meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
+from ..meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge, MeshTooSlow, SegmentIndexRequired
 from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
-from ..previews import NoPreviewError
+from ..previews import NoPreviewError, PreviewTooLarge
 from ..sources.catalog import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
@@ -58,6 +58,8 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MeshInputError: ErrorRule(400),
     SegmentIndexRequired: ErrorRule(409),
     MeshTooLarge: ErrorRule(413),
+    MeshTooSlow: ErrorRule(503, retry_after="10"),
+    PreviewTooLarge: ErrorRule(413),
     MissingExtraError: ErrorRule(501, logged=True),  # a feature whose extra is not installed (meshes)
     SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be

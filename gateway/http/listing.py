@@ -19,44 +19,11 @@ from urllib.parse import quote, urlsplit
 from gateway_storage.geometry import Vec3, mag_name
 
 from ..sources.catalog import Dataset
+from ..sources.units import meters_per_unit
 from .urls import TOKEN_PREFIX
 
 TOKEN_PLACEHOLDER = "<token>"
 NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
-_UNIT_PREFIXES = {
-    "yocto": 1e-24,
-    "zepto": 1e-21,
-    "atto": 1e-18,
-    "femto": 1e-15,
-    "pico": 1e-12,
-    "nano": 1e-9,
-    "micro": 1e-6,
-    "milli": 1e-3,
-    "centi": 1e-2,
-    "deci": 1e-1,
-    "": 1.0,
-    "hecto": 1e2,
-    "kilo": 1e3,
-    "mega": 1e6,
-    "giga": 1e9,
-    "tera": 1e12,
-    "peta": 1e15,
-    "exa": 1e18,
-    "zetta": 1e21,
-    "yotta": 1e24,
-}
-_SHORT_PREFIXES = {"y": "yocto", "z": "zepto", "a": "atto", "f": "femto", "p": "pico", "n": "nano", "u": "micro"}
-_SHORT_PREFIXES |= {"µ": "micro", "m": "milli", "c": "centi", "d": "deci", "": "", "k": "kilo", "M": "mega"}
-_METERS_PER_UNIT = {f"{prefix}meter": factor for prefix, factor in _UNIT_PREFIXES.items()}
-_METERS_PER_UNIT |= {f"{short}m": _UNIT_PREFIXES[long] for short, long in _SHORT_PREFIXES.items()}
-_METERS_PER_UNIT |= {
-    "angstrom": 1e-10,
-    "inch": 0.0254,
-    "foot": 0.3048,
-    "yard": 0.9144,
-    "mile": 1609.344,
-    "parsec": 3.0856775814913673e16,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,11 +179,6 @@ def neuroglancer_source(base: str, tree: str, organization: str, dataset: str, l
     """The layer group as a Neuroglancer source: zarr2:// of the v2 tree, zarr3:// of the v3 tree for the others."""
     scheme, served_tree = NEUROGLANCER_SCHEMES.get(tree, NEUROGLANCER_SCHEMES["zarr3"])
     return f"{scheme}://{base}{_token_path(token)}/data/{served_tree}/{_path(organization, dataset, layer)}/"
-
-
-def meters_per_unit(unit: str) -> float:
-    """Length of one ``unit`` (a webKnossos length unit, long or short form) in meters; unknown means nanometer."""
-    return _METERS_PER_UNIT.get(unit.strip(), _METERS_PER_UNIT.get(unit.strip().lower(), 1e-9))
 
 
 def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:

@@ -1,10 +1,7 @@
 """``zarr-gateway index-segments``: build a layer's segment index and write it where every replica reads it."""
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..sources.catalog import Dataset
 from .errors import MeshInputError, MeshTooLarge
@@ -19,7 +16,7 @@ class DataChangedWhileIndexing(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class BuiltIndex:
-    path: Path
+    location: str  # where the gateway reads it: a local path (the caller writes it there)
     index: SegmentIndex
     voxels: int  # of the layer's bounding box at the finest mag (the cubes read hold a margin more)
     seconds: float
@@ -30,9 +27,10 @@ class BuiltIndex:
 
 
 def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bool = True) -> BuiltIndex:
-    """Read the layer's finest mag once, cube by cube, and write its index atomically (a reader sees the old
-    file or the new one). Rerun it after the data changes: the gateway ignores an index older than the data."""
-    if not service.storage.is_local and service.index_dir is None:
+    """Read the layer's finest mag once, cube by cube, and make its index, to be written to its location (the
+    command line writes it atomically). Rerun it after the data changes: the gateway ignores an index older
+    than the data."""
+    if not service.place.store.is_local:
         raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
     meshes = service.layer(dataset, layer)
     grid = meshes.grid
@@ -72,15 +70,4 @@ def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bo
     seconds = time.perf_counter() - started
     if data_stamp(meshes.layer.mags, local) != before:
         raise DataChangedWhileIndexing(f"the files of layer {layer!r} changed while it was indexed: run it again")
-    path = Path(service.index_location(dataset, layer))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(index.to_bytes())
-        os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return BuiltIndex(path, index, grid.voxels, seconds)
+    return BuiltIndex(service.place.location(dataset, layer), index, grid.voxels, seconds)

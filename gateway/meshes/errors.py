@@ -15,3 +15,7 @@ class MeshTooLarge(ValueError):
 
 class MeshNotFound(LookupError):
     """No such layer, source or cube: absent by design (a 404)."""
+
+
+class MeshTooSlow(RuntimeError):
+    """The request's meshing ran past its time bound and was stopped: a 503 (the machine may be busy)."""

@@ -12,6 +12,7 @@ from gateway_storage.geometry import Vec3
 
 from ..extras import MESHES
 from ..sources.mag import MagSource
+from .budget import MeshBudget
 from .errors import MeshTooLarge
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
@@ -78,19 +79,24 @@ def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:
     return window
 
 
-def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3) -> Surface:
-    """The surface of ``segment`` in box ``[lo, hi)`` of ``source`` (voxels of its mag), in face coordinates.
+def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3, budget: MeshBudget) -> Surface:
+    """The surface of ``segment`` in box ``[lo, hi)`` of ``source`` (voxels of its mag), in face coordinates,
+    made within ``budget`` (checked before the read, before the marching cubes and after it).
 
     Vertex ``v`` of the marching cubes over the window ``[lo - 1, hi)`` lies at window index ``v`` with
     voxel centres on integers, so its face coordinate is ``lo - 0.5 + v``.
     """
+    budget.check_time()
     voxels = read_window(source, *window_of(lo, hi))  # read first: a storage fault is never "no mesh"
     if segment > np.iinfo(voxels.dtype).max:
         return EMPTY  # an id the layer's type cannot hold (say 300 in a uint8 layer)
     mask = voxels == voxels.dtype.type(segment)
     if not mask.any():
         return EMPTY
-    return mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
+    budget.check_surface(mask, f"the box {lo}..{hi} of mag {'-'.join(map(str, source.mag))}")
+    surface = mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
+    budget.count(len(surface.faces), len(surface.vertices))
+    return surface
 
 
 def mask_surface(mask: np.ndarray, origin: tuple[float, float, float]) -> Surface:

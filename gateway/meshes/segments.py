@@ -1,0 +1,161 @@
+"""A layer's segments: its segment index (read through a store, or scanned), their labels and properties.
+
+The index lives where ``index-segments`` writes it (:class:`IndexPlace`): beside the layer, in the data
+root's store, or below ``segment_index_dir``, a local directory opened as a store of its own (for data
+roots mounted read-only). Either way it is read through a store, so containment, versions and the size
+bound hold for it as for any data file.
+"""
+
+import logging
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from gateway_storage import LocalStore, Store
+
+from ..sources.catalog import Dataset
+from ..sources.documents import load_json
+from .cache import MeshCache, PropertiesKey, SegmentsKey
+from .encoding import json_bytes, segment_properties
+from .errors import MeshInputError, SegmentIndexRequired
+from .index import MAX_INDEX_BYTES, SCAN_VOXELS, SegmentIndex, SegmentIndexCorrupt, build_index
+from .layers import LayerMeshes
+from .names import parse_segment_id
+
+log = logging.getLogger("gateway.meshes")
+
+INDEX_SUFFIX = ".segment-index.npz"
+LABELS_SUFFIX = ".segment-labels.json"
+MAX_LABELS_BYTES = 64 << 20  # a segment labels file larger than this is ignored (and said so in the log)
+MAX_LISTED_SEGMENTS = 100_000  # segment properties list at most this many segments, the largest
+
+
+class IndexPlace(ABC):
+    """Where the segment indexes of a data root live, and the store they are read through."""
+
+    store: Store
+
+    @abstractmethod
+    def location(self, dataset: Dataset, layer: str) -> str:
+        """Where ``index-segments`` writes the layer's index and the gateway reads it."""
+
+
+class BesideLayers(IndexPlace):
+    """``<dataset>/<layer>.segment-index.npz`` in the data root itself (a writable root)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def location(self, dataset: Dataset, layer: str) -> str:
+        return self.store.join(dataset.directory, f"{layer}{INDEX_SUFFIX}")
+
+
+class InDirectory(IndexPlace):
+    """``<directory>/<org>/<dataset>/<layer>.segment-index.npz``: a local directory beside a read-only root."""
+
+    def __init__(self, directory: str) -> None:
+        self.store = LocalStore(directory)
+
+    def location(self, dataset: Dataset, layer: str) -> str:
+        return self.store.join(self.store.root, dataset.organization, dataset.name, f"{layer}{INDEX_SUFFIX}")
+
+
+def index_place(storage: Store, index_dir: str | None) -> IndexPlace:
+    """The place of the ``segment_index_dir`` setting: that directory, or beside the layers when unset."""
+    return BesideLayers(storage) if index_dir is None else InDirectory(index_dir)
+
+
+class Segments:
+    """The segment index of each layer, its labels and its ``segment_properties/info``, cached."""
+
+    def __init__(self, storage: Store, place: IndexPlace, cache: MeshCache) -> None:
+        self.storage = storage
+        self.place = place
+        self.cache = cache
+
+    def stamp(self, meshes: LayerMeshes) -> str:
+        return meshes.stamp(self.storage.is_local)
+
+    def _read_index(self, meshes: LayerMeshes) -> SegmentIndex | None:
+        store = self.place.store
+        path = self.place.location(meshes.dataset, meshes.name)
+        identity = store.identity(path)
+        if identity is None:
+            return None
+        if identity.size > MAX_INDEX_BYTES:
+            raise SegmentIndexCorrupt(f"segment index {store.relative(path)} is larger than {MAX_INDEX_BYTES}")
+        found = store.read_whole(path)
+        return None if found is None else SegmentIndex.from_bytes(found[0], meshes.title)
+
+    def index(self, meshes: LayerMeshes, scan: bool = True) -> SegmentIndex:
+        """The layer's segments: its index file when that describes the current data, else a scan of a small
+        layer; otherwise a 409 that says to run ``index-segments``."""
+        stamp = self.stamp(meshes)
+        key = SegmentsKey(meshes.key, stamp)
+        cached: SegmentIndex | None = self.cache.get(key)
+        if cached is not None:
+            return cached
+        stored = self._read_index(meshes)
+        if stored is not None and stored.stamp == stamp:
+            self.cache.put(key, stored, stored.nbytes)
+            return stored
+        if not scan or meshes.grid.voxels > SCAN_VOXELS:
+            dataset = f"{meshes.dataset.organization}/{meshes.dataset.name}"
+            command = f"zarr-gateway index-segments ROOT {dataset} {meshes.name}"
+            why = "its segment index is older than its data" if stored is not None else "it has no segment index"
+            raise SegmentIndexRequired(
+                f"layer {meshes.name!r} needs a segment index: {why}, and its finest mag holds "
+                f"{meshes.grid.voxels} voxels, more than the {SCAN_VOXELS} scanned on demand; run `{command}`"
+            )
+        return self.cache.made(key, lambda: build_index(meshes.grid, meshes.name, stamp), _nbytes)
+
+    def can_list(self, meshes: LayerMeshes) -> bool:
+        """Whether segment properties can be answered now (an index, or a layer small enough to scan)."""
+        if meshes.grid.voxels <= SCAN_VOXELS:
+            return True
+        try:
+            self.index(meshes, scan=False)
+        except SegmentIndexRequired:
+            return False
+        return True
+
+    def properties(self, meshes: LayerMeshes) -> bytes:
+        """``segment_properties/info``: the segments (the largest ``MAX_LISTED_SEGMENTS``), voxels and labels."""
+        index = self.index(meshes)
+        labels_path = self.storage.join(meshes.dataset.directory, f"{meshes.name}{LABELS_SUFFIX}")
+        labels_identity = self.storage.identity(labels_path)
+        labels_version = None if labels_identity is None else labels_identity.version
+        key = PropertiesKey(meshes.key, index.stamp, id(index), labels_version)
+
+        def render() -> bytes:
+            labels = self._labels(meshes, labels_path)
+            ids, voxels = index.ids, index.voxels
+            if len(ids) > MAX_LISTED_SEGMENTS:
+                keep = np.sort(np.lexsort((ids, -voxels.astype(np.int64)))[:MAX_LISTED_SEGMENTS])
+                ids, voxels = ids[keep], voxels[keep]
+            return json_bytes(segment_properties(ids, voxels, labels))
+
+        return self.cache.made(key, render, len)
+
+    def _labels(self, meshes: LayerMeshes, path: str) -> dict[int, str]:
+        """Names of segments, where the dataset has them: ``{layer}.segment-labels.json`` beside the layer (part
+        of the dataset, wherever the index lives), a JSON object from id to name. A file that is not one is
+        ignored, and said so in the log."""
+        identity = self.storage.identity(path)
+        if identity is None:
+            return {}
+        try:
+            if identity.size > MAX_LABELS_BYTES:
+                raise ValueError(f"it holds {identity.size} bytes, more than {MAX_LABELS_BYTES}")
+            found = self.storage.read_whole(path)
+            if found is None:
+                return {}
+            document = load_json(found[0])
+            return {parse_segment_id(str(k)): str(v) for k, v in document.items()}
+        except (ValueError, AttributeError, MeshInputError) as exc:
+            log.warning("segment labels of layer %s are not a JSON object of id to name: %s", meshes.name, exc)
+            return {}
+
+
+def _nbytes(index: SegmentIndex) -> int:
+    return index.nbytes

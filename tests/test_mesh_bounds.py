@@ -1,0 +1,288 @@
+"""Mesh and preview work bounded by what it produces, in threads of its own (``mesh_threads``).
+
+Cost follows what is made, not the voxels read: a segment that is a 3-D checkerboard has a surface on every
+face of every voxel, and a layer of 1-voxel chunks (or of chunks that inflate 1000-fold) costs a preview far
+more than its bytes on disk. Each is refused with the reason, or bounded, before the costly work; a preview
+whose files are unchanged is revalidated without a byte of them read; and chunks are answered while mesh
+requests keep the mesh threads busy. Data are written with the ``wkw`` package and zarr's codecs (numcodecs).
+"""
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import requests
+import wkw
+from support.measure import PeakRss, bytes_read, cpu_seconds
+from support.servers import Server, assert_no_unexpected_errors, assert_reason
+
+from gateway.meshes.budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MeshBudget, surface_faces
+from gateway.meshes.errors import MeshTooLarge, MeshTooSlow
+from gateway.previews import MAX_CHUNKS, MAX_DECODED_BYTES
+
+ORG = "bounded_work"
+CHECKER = 130  # voxels per edge: 2.2 M voxels, as the multi-resolution mesh that once took 211 s
+BLOBS = (256, 256, 128)
+BLOB_STEP = 9  # one 2x2x2 blob of the segment every 9 voxels: a surface under the bound, meshed for real
+
+
+def wkw_layer(name: str, size: tuple[int, int, int], category: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": name,
+        "category": category,
+        "boundingBox": {"topLeft": [0, 0, 0], "width": size[0], "height": size[1], "depth": size[2]},
+        "elementClass": "uint8",
+        "dataFormat": "wkw",
+        "mags": [{"mag": [1, 1, 1], "path": f"./{name}/1"}],
+    }
+    if category == "segmentation":
+        entry["largestSegmentId"] = 1
+    return entry
+
+
+def zarr_layer(name: str, size: tuple[int, int, int], chunks: tuple[int, int, int], compressor: Any) -> dict[str, Any]:
+    """A Zarr v2 colour layer of ``size`` (x, y, z) whose chunk files the caller writes."""
+    entry = wkw_layer(name, size, "color") | {"dataFormat": "zarr"}
+    return {
+        "meta": entry,
+        "zarray": {
+            "zarr_format": 2,
+            "shape": [1, *size],
+            "chunks": [1, *chunks],
+            "dtype": "|u1",
+            "compressor": compressor,
+            "fill_value": 0,
+            "order": "C",
+            "filters": None,
+        },
+    }
+
+
+def write_properties(dataset: Path, layers: list[dict[str, Any]]) -> None:
+    dataset.mkdir(parents=True, exist_ok=True)
+    document = {"id": {"name": dataset.name, "team": ""}, "scale": {"factor": [4, 4, 40], "unit": "nanometer"}}
+    (dataset / "datasource-properties.json").write_text(json.dumps({**document, "dataLayers": layers}))
+
+
+def write_wkw(mag: Path, data: np.ndarray, block_type: int = wkw.Header.BLOCK_TYPE_LZ4) -> None:
+    """``data`` at the origin, padded with zeros to whole files (a compressed file is written whole)."""
+    header = wkw.Header(np.uint8, block_len=32, file_len=4, block_type=block_type)
+    edge = 32 * 4
+    padded = np.zeros(tuple(-(-n // edge) * edge for n in data.shape), dtype=np.uint8)
+    padded[tuple(slice(0, n) for n in data.shape)] = data
+    with wkw.Dataset.create(str(mag), header) as written:
+        written.write((0, 0, 0), padded)
+
+
+def checkerboard(edge: int) -> np.ndarray:
+    x, y, z = np.indices((edge, edge, edge))
+    board: np.ndarray = ((x + y + z) % 2 == 0).astype(np.uint8)
+    return board
+
+
+def blobs(size: tuple[int, int, int]) -> np.ndarray:
+    data = np.zeros(size, dtype=np.uint8)
+    for dx in range(2):
+        for dy in range(2):
+            for dz in range(2):
+                data[dx::BLOB_STEP, dy::BLOB_STEP, dz::BLOB_STEP] = 1
+    return data
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bombs (meshes, previews, a colour layer to read chunks of) and a layer rewritten by a test."""
+    root = tmp_path_factory.mktemp("bounded-work")
+    bombs = root / ORG / "bombs"
+    write_wkw(bombs / "checker" / "1", checkerboard(CHECKER))
+    write_wkw(bombs / "blobs" / "1", blobs(BLOBS))
+    write_wkw(bombs / "color" / "1", np.random.default_rng(1).integers(0, 255, (256, 256, 64), dtype=np.uint8))
+    layers = [
+        wkw_layer("checker", (CHECKER,) * 3, "segmentation"),
+        wkw_layer("blobs", BLOBS, "segmentation"),
+        wkw_layer("color", (256, 256, 64), "color"),
+    ]
+    # A layer of 1-voxel chunks, 1024 x 1024 of them in its middle slice, a few hundred stored (uncompressed).
+    ones = zarr_layer("ones", (1024, 1024, 1), (1, 1, 1), None)
+    ones_dir = bombs / "ones" / "1"
+    ones_dir.mkdir(parents=True)
+    for i in range(300):
+        (ones_dir / f"0.{400 + i}.{400 + i}.0").write_bytes(b"\xc8")
+    # Sixteen zlib chunks of 128 MiB each, about 130 KB each on disk.
+    inflating = zarr_layer("inflating", (16384, 16384, 8), (4096, 4096, 8), {"id": "zlib", "level": 9})
+    inflating_dir = bombs / "inflating" / "1"
+    inflating_dir.mkdir(parents=True)
+    chunk = numcodecs.Zlib(level=9).encode(np.zeros(4096 * 4096 * 8, dtype=np.uint8))
+    for x in range(4):
+        for y in range(4):
+            (inflating_dir / f"0.{x}.{y}.0").write_bytes(chunk)
+    for layer, directory in ((ones, ones_dir), (inflating, inflating_dir)):
+        (directory / ".zarray").write_text(json.dumps(layer["zarray"]))
+        layers.append(layer["meta"])
+    write_properties(bombs, layers)
+    # A raw (uncompressed) layer rewritten in place by a test: 8 MiB read and decoded per preview.
+    write_wkw(
+        root / ORG / "pictures" / "color" / "1",
+        np.random.default_rng(2).integers(0, 255, (512, 512, 64), dtype=np.uint8),
+        wkw.Header.BLOCK_TYPE_RAW,
+    )
+    write_properties(root / ORG / "pictures", [wkw_layer("color", (512, 512, 64), "color")])
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(root: Path, server_factory: Callable[..., Server]) -> Server:
+    return server_factory(root, mesh_threads=1, chunk_edge=128)
+
+
+def get(server: Server, path: str, **headers: str) -> requests.Response:
+    return requests.get(server.url + path, headers=headers, timeout=300)
+
+
+MESHES = f"/data/meshes/{ORG}/bombs"
+
+
+class Spent:
+    """CPU seconds and wall seconds of the serving process while the block runs."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.cpu = self.wall = 0.0
+
+    def __enter__(self) -> "Spent":
+        self._cpu, self._wall = cpu_seconds(self.server), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu, self.wall = cpu_seconds(self.server) - self._cpu, time.monotonic() - self._wall
+
+
+# --- meshes ----------------------------------------------------------------------------------------------------
+
+
+def test_a_checkerboard_legacy_fragment_is_refused_before_it_is_meshed(server: Server) -> None:
+    """Meshing this cube once cost 1.4 s of CPU and made 21 MB: now its surface is counted first (milliseconds)."""
+    with Spent(server) as spent:
+        answer = get(server, f"{MESHES}/checker/legacy/1:0:0_0_0")
+    assert_reason(answer, 413, "voxel faces", f"more than the {MAX_BOX_SURFACE}", "the work was stopped")
+    assert spent.cpu < 1.0, f"refusing one fragment cost {spent.cpu:.2f} s of CPU"
+    assert_no_unexpected_errors(server)
+
+
+def test_a_checkerboard_multires_mesh_is_refused_and_stops(server: Server) -> None:
+    """The manifest once took 211 s and 131 s of CPU for 2.2 M voxels: now the first box meshed stops it."""
+    with Spent(server) as spent:
+        manifest = get(server, f"{MESHES}/checker/multires/1.index")
+        data = get(server, f"{MESHES}/checker/multires/1")
+    for answer in (manifest, data):
+        assert_reason(answer, 413, "voxel faces", "the work was stopped")
+    # the index scan of the layer (2.2 M voxels, once) and two refusals; each box would be seconds more
+    assert spent.cpu < 15.0, f"the refusals cost {spent.cpu:.2f} s of CPU"
+    listing = get(server, f"{MESHES}/checker/legacy/1:0")
+    assert listing.status_code == 200 and len(listing.json()["fragments"]) == 27, listing.text[:300]
+    assert_no_unexpected_errors(server)
+
+
+def test_a_surface_under_the_bound_is_meshed(server: Server) -> None:
+    """The bound refuses noise, not meshes: a box of many small blobs (below it) is made, with every blob."""
+    answer = get(server, f"{MESHES}/blobs/legacy/1:0:1_1_1")
+    assert answer.status_code == 200, answer.text[:300]
+    vertices = int.from_bytes(answer.content[:4], "little")
+    triangles = (len(answer.content) - 4 - 12 * vertices) // 12
+    blobs_in_cube = (64 // BLOB_STEP + 1) ** 3
+    assert triangles >= 8 * blobs_in_cube // 2, (triangles, blobs_in_cube)
+
+
+def test_the_budget_stops_at_its_time_and_its_totals() -> None:
+    slow = MeshBudget("a test mesh", seconds=0.0)
+    slow.check_time()  # the first box starts the clock
+    time.sleep(0.01)
+    with pytest.raises(MeshTooSlow, match="took more than the 0 s"):
+        slow.check_time()
+    large = MeshBudget("a test mesh")
+    large.count(MAX_TRIANGLES - 1, 10)
+    with pytest.raises(MeshTooLarge, match=f"more than {MAX_TRIANGLES} triangles"):
+        large.count(2, 10)
+    one = np.zeros((3, 3, 3), dtype=bool)
+    one[1, 1, 1] = True
+    assert surface_faces(one) == 6
+    assert surface_faces(checkerboard(4).astype(bool)) == 3 * 3 * 4 * 4
+
+
+def test_chunks_are_answered_while_mesh_requests_keep_the_mesh_threads_busy(server: Server) -> None:
+    """Four clients ask for the multi-resolution mesh of the blob layer (a scan, then 75 boxes meshed, for
+    seconds) while a fifth reads chunks that are re-chunked in a thread (``chunk_edge`` 128 over 32^3 blocks)."""
+    answers: list[requests.Response] = []
+
+    def mesh_client() -> None:
+        answers.append(get(server, f"{MESHES}/blobs/multires/1.index"))
+
+    clients = [threading.Thread(target=mesh_client) for _ in range(4)]
+    for client in clients:
+        client.start()
+    latencies = []  # of the chunks asked for while a mesh request was still running
+    try:
+        time.sleep(1.0)  # the mesh thread is taken, and three requests wait for it
+        for i in range(30):
+            meshing = any(client.is_alive() for client in clients)
+            started = time.monotonic()
+            answer = get(server, f"/data/zarr/{ORG}/bombs/color/1/0.{i % 2}.{i // 2 % 2}.0")
+            assert answer.status_code == 200, answer.text[:300]
+            if meshing:
+                latencies.append(time.monotonic() - started)
+            time.sleep(0.2)
+    finally:
+        for client in clients:
+            client.join()
+    assert [answer.status_code for answer in answers] == [200] * 4, [answer.text[:200] for answer in answers]
+    assert latencies and max(latencies) < 2.0, f"chunk latencies while meshing: {sorted(latencies)[-5:]}"
+    assert len(latencies) >= 5, f"only {len(latencies)} chunks were read while the meshes were made"
+
+
+# --- previews --------------------------------------------------------------------------------------------------
+
+
+def test_a_preview_of_one_voxel_chunks_reads_a_bounded_window(server: Server) -> None:
+    """Once 14.8 s and +1.16 GiB a preview: now at most ``MAX_CHUNKS`` chunks are read (the central window)."""
+    with PeakRss(server) as peak, Spent(server) as spent:
+        answer = get(server, f"/preview/{ORG}/bombs/ones.png")
+    assert answer.status_code == 200 and answer.content.startswith(b"\x89PNG"), answer.text[:300]
+    assert peak.growth < 128 << 20, f"RSS grew by {peak.growth >> 20} MiB"
+    assert spent.cpu < 10.0, f"the preview cost {spent.cpu:.2f} s of CPU"
+    assert MAX_CHUNKS <= 64 * 64  # the window the layer gets: 64 x 64 chunks of one voxel
+
+
+def test_a_preview_of_inflating_chunks_is_refused_before_a_chunk_is_decoded(server: Server) -> None:
+    """16 zlib chunks of 128 MiB (2 MB on disk) once cost +256 MiB: one chunk decodes past the bound."""
+    with PeakRss(server) as peak:
+        answer = get(server, f"/preview/{ORG}/bombs/inflating.png")
+    assert_reason(answer, 413, "too large or too many to preview", f"more than the {MAX_DECODED_BYTES} bytes")
+    assert peak.growth < 64 << 20, f"RSS grew by {peak.growth >> 20} MiB"
+    assert_no_unexpected_errors(server)
+
+
+def test_a_preview_is_revalidated_without_reading_its_files(server: Server, root: Path) -> None:
+    """The first answer reads 8 MiB of blocks; a revalidation stats the files and reads none of them, and a
+    rewritten file makes a new preview."""
+    path = f"/preview/{ORG}/pictures/color.png"
+    first = get(server, path)
+    assert first.status_code == 200, first.text[:300]
+    etag = first.headers["ETag"]
+    before = bytes_read(server)
+    for _ in range(5):
+        again = get(server, path, **{"If-None-Match": etag})
+        assert again.status_code == 304 and again.headers["ETag"] == etag
+    read = bytes_read(server) - before
+    assert read < 1 << 20, f"five revalidations read {read} bytes (one preview reads 8 MiB)"
+    mag = root / ORG / "pictures" / "color" / "1"
+    with wkw.Dataset.open(str(mag)) as dataset:
+        dataset.write((0, 0, 31), np.full((1, 64, 64, 1), 255, dtype=np.uint8))
+    changed = get(server, path, **{"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["ETag"] != etag
+    assert changed.content != first.content
