@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from .errors import FileChangedError, OutsideRootError, StoreUnavailableError, TruncatedFileError
 from .identity import FileIdentity
-from .store import Store, is_listed
+from .store import Store, is_listed, refuse_oversized
 
 
 class S3Store(Store):
@@ -111,7 +111,7 @@ class S3Store(Store):
             raise
         return FileIdentity(head["ContentLength"], head["ETag"], head["LastModified"].timestamp())
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         """A ranged GET with If-Match: an object is replaced whole, so every version is settled."""
         from botocore.exceptions import ClientError
 
@@ -131,12 +131,15 @@ class S3Store(Store):
             raise TruncatedFileError(f"s3://{self.bucket}/{path}: wanted {size} bytes at {offset}, got {len(data)}")
         return data
 
-    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
         from botocore.exceptions import ClientError
 
         self._check_inside(path)
         try:
             answer = self._call("get_object", Key=path)
+            if answer["ContentLength"] > limit:
+                answer["Body"].close()
+                refuse_oversized(f"s3://{self.bucket}/{path}", answer["ContentLength"], limit)
             data = answer["Body"].read()
         except ClientError as exc:
             if self._status(exc) == 404:

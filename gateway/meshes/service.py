@@ -173,7 +173,7 @@ class MeshService:
             return None
         if identity.size > MAX_INDEX_BYTES:
             raise SegmentIndexCorrupt(f"segment index {self.storage.relative(path)} is larger than {MAX_INDEX_BYTES}")
-        found = self.storage.read_whole(path)
+        found = self.storage.read_whole(path, limit=MAX_INDEX_BYTES)
         return None if found is None else found[0]
 
     def segments(self, meshes: LayerMeshes, scan: bool = True) -> SegmentIndex:
@@ -288,7 +288,7 @@ class MeshService:
         try:
             if identity.size > MAX_LABELS_BYTES:
                 raise ValueError(f"it holds {identity.size} bytes, more than {MAX_LABELS_BYTES}")
-            found = self.storage.read_whole(path)
+            found = self.storage.read_whole(path, limit=MAX_LABELS_BYTES)
             if found is None:
                 return {}
             document = load_json(found[0])

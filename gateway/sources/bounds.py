@@ -13,8 +13,7 @@ from typing import Any
 
 from gateway_storage import FileIdentity, Store
 
-from .decoding import ChunkDecodeError
-from .documents import load_json
+from .documents import MAX_DOCUMENT_BYTES, load_json
 from .mag import SourceError
 
 # Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
@@ -32,7 +31,7 @@ def json_type(value: Any) -> str:
 
 def read_document(storage: Store, path: str, name: str) -> tuple[dict[str, Any], FileIdentity] | None:
     """The JSON object in file ``path`` (called ``name`` in messages) and its identity; None if there is none."""
-    found = storage.read_whole(path)
+    found = storage.read_whole(path, limit=MAX_DOCUMENT_BYTES)
     if found is None:
         return None
     try:
@@ -99,14 +98,3 @@ def stored_limit(decoded: int) -> int:
     """The most bytes a stored chunk that decodes to ``decoded`` bytes can hold: incompressible data grows a little
     in every codec, never to twice its size."""
     return 2 * decoded + (1 << 20)
-
-
-def read_chunk_file(storage: Store, path: str, limit: int, where: str) -> tuple[bytes, FileIdentity] | None:
-    """A stored chunk file whole, looked at before it is read: one longer than ``limit`` cannot be the chunk (a
-    storage fault, :class:`ChunkDecodeError`), and is never read into memory. None if there is no such file."""
-    identity = storage.identity(path)
-    if identity is None:
-        return None
-    if identity.size > limit:
-        raise ChunkDecodeError(f"{where}: {identity.size} stored bytes, more than a chunk can hold ({limit})")
-    return storage.read_whole(path)

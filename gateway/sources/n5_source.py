@@ -29,11 +29,10 @@ from .bounds import (
     chunked_decoded_bytes,
     integers,
     malformed_metadata,
-    read_chunk_file,
     read_document,
     stored_limit,
 )
-from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
+from .decoding import BLOSC_HEADER_BYTES, ChunkDecodeError, MemoryDecoder, blosc_length, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
@@ -87,9 +86,7 @@ class N5MagSource(MagSource):
     def __init__(
         self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, axis_order: dict[str, int] | None
     ) -> None:
-        self.storage = storage
-        self.location = directory
-        self.root = storage.root_of(directory)
+        self._locate(storage, directory)
         found = read_document(storage, storage.join(directory, ATTRIBUTES), ATTRIBUTES)
         if found is None:
             raise SourceError(f"no N5 dataset ({ATTRIBUTES}) at {self.location_key}")
@@ -129,7 +126,7 @@ class N5MagSource(MagSource):
 
     def _read_block(self, name: str) -> tuple[bytes, FileIdentity] | None:
         path = self.storage.join(self.location, name)
-        return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
+        return self.storage.read_whole(path, limit=self._stored_limit)
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -155,7 +152,7 @@ class N5MagSource(MagSource):
         path = self.storage.join(self.location, self._block_name(coords))
         found = self._read_block(self._block_name(coords))
         if found is None:
-            raise ChunkNotFound("the source holds no such block: it reads as the fill value")
+            raise self.absent("block")
         data, identity = found
         header = self._header_bytes
         if len(data) < header:
@@ -175,12 +172,11 @@ class N5MagSource(MagSource):
         compressor = self.native.v2_compressor
         if compressor is None:
             expected = self._block_bytes
-        elif compressor["id"] == "blosc" and len(payload) >= 16:
-            if int.from_bytes(payload[4:8], "little") != self._block_bytes:
-                raise ChunkDecodeError(f"{self.relative(path)}: the Blosc block does not hold a whole block")
-            expected = int.from_bytes(payload[12:16], "little")
         elif compressor["id"] == "blosc":
-            expected = 16
+            length = blosc_length(payload)
+            if length is not None and int.from_bytes(payload[4:8], "little") != self._block_bytes:
+                raise ChunkDecodeError(f"{self.relative(path)}: the Blosc block does not hold a whole block")
+            expected = BLOSC_HEADER_BYTES if length is None else length
         elif compressor["id"] == "gzip":  # a gzip member ends with the size it holds (modulo 2^32)
             if payload[:2] != b"\x1f\x8b" or int.from_bytes(payload[-4:], "little") != self._block_bytes % 2**32:
                 raise ChunkDecodeError(f"{self.relative(path)}: the gzip block is cut short or not gzip")
@@ -201,6 +197,8 @@ class N5MagSource(MagSource):
         ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
         names = [self._block_name(coords) for coords in itertools.product(*ranges)]
         found = fetch_all(self.storage, self._read_block, names)
+        if any(block is None for block in found):
+            self.absent("block")  # blocks read as the fill value only inside a dataset directory that is there
         chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
         data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
         out[tuple(slice(0, n) for n in data.shape)] = data

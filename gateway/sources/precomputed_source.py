@@ -31,7 +31,6 @@ from .bounds import (
     chunked_decoded_bytes,
     integers,
     malformed_metadata,
-    read_chunk_file,
     read_document,
     stored_limit,
 )
@@ -185,9 +184,7 @@ class PrecomputedMagSource(MagSource):
         bbox: BoundingBox,
         minishards: ByteLRU[dict[int, tuple[int, int]]],
     ) -> None:
-        self.storage = storage
-        self.location = directory
-        self.root = storage.root_of(directory)
+        self._locate(storage, directory)
         self.minishards = minishards
         volume, _, self.key = directory.rstrip("/").rpartition("/")
         found = read_document(storage, storage.join(volume, INFO), INFO)
@@ -264,9 +261,11 @@ class PrecomputedMagSource(MagSource):
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
             path = self.storage.join(self.location, self._chunk_name(position))
-            return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
+            return self.storage.read_whole(path, limit=self._stored_limit)
 
         found = fetch_all(self.storage, fetch, positions)
+        if any(chunk is None for chunk in found):
+            self.absent()  # chunks read as the fill value only inside a scale directory that is there
         return {position: chunk[0] for position, chunk in zip(positions, found) if chunk is not None}
 
     # --- sharded scales --------------------------------------------------------------------------
@@ -292,9 +291,7 @@ class PrecomputedMagSource(MagSource):
                 return None
             start, nbytes = located
             origin = f"{self.relative(path)}@{start}"
-            if nbytes > self._stored_limit:
-                raise ChunkDecodeError(f"{origin}: {nbytes} stored bytes, more than a chunk can hold")
-            data = self.storage.read(path, start, nbytes, identity)
+            data = self.storage.read(path, start, nbytes, identity, limit=self._stored_limit)
             return _gunzip(data, self._stored_limit, origin) if sharding.data_gzip else data
 
         found = fetch_all(self.storage, fetch, positions)
@@ -312,15 +309,13 @@ class PrecomputedMagSource(MagSource):
         index_end = sharding.index_bytes
         if identity.size < index_end:
             raise ShardError(f"{where}: the shard is shorter than its index")
-        entry = np.frombuffer(self.storage.read(path, 16 * minishard, 16, identity), dtype="<u8")
+        entry = np.frombuffer(self.storage.read(path, 16 * minishard, 16, identity, limit=16), dtype="<u8")
         start, end = int(entry[0]), int(entry[1])
         table: dict[int, tuple[int, int]] = {}
         if end > start:
             if index_end + end > identity.size:
                 raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
-            if end - start > MAX_MINISHARD_INDEX_BYTES:
-                raise ShardError(f"{where}: minishard index {minishard} of {end - start} bytes is too large")
-            raw = self.storage.read(path, index_end + start, end - start, identity)
+            raw = self.storage.read(path, index_end + start, end - start, identity, limit=MAX_MINISHARD_INDEX_BYTES)
             if sharding.minishard_index_gzip:
                 raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
             if len(raw) % 24:
