@@ -142,38 +142,28 @@ class LocalStore(Store):
             return None
 
     def _check_absent(self, path: str) -> None:
-        """Raise StoreUnavailableError unless a missing ``path`` is absent as a format means it: below an existing
-        directory of a trusted root, reached through no dangling symlink.
+        """Raise StoreUnavailableError unless a missing ``path`` may be absent as a format means it.
 
-        A dangling symlink on the way (a chunk linked to a file that went, a layer linked to a volume that is
-        not mounted) or a root that is gone is a fault of the storage, never absent data that reads as zeros.
+        A dangling symlink (a chunk linked to a file that went) or a data root that is not there is a fault of
+        the storage, never absent data that reads as zeros. A mag's own directory is checked by the source that
+        finds a chunk absent (:meth:`require_directory`): a volume that is not mounted yet leaves its layers
+        unservable with a reason, one that went makes their chunks faults.
         """
         if not self.contained:
             return
-        current = path
-        while True:
-            try:
-                entry = os.lstat(current)
-            except NotADirectoryError:
-                return  # a file where a directory would be: nothing can be stored below it
-            except FileNotFoundError:
-                parent = os.path.dirname(current)
-                if parent == current:
-                    break
-                current = parent
-                continue
-            if stat.S_ISLNK(entry.st_mode) and not os.path.exists(current):
-                raise StoreUnavailableError(f"{self.relative(current) or 'a root'} is a symlink whose target is gone")
-            if any(_under(root, current) for root in self.roots):
-                return
-            break
-        raise StoreUnavailableError(f"the data root holding {self.relative(path)} is not there (not mounted?)")
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):  # it is there, yet not found: its target is gone
+                raise StoreUnavailableError(f"{self.relative(path)} is a symlink whose target is gone")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        if _under(self.root, path) and not os.path.isdir(self.root):
+            raise StoreUnavailableError("the data root is not there (not mounted?)")
 
     def require_directory(self, path: str) -> None:
         """See :meth:`Store.require_directory`."""
         if not os.path.isdir(path):
             self._check_absent(path)
-            raise StoreUnavailableError(f"{self.relative(path)} is no longer a directory")
+            raise StoreUnavailableError(f"{self.relative(path)} is not there (a volume that is not mounted?)")
 
     def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         """See :meth:`Store.read`."""
