@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ ORG = "faults"
 DATASET = "ds"
 SIZE = (64, 64, 64)
 CHUNK = (32, 32, 32)
-LAYERS = {"v2": ("zarr", 2), "v3": ("zarr3", 3)}
+LAYERS: dict[str, tuple[str, Literal[2, 3]]] = {"v2": ("zarr", 2), "v3": ("zarr3", 3)}
 # a chunk each layer stores, and one it does not store (only zeros were written there)
 STORED, HOLE = (0, 0, 0), (1, 1, 1)
 

@@ -1,7 +1,8 @@
 """The bounds every chunked format (Zarr, N5, precomputed) holds its metadata to, defined once.
 
 Whoever can write a dataset can write its metadata, so a source reads it as strict JSON
-(``documents.load_json``), checks the JSON type of every field it uses, refuses a chunk that would
+(``documents.load_json``, at most ``MAX_DOCUMENT_BYTES``), parses it with the strict models of
+``metadata.py``, refuses a chunk that would
 decode to more than any real writer stores, and says what a read decodes (``decoded_bytes``), which
 decides event loop or thread and what a chunk holds of the worker's memory budget. Metadata past
 these bounds makes the mag unusable with the reason, never a failed request.
@@ -41,20 +42,6 @@ def read_document(storage: Store, path: str, name: str) -> tuple[dict[str, Any],
     if not isinstance(document, dict):
         raise SourceError(f"{name} must be a JSON object, not {json_type(document)}")
     return document, found[1]
-
-
-def integers(value: Any, what: str, count: int | None = None, least: int | None = 0) -> tuple[int, ...]:
-    """A non-empty JSON array of integers (``count`` of them, if given), each at least ``least`` (None: any)."""
-    if (
-        not isinstance(value, list)
-        or not value
-        or (count is not None and len(value) != count)
-        or not all(isinstance(v, int) and not isinstance(v, bool) and (least is None or v >= least) for v in value)
-    ):
-        wanted = f"{count} integers" if count is not None else "a list of integers"
-        bound = "" if least is None else f" of at least {least}"
-        raise SourceError(f"{what} must be {wanted}{bound}, not {json_type(value)} {value!r:.80}")
-    return tuple(value)
 
 
 def check_chunk_bytes(shape: Sequence[int], itemsize: int, what: str = "a chunk") -> int:

@@ -1,14 +1,16 @@
-"""Zarr array metadata (v2 ``.zarray``, v3 ``zarr.json``) parsed into one frozen value a source consumes.
+"""The metadata documents of every chunked format, parsed by strict frozen models into what a source consumes.
 
-Whoever can write a dataset can write its metadata, so each document is validated by a strict pydantic
-model (a number is never a string or a boolean, every shape has the array's rank) and then read into a
-:class:`ZarrArray`: the chunk grid, the chunk keys, the stored encoding and the shards, each decided once.
-Values no real array holds (a fill value its data type cannot hold, an extent past ``MAX_EXTENT``) make
-the mag unusable with the reason, before any request reads it.
+Zarr v2 ``.zarray`` and v3 ``zarr.json`` become one :class:`ZarrArray` (the chunk grid, the chunk keys, the
+stored encoding and the shards, each decided once); an N5 ``attributes.json`` is :class:`N5Attributes`; a
+Neuroglancer precomputed ``info`` is :class:`PrecomputedInfo` with the :class:`PrecomputedScale` of a mag.
+Whoever can write a dataset can write its metadata, so a number is never a string or a boolean, every
+shape has the array's rank, and values no real array holds (a fill value its data type cannot hold, an
+extent past ``MAX_EXTENT``) make the mag unusable with the reason, before any request reads it. Keys the
+gateway does not read are kept (``extra="allow"``): every format lets writers add their own.
 """
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -19,6 +21,8 @@ from .shard_index import index_nbytes
 
 Extent = Annotated[int, Field(strict=True, ge=0, le=MAX_EXTENT)]
 Edge = Annotated[int, Field(strict=True, ge=1, le=MAX_EXTENT)]
+Offset = Annotated[int, Field(strict=True, ge=-MAX_EXTENT, le=MAX_EXTENT)]
+Bits = Annotated[int, Field(strict=True, ge=0, le=64)]
 Number = Annotated[int, Field(strict=True)] | Annotated[float, Field(strict=True)]
 
 _V2_COMPRESSORS = ("blosc", "zlib", "gzip", "zstd", "bz2")  # what tensorstore decodes
@@ -191,7 +195,7 @@ def _fill_value(value: int | float | None, dtype: np.dtype) -> int | float:
     return value
 
 
-def _document(model: type[_Model], document: dict[str, Any], name: str) -> Any:
+def parse_document(model: type[_Model], document: dict[str, Any], name: str) -> Any:
     try:
         return model.model_validate(document)
     except ValidationError as exc:
@@ -200,7 +204,7 @@ def _document(model: type[_Model], document: dict[str, Any], name: str) -> Any:
 
 def parse_zarray(document: dict[str, Any]) -> ZarrArray:
     """A Zarr v2 ``.zarray``; SourceError with the reason for one the gateway cannot serve."""
-    parsed: ZarrayDocument = _document(ZarrayDocument, document, ".zarray")
+    parsed: ZarrayDocument = parse_document(ZarrayDocument, document, ".zarray")
     dtype = _dtype(parsed.dtype)
     rank = len(parsed.shape)
     stored_order = tuple(range(rank)) if parsed.order == "C" else tuple(reversed(range(rank)))
@@ -254,7 +258,7 @@ def parse_zarr_json(document: dict[str, Any]) -> ZarrArray:
     """A Zarr v3 array ``zarr.json``; SourceError with the reason for one the gateway cannot serve."""
     if document.get("node_type") != "array":
         raise SourceError("zarr.json does not describe an array")
-    parsed: ZarrJsonDocument = _document(ZarrJsonDocument, document, "zarr.json")
+    parsed: ZarrJsonDocument = parse_document(ZarrJsonDocument, document, "zarr.json")
     if parsed.data_type not in _V3_DATA_TYPES:
         raise SourceError(f"unsupported data type {parsed.data_type!r:.40}")
     dtype = np.dtype(parsed.data_type)
@@ -267,10 +271,9 @@ def parse_zarr_json(document: dict[str, Any]) -> ZarrArray:
     if codecs and codecs[0].name == _SHARDING:
         if len(codecs) != 1:
             raise SourceError("codecs after sharding_indexed are not supported")
-        try:
-            config = ShardingConfiguration.model_validate(codecs[0].configuration or {})
-        except ValidationError as exc:
-            raise SourceError(f"zarr.json sharding_indexed is invalid: {validation_reason(exc)}") from None
+        config: ShardingConfiguration = parse_document(
+            ShardingConfiguration, codecs[0].configuration or {}, "zarr.json sharding_indexed"
+        )
         inner = config.chunk_shape
         index_codecs = [c.name for c in config.index_codecs]
         if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
@@ -298,3 +301,80 @@ def parse_zarr_json(document: dict[str, Any]) -> ZarrArray:
         sharding,
         parsed.dimension_names,
     )
+
+
+# --- N5 -------------------------------------------------------------------------------------------------
+
+N5DataType = Literal["uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"]
+N5_DATA_TYPES: tuple[str, ...] = get_args(N5DataType)
+
+
+class N5Compression(_Model):
+    """An N5 ``compression``: its ``type``, and the options of that type (kept as extras)."""
+
+    type: str
+
+
+class N5Attributes(_Model):
+    """An N5 dataset's ``attributes.json`` (``compression`` spelled as N5 2 does it)."""
+
+    dimensions: tuple[Extent, ...] = Field(min_length=1)
+    block_size: tuple[Edge, ...] = Field(alias="blockSize")
+    data_type: N5DataType = Field(alias="dataType")
+    compression: N5Compression
+    axes: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _rank(self) -> "N5Attributes":
+        if len(self.block_size) != len(self.dimensions):
+            raise ValueError(f"blockSize has {len(self.block_size)} dimensions, dimensions {len(self.dimensions)}")
+        return self
+
+
+# --- Neuroglancer precomputed ---------------------------------------------------------------------------
+
+PrecomputedDataType = Literal["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32"]
+
+
+class PrecomputedSharding(_Model):
+    """A scale's ``neuroglancer_uint64_sharded_v1`` sharding as its ``info`` states it."""
+
+    type: Literal["neuroglancer_uint64_sharded_v1"] = Field(alias="@type")
+    preshift_bits: Bits
+    hash: Literal["identity", "murmurhash3_x86_128"]
+    minishard_bits: Bits
+    shard_bits: Bits
+    minishard_index_encoding: Literal["raw", "gzip"] = "raw"
+    data_encoding: Literal["raw", "gzip"] = "raw"
+
+    @model_validator(mode="after")
+    def _bits(self) -> "PrecomputedSharding":
+        if self.minishard_bits + self.shard_bits > 64:
+            raise ValueError("minishard_bits and shard_bits add up to more than 64")
+        return self
+
+
+class PrecomputedScale(_Model):
+    """One scale of a precomputed volume (a mag)."""
+
+    key: str
+    size: tuple[Edge, Edge, Edge]
+    voxel_offset: tuple[Offset, Offset, Offset] = (0, 0, 0)
+    chunk_sizes: tuple[tuple[Edge, Edge, Edge], ...] = Field(min_length=1)
+    sharding: PrecomputedSharding | None = None
+
+
+class PrecomputedInfo(_Model):
+    """A precomputed volume's ``info``; its scales are parsed one at a time (a mag is one of them)."""
+
+    data_type: PrecomputedDataType
+    num_channels: Annotated[int, Field(strict=True, ge=1)]
+    scales: tuple[dict[str, Any], ...]
+
+    def scale(self, key: str, name: str) -> PrecomputedScale:
+        """The scale of ``key``; SourceError if there is none or it is invalid."""
+        for scale in self.scales:
+            if scale.get("key") == key:
+                parsed: PrecomputedScale = parse_document(PrecomputedScale, scale, f"{name} scale {key!r}")
+                return parsed
+        raise SourceError(f"{name} has no scale with key {key!r} (the last component of the mag's path)")

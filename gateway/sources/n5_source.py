@@ -24,29 +24,20 @@ from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
-from .bounds import (
-    check_chunk_bytes,
-    chunked_decoded_bytes,
-    integers,
-    malformed_metadata,
-    read_document,
-    stored_limit,
-)
+from .bounds import check_chunk_bytes, chunked_decoded_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import BLOSC_HEADER_BYTES, ChunkDecodeError, MemoryDecoder, blosc_length, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
+from .metadata import N5Attributes, parse_document
 from .properties import BoundingBox, DataLayer
 
 ATTRIBUTES = "attributes.json"  # every N5 dataset directory holds one
-_DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
 _DEFAULT_MODE = 0
 _DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
 
 
-def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, Any] | None]:
+def _compressor(compression: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
     """(passes through, the Zarr v2 compressor) of an N5 ``compression``; other compressions are only decoded."""
-    if not isinstance(compression, dict) or not isinstance(compression.get("type"), str):
-        raise SourceError(f"{ATTRIBUTES}: 'compression' must be an object with a 'type', not {compression!r}")
     kind = compression["type"]
     level = compression.get("level", -1)
     level = level if isinstance(level, int) and 0 <= level <= 9 else _DEFAULT_GZIP_LEVEL
@@ -93,21 +84,26 @@ class N5MagSource(MagSource):
         document = found[0]
         if "compression" not in document and isinstance(document.get("compressionType"), str):
             document = {**document, "compression": {"type": document["compressionType"]}}  # N5 before version 2
+        attributes: N5Attributes = parse_document(N5Attributes, document, ATTRIBUTES)
         with malformed_metadata(ATTRIBUTES):
-            self._parse(mag, bbox, document, axis_order)
+            self._open(mag, bbox, document, attributes, axis_order)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
-        dimensions = integers(document.get("dimensions"), f"{ATTRIBUTES}: 'dimensions'")
-        rank = len(dimensions)
-        self.block_shape = integers(document.get("blockSize"), f"{ATTRIBUTES}: 'blockSize'", rank, least=1)
-        data_type = document.get("dataType")
-        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
-            raise SourceError(f"{ATTRIBUTES}: dataType {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
-        dtype = np.dtype(data_type)
+    def _open(
+        self,
+        mag: Vec3,
+        bbox: BoundingBox,
+        document: dict[str, Any],
+        attributes: N5Attributes,
+        axis_order: dict[str, int] | None,
+    ) -> None:
+        rank = len(attributes.dimensions)
+        self.block_shape = attributes.block_size
+        dtype = np.dtype(attributes.data_type)
         self._block_bytes = check_chunk_bytes(self.block_shape, dtype.itemsize, f"{ATTRIBUTES}: a block")
-        self.axis_map = AxisMap(tuple(axis_names(document.get("axes"), rank, axis_order)), dimensions)
+        names = None if attributes.axes is None else list(attributes.axes)
+        self.axis_map = AxisMap(tuple(axis_names(names, rank, axis_order)), attributes.dimensions)
         super().__init__(mag, bbox, dtype, self.axis_map.channels)
-        passes, compressor = _compressor(document.get("compression"), dtype)
+        passes, compressor = _compressor(attributes.compression.model_dump())
         stored_order = list(range(rank))[::-1]  # first dimension fastest: C order of the reversed dimensions
         if passes:
             chunk = self.axis_map.served_chunk(self.block_shape)

@@ -29,7 +29,6 @@ from .bounds import (
     MAX_CHUNKS_PER_SHARD,
     check_chunk_bytes,
     chunked_decoded_bytes,
-    integers,
     malformed_metadata,
     read_document,
     stored_limit,
@@ -37,13 +36,10 @@ from .bounds import (
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
+from .metadata import PrecomputedInfo, PrecomputedSharding, parse_document
 from .properties import BoundingBox, DataLayer
 
 INFO = "info"  # every precomputed volume directory holds one
-_DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
-_SHARDED = "neuroglancer_uint64_sharded_v1"
-_HASHES = ("identity", "murmurhash3_x86_128")
-_ENCODINGS = ("raw", "gzip")
 # A shard index holds 16 bytes per minishard, and a minishard index 24 bytes per chunk: bounded as a Zarr
 # shard index is (``MAX_CHUNKS_PER_SHARD``).
 _MAX_MINISHARD_BITS = (MAX_CHUNKS_PER_SHARD - 1).bit_length()
@@ -109,35 +105,20 @@ class Sharding:
     data_gzip: bool
 
     @classmethod
-    def parse(cls, spec: object) -> "Sharding":
-        if not isinstance(spec, dict) or spec.get("@type") != _SHARDED:
-            raise SourceError(f"{INFO}: sharding must be an object with '@type' {_SHARDED!r}, not {spec!r}")
-        numbers = {}
-        for name in ("preshift_bits", "minishard_bits", "shard_bits"):
-            value = spec.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 64:
-                raise SourceError(f"{INFO}: sharding {name} must be an integer from 0 to 64, not {value!r:.80}")
-            numbers[name] = value
-        if numbers["minishard_bits"] + numbers["shard_bits"] > 64:
-            raise SourceError(f"{INFO}: sharding minishard_bits and shard_bits add up to more than 64")
-        if numbers["minishard_bits"] > _MAX_MINISHARD_BITS:
+    def of(cls, spec: PrecomputedSharding) -> "Sharding":
+        """The sharding an ``info`` states, if its index is within the bounds (``MAX_CHUNKS_PER_SHARD``)."""
+        if spec.minishard_bits > _MAX_MINISHARD_BITS:
             raise SourceError(
-                f"{INFO}: sharding minishard_bits {numbers['minishard_bits']} is more than {_MAX_MINISHARD_BITS} "
-                f"(a shard index of {16 << numbers['minishard_bits']} bytes)"
+                f"{INFO}: sharding minishard_bits {spec.minishard_bits} is more than {_MAX_MINISHARD_BITS} "
+                f"(a shard index of {16 << spec.minishard_bits} bytes)"
             )
-        if spec.get("hash") not in _HASHES:
-            raise SourceError(f"{INFO}: sharding hash {spec.get('hash')!r} is not one of {', '.join(_HASHES)}")
-        encodings = {name: spec.get(name, "raw") for name in ("minishard_index_encoding", "data_encoding")}
-        for name, value in encodings.items():
-            if value not in _ENCODINGS:
-                raise SourceError(f"{INFO}: sharding {name} {value!r} is not one of {', '.join(_ENCODINGS)}")
         return cls(
-            numbers["preshift_bits"],
-            spec["hash"],
-            numbers["minishard_bits"],
-            numbers["shard_bits"],
-            encodings["minishard_index_encoding"] == "gzip",
-            encodings["data_encoding"] == "gzip",
+            spec.preshift_bits,
+            spec.hash,
+            spec.minishard_bits,
+            spec.shard_bits,
+            spec.minishard_index_encoding == "gzip",
+            spec.data_encoding == "gzip",
         )
 
     def locate(self, chunk_id: int) -> tuple[int, int]:
@@ -194,31 +175,19 @@ class PrecomputedMagSource(MagSource):
             self._parse(mag, bbox, found[0])
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict[str, Any]) -> None:
-        if not isinstance(info.get("scales"), list):
-            raise SourceError(f"{INFO} is not an object with a list of 'scales'")
-        scales = [s for s in info["scales"] if isinstance(s, dict) and s.get("key") == self.key]
-        if not scales:
-            raise SourceError(f"{INFO} has no scale with key {self.key!r} (the last component of the mag's path)")
-        scale = scales[0]
-        data_type = info.get("data_type")
-        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
-            raise SourceError(f"{INFO}: data_type {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
-        channels = info.get("num_channels")
-        if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-            raise SourceError(f"{INFO}: num_channels must be a positive integer, not {channels!r:.80}")
-        self.size = integers(scale.get("size"), f"{INFO}: size", 3, least=1)
-        self.voxel_offset = integers(scale.get("voxel_offset", [0, 0, 0]), f"{INFO}: voxel_offset", 3, least=None)
-        chunk_sizes = scale.get("chunk_sizes")
-        if not isinstance(chunk_sizes, list) or not chunk_sizes:
-            raise SourceError(f"{INFO}: chunk_sizes must be a non-empty list, not {chunk_sizes!r:.80}")
-        self.chunk_size = integers(chunk_sizes[0], f"{INFO}: chunk_sizes[0]", 3, least=1)
-        dtype = np.dtype(data_type)
+        parsed: PrecomputedInfo = parse_document(PrecomputedInfo, info, INFO)
+        scale = parsed.scale(self.key, INFO)
+        channels = parsed.num_channels
+        self.size = scale.size
+        self.voxel_offset = scale.voxel_offset
+        self.chunk_size = scale.chunk_sizes[0]
+        dtype = np.dtype(parsed.data_type)
         self._chunk_bytes = check_chunk_bytes((channels, *self.chunk_size), dtype.itemsize, f"{INFO}: a chunk")
         self._stored_limit = stored_limit(self._chunk_bytes)
         self.grid_shape = tuple(-(-s // c) for s, c in zip(self.size, self.chunk_size))
-        self.sharding = Sharding.parse(scale["sharding"]) if scale.get("sharding") is not None else None
+        self.sharding = None if scale.sharding is None else Sharding.of(scale.sharding)
         super().__init__(mag, bbox, dtype, channels)
-        unsharded = {k: v for k, v in scale.items() if k != "sharding"}
+        unsharded = {k: v for k, v in scale.model_dump(by_alias=True).items() if k != "sharding"}
         unsharded["chunk_sizes"] = [list(self.chunk_size)]
         metadata = {**{k: v for k, v in info.items() if k != "scales"}, "scales": [unsharded]}
         spec = {"driver": "neuroglancer_precomputed", "scale_index": 0}
