@@ -3,17 +3,17 @@ that is there. A volume that went, a data root that went and a dangling chunk sy
 (503 with Retry-After), with the reason, in both trees, for Zarr v2 and v3 layers.
 """
 
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pytest
 import requests
 import zarr
+from support.layers import layer_entry, write_properties
 from support.servers import Server, assert_reason
 
 ORG = "faults"
@@ -25,23 +25,9 @@ LAYERS: dict[str, tuple[str, Literal[2, 3]]] = {"v2": ("zarr", 2), "v3": ("zarr3
 STORED, HOLE = (0, 0, 0), (1, 1, 1)
 
 
-def layer_entry(name: str, data_format: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "category": "color",
-        "boundingBox": {"topLeft": [0, 0, 0], "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]},
-        "elementClass": "uint8",
-        "dataFormat": data_format,
-        "mags": [{"mag": [1, 1, 1], "path": f"./{name}/1"}],
-    }
-
-
 def write_dataset(dataset: Path, layer_dirs: dict[str, Path]) -> None:
     """Both layers (in ``layer_dirs``, wherever they lie), with data everywhere but the chunk at HOLE."""
-    dataset.mkdir(parents=True, exist_ok=True)
-    document = {"id": {"name": DATASET, "team": ""}, "scale": {"factor": [1, 1, 1], "unit": "nanometer"}}
-    layers = [layer_entry(name, data_format) for name, (data_format, _) in LAYERS.items()]
-    (dataset / "datasource-properties.json").write_text(json.dumps({**document, "dataLayers": layers}))
+    write_properties(dataset, [layer_entry(name, data_format) for name, (data_format, _) in LAYERS.items()])
     data = np.random.default_rng(3).integers(1, 200, SIZE).astype("uint8")
     data[32:, 32:, 32:] = 0
     for name, (_, zarr_format) in LAYERS.items():

@@ -21,6 +21,7 @@ import pytest
 import requests
 import zarr
 from support.clients import read_tensorstore, read_zarr_python
+from support.layers import layer_entry, write_properties
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 ORG = "integrity"
@@ -34,17 +35,6 @@ TRAILING = bytes(range(16))  # what follows the Blosc frame in each chunk file, 
 class Root:
     path: Path
     server: Server
-
-
-def layer_entry(name: str, data_format: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "category": "color",
-        "boundingBox": {"topLeft": [0, 0, 0], "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]},
-        "elementClass": "uint8",
-        "dataFormat": data_format,
-        "mags": [{"mag": [1, 1, 1], "path": f"./{name}/1"}],
-    }
 
 
 def voxels() -> np.ndarray:
@@ -79,10 +69,7 @@ LAYERS = {
 def served(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]) -> Root:
     root = tmp_path_factory.mktemp("integrity")
     dataset = root / ORG / DATASET
-    dataset.mkdir(parents=True)
-    document = {"id": {"name": DATASET, "team": ""}, "scale": {"factor": [1, 1, 1], "unit": "nanometer"}}
-    layers = [layer_entry(name, data_format) for name, data_format in LAYERS.items()]
-    (dataset / "datasource-properties.json").write_text(json.dumps({**document, "dataLayers": layers}))
+    write_properties(dataset, [layer_entry(name, data_format) for name, data_format in LAYERS.items()])
     for name in ("raw_v2", "raw_v3"):
         mag = dataset / name / "1"
         write_array(mag, 2 if name == "raw_v2" else 3)

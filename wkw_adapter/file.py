@@ -163,8 +163,8 @@ def _check_block_length(wkw_file: WkwFile, index: int, length: int) -> None:
     limit = wkw_file.header.stored_block_limit
     if length > limit:
         raise BlockDecodeError(
-            f"{wkw_file.path}: block {index} is {length} bytes long in the jump table, more than any "
-            f"{wkw_file.header.block_bytes}-byte block can be stored in ({limit})"
+            f"{wkw_file.path}: block {index} is {length} bytes long in the jump table, larger than any "
+            f"{wkw_file.header.block_bytes}-byte block can be stored in (at most {limit})"
         )
 
 
