@@ -18,6 +18,7 @@ from gateway_storage import (
     FileChangedError,
     LocalStore,
     OutsideRootError,
+    OversizedFileError,
     Store,
     StoreUnavailableError,
     TruncatedFileError,
@@ -102,6 +103,17 @@ class StoreContract:
         assert data == b'{"a": 1}'
         assert identity == store.identity(path)
 
+    def test_reads_past_the_caller_s_limit_are_refused_before_they_happen(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        identity = store.identity(path)
+        assert identity is not None
+        with pytest.raises(OversizedFileError):
+            store.read(path, 0, 1024, identity, limit=1023)
+        with pytest.raises(OversizedFileError):
+            store.read_whole(path, limit=len(DATA) - 1)
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == DATA
+
     def test_listing_names_the_subdirectories_sorted_without_hidden_ones(self, store: Store) -> None:
         for name in ("b/x.bin", "a/x.bin", "c/deeper/x.bin", ".hidden/x.bin", "file.bin"):
             self.write(store, name, b"x")
@@ -158,8 +170,8 @@ class UnreachableStoreContract(StoreContract):
 
 
 class LocalStoreContract(StoreContract):
-    """A local root. A local disk has no "unreachable" state apart from a missing file: a root that is
-    not mounted reads as empty, and /readyz reports it (tests/test_object_storage.py)."""
+    """A local root. A local disk is unreachable where a file is missing that cannot be absent: a root that is
+    not mounted, a dangling symlink, or a mag directory that went; those are StoreUnavailableError, never None."""
 
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
@@ -216,6 +228,35 @@ class LocalStoreContract(StoreContract):
         assert store.relative(store.resolve(path) or "") == "layer/data.bin"  # relative to the extra root
         with pytest.raises(OutsideRootError):
             LocalStore(str(root)).read_whole(path, limit=1 << 20)  # the same link without the extra root
+
+    def test_a_dangling_symlink_is_unavailable_not_absent(self, store: Store) -> None:
+        link = Path(store.root, "org", "ds", "0.0.0")
+        link.parent.mkdir(parents=True)
+        link.symlink_to(link.parent / "moved-away")
+        with pytest.raises(StoreUnavailableError, match="symlink whose target is gone"):
+            store.identity(str(link))
+        with pytest.raises(StoreUnavailableError, match="symlink whose target is gone"):
+            store.read_whole(str(link), limit=1 << 20)
+
+    def test_a_root_that_went_is_unavailable_not_empty(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        store.require_directory(str(Path(path).parent))  # there: nothing to say
+        os.rename(store.root, store.root + "-unmounted")
+        for call in (
+            lambda: store.identity(path),
+            lambda: store.read_whole(path, limit=1 << 20),
+            lambda: store.list_directories(self.path(store, "org")),
+            lambda: store.require_directory(str(Path(path).parent)),
+        ):
+            with pytest.raises(StoreUnavailableError, match="data root"):
+                call()
+
+    def test_a_directory_that_must_be_there_and_went_is_unavailable(self, store: Store) -> None:
+        path = self.write(store, "org/ds/mag/data.bin", DATA)
+        shutil.rmtree(Path(path).parent)
+        assert store.identity(path) is None  # absent inside a directory of the root, as far as a lookup tells
+        with pytest.raises(StoreUnavailableError, match="not there"):
+            store.require_directory(str(Path(path).parent))
 
     def test_a_fifo_in_the_root_is_refused_without_waiting_for_a_writer(self, store: Store) -> None:
         path = Path(store.root, "org", "ds", "zarr.json")
