@@ -30,6 +30,11 @@ class TruncatedFileError(StorageError):
     """The file ends before the bytes asked for (or before a structure its format declares)."""
 
 
+class OversizedFileError(StorageError):
+    """A file, or a span of one, larger than what its format lets the caller read there: refused before a byte
+    is read (a sparse or planted file of any size costs a stat, never its size in memory)."""
+
+
 class StoreUnavailableError(StorageError, OSError):
     """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
 

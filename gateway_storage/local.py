@@ -7,9 +7,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .errors import FileChangedError, FileUnsettledError, OutsideRootError, TruncatedFileError
+from .errors import (
+    FileChangedError,
+    FileUnsettledError,
+    OutsideRootError,
+    StoreUnavailableError,
+    TruncatedFileError,
+)
 from .identity import FileIdentity
-from .store import Store, is_listed
+from .store import Store, is_listed, refuse_oversized
 
 # Where Linux names the file an open descriptor refers to: the real path of exactly the inode opened,
 # so a check of it cannot be raced by a rename or a symlink swapped in between (unlike realpath).
@@ -132,9 +138,34 @@ class LocalStore(Store):
             finally:
                 os.close(fd)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_absent(path)
             return None
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+    def _check_absent(self, path: str) -> None:
+        """Raise StoreUnavailableError unless a missing ``path`` may be absent as a format means it.
+
+        A dangling symlink (a chunk linked to a file that went) or a data root that is not there is a fault of
+        the storage, never absent data that reads as zeros. A mag's own directory is checked by the source that
+        finds a chunk absent (:meth:`require_directory`): a volume that is not mounted yet leaves its layers
+        unservable with a reason, one that went makes their chunks faults.
+        """
+        if not self.contained:
+            return
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):  # it is there, yet not found: its target is gone
+                raise StoreUnavailableError(f"{self.relative(path)} is a symlink whose target is gone")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        if _under(self.root, path) and not os.path.isdir(self.root):
+            raise StoreUnavailableError("the data root is not there (not mounted?)")
+
+    def require_directory(self, path: str) -> None:
+        """See :meth:`Store.require_directory`."""
+        if not os.path.isdir(path):
+            self._check_absent(path)
+            raise StoreUnavailableError(f"{self.relative(path)} is not there (a volume that is not mounted?)")
+
+    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         """See :meth:`Store.read`."""
         handle = self._handle(path, expected)
         started = time.time_ns()  # the vDSO clock: no system call
@@ -158,15 +189,17 @@ class LocalStore(Store):
             )
         return data
 
-    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
-        """See :meth:`Store.read_whole`: one open, checked, read and checked again (no descriptor is kept)."""
+    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+        """See :meth:`Store.read_whole`: one open, checked, sized, read and checked again (no descriptor is kept)."""
         for _ in range(3):
             try:
                 handle = _OpenFile(path)
             except (FileNotFoundError, NotADirectoryError):
+                self._check_absent(path)
                 return None
             self._check_inside(handle.fd, path)
             before = handle.opened
+            refuse_oversized(self.relative(path), before.st_size, limit)
             data = os.pread(handle.fd, before.st_size, 0)
             identity = _local_identity(before)
             if len(data) == before.st_size and _local_identity(os.fstat(handle.fd)) == identity:
@@ -207,6 +240,7 @@ class LocalStore(Store):
         try:
             entries = list(os.scandir(path))
         except (FileNotFoundError, NotADirectoryError):
+            self._check_absent(path)
             return []
         return sorted(e.name for e in entries if is_listed(e.name) and e.is_dir())
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from .errors import FileChangedError, OutsideRootError, StoreUnavailableError, TruncatedFileError
 from .identity import FileIdentity
-from .store import Store, is_listed
+from .store import Store, is_listed, refuse_oversized
 
 # A private certificate authority to trust besides the system's (a self-hosted server, a test): the
 # variable OpenSSL, requests and curl read too.
@@ -150,7 +150,7 @@ class ObjectStore(Store):
             raise self._unavailable(f"HEAD {key}", exc) from exc
         return self._identity(meta, path)
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
+    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         """One ranged GET that names ``expected``: an object is replaced whole, so every version is settled."""
         import obstore
         from obstore.exceptions import PreconditionError
@@ -174,15 +174,19 @@ class ObjectStore(Store):
             raise TruncatedFileError(f"{path}: wanted {size} bytes at {offset}, got {len(data)}")
         return data
 
-    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
         import obstore
 
         key = self._inside(path)
         try:
             answer = obstore.get(self.client, key)
-            data = bytes(answer.bytes())
         except FileNotFoundError:
             return None
+        except Exception as exc:
+            raise self._unavailable(f"GET {key}", exc) from exc
+        refuse_oversized(path, int(answer.meta["size"]), limit)  # the body is streamed: none of it read yet
+        try:
+            data = bytes(answer.bytes())
         except Exception as exc:
             raise self._unavailable(f"GET {key}", exc) from exc
         identity = self._identity(answer.meta, path)

@@ -60,11 +60,14 @@ class RoutedStore(Store):
     def identity(self, path: str) -> FileIdentity | None:
         return self._store(path).identity(path)
 
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
-        return self._store(path).read(path, offset, size, expected, settled)
+    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
+        return self._store(path)._read(path, offset, size, expected, settled)
 
-    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
-        return self._store(path).read_whole(path)
+    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+        return self._store(path)._read_whole(path, limit)
+
+    def require_directory(self, path: str) -> None:
+        self._store(path).require_directory(path)
 
     def list_directories(self, path: str) -> list[str]:
         return self._store(path).list_directories(path)

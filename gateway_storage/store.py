@@ -9,7 +9,7 @@ nowhere else. A new kind of store subclasses :class:`Store` and passes the contr
 
 from abc import ABC, abstractmethod
 
-from .errors import FileChangedError, TruncatedFileError
+from .errors import FileChangedError, OversizedFileError, TruncatedFileError
 from .identity import FileIdentity
 
 
@@ -57,31 +57,55 @@ class Store(ABC):
         Raises OutsideRootError for a file that lies outside every trusted root.
         """
 
-    @abstractmethod
-    def read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool = True) -> bytes:
-        """Exactly ``size`` bytes at ``offset`` of the version ``expected``.
+    def read(
+        self, path: str, offset: int, size: int, expected: FileIdentity, *, limit: int, settled: bool = True
+    ) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` of the version ``expected``, if ``size`` is at most ``limit``.
 
-        Raises FileChangedError if the file is no longer that version, FileUnsettledError if it was
-        written too recently to tell (unless ``settled`` is False: for a few bytes written once, such
-        as a mag header), TruncatedFileError if it ends before ``offset + size``, OutsideRootError if it
-        lies outside every trusted root and StoreUnavailableError if the store does not answer.
+        ``limit`` is the most the caller's format allows there (a block, a chunk, an index): a size read from
+        a crafted index or jump table past it raises OversizedFileError before a byte is read. Raises
+        FileChangedError if the file is no longer that version, FileUnsettledError if it was written too
+        recently to tell (unless ``settled`` is False: for a few bytes written once, such as a mag header),
+        TruncatedFileError if it ends before ``offset + size``, OutsideRootError if it lies outside every
+        trusted root and StoreUnavailableError if the store does not answer.
         """
+        refuse_oversized(self.relative(path), size, limit)
+        return self._read(path, offset, size, expected, settled)
 
-    def read_whole(self, path: str) -> tuple[bytes, FileIdentity] | None:
+    def read_whole(self, path: str, *, limit: int) -> tuple[bytes, FileIdentity] | None:
         """A small file (metadata, a chunk) with its identity, or None if it does not exist.
 
-        Read whole and parsed: a torn copy does not parse, and its dataset is looked at again soon
-        (the catalog reloads datasets with problems), so it is not held to the settle rule.
+        A file longer than ``limit`` raises OversizedFileError, judged on its size before it is read. Read
+        whole and parsed: a torn copy does not parse, and its dataset is looked at again soon (the catalog
+        reloads datasets with problems), so it is not held to the settle rule.
         """
+        found = self._read_whole(path, limit)
+        if found is not None:
+            refuse_oversized(self.relative(path), len(found[0]), limit)  # a store that did not say its size first
+        return found
+
+    @abstractmethod
+    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
+        """:meth:`read` once the size is within the caller's limit."""
+
+    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+        """:meth:`read_whole`: a store that can read a whole file at once overrides this, and must call
+        :func:`refuse_oversized` with the file's size before it reads the body."""
         for _ in range(3):
             identity = self.identity(path)
             if identity is None:
                 return None
+            refuse_oversized(self.relative(path), identity.size, limit)
             try:
-                return self.read(path, 0, identity.size, identity, settled=False), identity
+                return self._read(path, 0, identity.size, identity, False), identity
             except (FileChangedError, TruncatedFileError):
                 continue
         raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")
+
+    def require_directory(self, path: str) -> None:
+        """Raise StoreUnavailableError if the directory ``path``, which must exist (a mag's, whose chunks are absent
+        only inside it), is gone. Object stores have no directories to lose: nothing to check."""
+        return None
 
     @abstractmethod
     def list_directories(self, path: str) -> list[str]:
@@ -100,3 +124,9 @@ def is_absolute_location(location: str) -> bool:
 def is_listed(name: str) -> bool:
     """Whether a directory entry is listed: not empty and not hidden."""
     return bool(name) and not name.startswith(".")
+
+
+def refuse_oversized(where: str, size: int, limit: int) -> None:
+    """The one bound on every read: OversizedFileError if ``size`` bytes are more than the caller's ``limit``."""
+    if size > limit:
+        raise OversizedFileError(f"{where}: {size} bytes, more than the {limit} its format allows there")

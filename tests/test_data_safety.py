@@ -279,15 +279,17 @@ def test_settle_rule_of_the_local_store(tmp_path: Path) -> None:
     identity = store.identity(str(path))
     assert identity is not None
     with pytest.raises(FileUnsettledError) as raised:
-        store.read(str(path), 0, 10, identity)
+        store.read(str(path), 0, 10, identity, limit=10)
     assert isinstance(raised.value, FileChangedError)  # what the HTTP layer retries, then answers 503
     assert 0 < raised.value.retry_after <= 0.5
-    assert LocalStore(str(root)).read(str(path), 0, 4, identity) == b"aaaa"  # 0 (the library default) trusts it
-    assert store.read(str(path), 0, 4, identity, settled=False) == b"aaaa"  # small files read whole
+    assert (
+        LocalStore(str(root)).read(str(path), 0, 4, identity, limit=4) == b"aaaa"
+    )  # 0 (the library default) trusts it
+    assert store.read(str(path), 0, 4, identity, settled=False, limit=4) == b"aaaa"  # small files read whole
 
     def settled_read() -> bytes | None:
         try:
-            return store.read(str(path), 0, 4, identity)
+            return store.read(str(path), 0, 4, identity, limit=4)
         except FileUnsettledError:
             return None
 
@@ -298,7 +300,7 @@ def test_settle_rule_of_the_local_store(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.write(b"b" * 4096)
     with pytest.raises(FileChangedError):
-        store.read(str(path), 0, 4, identity)
+        store.read(str(path), 0, 4, identity, limit=4)
 
     # a copy that keeps the source's time stamp (cp -p, rsync -t) was finished by its writer: trusted at once
     copied = root / "copied.bin"
@@ -307,7 +309,7 @@ def test_settle_rule_of_the_local_store(tmp_path: Path) -> None:
     assert st.st_ctime_ns != st.st_mtime_ns
     copied_identity = store.identity(str(copied))
     assert copied_identity is not None
-    assert store.read(str(copied), 0, 4, copied_identity) == b"bbbb"
+    assert store.read(str(copied), 0, 4, copied_identity, limit=4) == b"bbbb"
 
     # the same bytes with a restored mtime are another version (ctime is part of the identity)
     before = store.identity(str(copied))

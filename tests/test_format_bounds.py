@@ -125,8 +125,8 @@ BROKEN = {
     "nan_n5": ("NaN in attributes.json", ("attributes.json is not usable", "NaN is not JSON")),
     "nan_pc": ("Infinity in the info", ("info is not usable", "Infinity is not JSON")),
     "deep_n5": ("attributes.json nested 100,000 deep", ("nests deeper than",)),
-    "typed_n5": ("blockSize of strings", ("'blockSize' must be 3 integers",)),
-    "typed_pc": ("chunk_sizes[0] of floats", ("chunk_sizes[0] must be 3 integers",)),
+    "typed_n5": ("blockSize of strings", ("blockSize.0: Input should be a valid integer",)),
+    "typed_pc": ("chunk_sizes[0] of floats", ("chunk_sizes.0.0: Input should be a valid integer",)),
     "minishards_pc": ("a sharding of 2^40 minishards", ("minishard_bits 40 is more than 18",)),
 }
 GOOD = ("good_n5", "good_pc", "big_chunk_file_pc")
@@ -189,7 +189,7 @@ def test_neighbours_of_broken_mags_are_served_exactly(bounded: Root, layer: str)
 
 def test_a_chunk_file_larger_than_any_chunk_is_a_storage_fault_never_read(bounded: Root) -> None:
     base = f"/data/zarr/{ORG}/{DATASET}/big_chunk_file_pc/1"
-    assert_reason(get(bounded.server, f"{base}/0.1.1.1"), 500, "32-64_32-64_32-64", "more than a chunk can hold")
+    assert_reason(get(bounded.server, f"{base}/0.1.1.1"), 500, "32-64_32-64_32-64", "its format allows there")
     assert get(bounded.server, f"{base}/0.0.0.0").status_code == 200  # its other chunks are served
     assert_no_unexpected_errors(bounded.server)
 

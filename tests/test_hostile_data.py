@@ -517,6 +517,7 @@ def _answers(server: Server, dataset: str) -> list[requests.Response]:
         f"/data/zarr3/fuzz/{dataset}/zarr.json",
         f"/data/zarr3/fuzz/{dataset}/color/1/c/0/1/0/0",
         f"/data/xarray/fuzz/{dataset}/zarr.json",
+        f"/preview/fuzz/{dataset}/color.png",  # a preview decodes: absurd fill values and shapes must not reach it
     ]
     return [get(server, path) for path in paths]
 

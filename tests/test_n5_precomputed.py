@@ -25,6 +25,7 @@ import tensorstore as ts
 import zarr
 from support.s3 import aws_environment, start_moto, upload_tree
 
+from gateway.sources.metadata import PrecomputedSharding
 from gateway.sources.precomputed_source import Sharding, compressed_morton_code
 from gateway_storage.geometry import Box, Vec3, mag_name, vec3
 
@@ -366,7 +367,7 @@ def test_the_shard_of_every_chunk_is_where_tensorstore_put_it(root: Path) -> Non
     volume = root / ORG / DATASET / "pc_sharded"
     info = json.loads((volume / "info").read_text())
     for scale in info["scales"]:
-        sharding = Sharding.parse(scale["sharding"])
+        sharding = Sharding.of(PrecomputedSharding.model_validate(scale["sharding"]))
         grid = tuple(-(-s // c) for s, c in zip(scale["size"], scale["chunk_sizes"][0]))
         names = {
             sharding.shard_name(sharding.locate(compressed_morton_code((x, y, z), grid))[0])
@@ -492,12 +493,12 @@ def hostile_gateway(hostile: Hostile, server_factory: Callable[..., Server]) -> 
 
 # layer: (what is broken, the reason given); an N5 dataset is one mag, a precomputed info is every mag's
 BROKEN_MAG_1 = {
-    "bad_n5_types": "'dimensions' must be",
-    "bad_n5_compression": "'compression' must be an object",
+    "bad_n5_types": "attributes.json is invalid: dimensions: Input should be a valid tuple",
+    "bad_n5_compression": "compression: Input should be a valid dictionary",
     "bad_pc_key": "no scale with key '1'",
 }
 BROKEN_LAYERS = {
-    "bad_pc_types": "num_channels must be a positive integer",
+    "bad_pc_types": "num_channels: Input should be a valid integer",
     "linked_pc_info": "directory not found or outside the data root",
 }
 
@@ -653,11 +654,17 @@ _N5_GOOD = {"dimensions": [64, 64, 32], "blockSize": [32, 32, 16], "dataType": "
 N5_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
     "not JSON": (b"{dimensions", "attributes.json is not usable: it is not JSON"),
     "a list": (b"[1, 2, 3]", "must be a JSON object, not an array"),
-    "dimensions of strings": ({**_N5_GOOD, "dimensions": ["64", "64", "32"]}, "'dimensions' must be"),
-    "a short blockSize": ({**_N5_GOOD, "blockSize": [32, 32]}, "'blockSize' must be 3 integers"),
-    "a zero blockSize": ({**_N5_GOOD, "blockSize": [32, 0, 16]}, "'blockSize' must be 3 integers of at least 1"),
-    "an unknown dataType": ({**_N5_GOOD, "dataType": "complex64"}, "dataType 'complex64' is not one of"),
-    "no compression": ({k: v for k, v in _N5_GOOD.items() if k != "compression"}, "'compression' must be an object"),
+    "dimensions of strings": (
+        {**_N5_GOOD, "dimensions": ["64", "64", "32"]},
+        "dimensions.0: Input should be a valid integer",
+    ),
+    "a short blockSize": ({**_N5_GOOD, "blockSize": [32, 32]}, "blockSize has 2 dimensions, dimensions 3"),
+    "a zero blockSize": (
+        {**_N5_GOOD, "blockSize": [32, 0, 16]},
+        "blockSize.1: Input should be greater than or equal to 1",
+    ),
+    "an unknown dataType": ({**_N5_GOOD, "dataType": "complex64"}, "dataType: Input should be 'uint8'"),
+    "no compression": ({k: v for k, v in _N5_GOOD.items() if k != "compression"}, "compression: Field required"),
     "a malformed blosc": ({**_N5_GOOD, "compression": {"type": "blosc", "cname": 3}}, "blosc compression"),
     "an unknown compression": ({**_N5_GOOD, "compression": {"type": "snappy"}}, "tensorstore cannot open"),
     "too many axes": ({**_N5_GOOD, "dimensions": [4, 4, 4, 4, 4], "blockSize": [4] * 5}, "cannot be mapped"),
@@ -677,16 +684,28 @@ _INFO: dict[str, Any] = {
 }
 PRECOMPUTED_BROKEN: dict[str, tuple[bytes | dict[str, Any], str]] = {
     "not JSON": (b"\x89PNG", "info is not usable"),
-    "scales not a list": ({**_INFO, "scales": {"1": _SCALE}}, "a list of 'scales'"),
+    "scales not a list": ({**_INFO, "scales": {"1": _SCALE}}, "scales: Input should be a valid tuple"),
     "no scale of the key": ({**_INFO, "scales": [{**_SCALE, "key": "2"}]}, "no scale with key '1'"),
-    "an unknown data_type": ({**_INFO, "data_type": "uint128"}, "data_type 'uint128'"),
-    "a size of floats": ({**_INFO, "scales": [{**_SCALE, "size": [64.0, 64, 32]}]}, "size must be 3 integers"),
-    "a boolean voxel_offset": ({**_INFO, "scales": [{**_SCALE, "voxel_offset": [True, 0, 0]}]}, "voxel_offset must"),
-    "no chunk_sizes": ({**_INFO, "scales": [{**_SCALE, "chunk_sizes": []}]}, "chunk_sizes must be a non-empty list"),
-    "a foreign sharding": ({**_INFO, "scales": [{**_SCALE, "sharding": {"@type": "zarr"}}]}, "sharding must be"),
+    "an unknown data_type": ({**_INFO, "data_type": "uint128"}, "data_type: Input should be 'uint8'"),
+    "a size of floats": (
+        {**_INFO, "scales": [{**_SCALE, "size": [64.0, 64, 32]}]},
+        "info scale '1' is invalid: size.0: Input should be a valid integer",
+    ),
+    "a boolean voxel_offset": (
+        {**_INFO, "scales": [{**_SCALE, "voxel_offset": [True, 0, 0]}]},
+        "voxel_offset.0: Input should be a valid integer",
+    ),
+    "no chunk_sizes": (
+        {**_INFO, "scales": [{**_SCALE, "chunk_sizes": []}]},
+        "chunk_sizes: Tuple should have at least 1 item",
+    ),
+    "a foreign sharding": (
+        {**_INFO, "scales": [{**_SCALE, "sharding": {"@type": "zarr"}}]},
+        "sharding.@type: Input should be 'neuroglancer_uint64_sharded_v1'",
+    ),
     "an unknown hash": (
         {**_INFO, "scales": [{**_SCALE, "sharding": {**_sharding("identity"), "hash": "md5"}}]},
-        "sharding hash 'md5'",
+        "sharding.hash: Input should be 'identity' or 'murmurhash3_x86_128'",
     ),
     "an unknown encoding": ({**_INFO, "scales": [{**_SCALE, "encoding": "webp"}]}, "tensorstore cannot open"),
 }

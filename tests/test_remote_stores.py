@@ -102,7 +102,7 @@ class TestGCSStore(UnreachableStoreContract):
         generation = self.gcs.put(BUCKET, self.key(path), DATA)["generation"]  # the same bytes, a new generation
         assert store.identity(path) == identity._replace(version=generation, mtime=store.identity(path).mtime)  # type: ignore[union-attr]
         with pytest.raises(FileChangedError):
-            store.read(path, 0, 8, identity)
+            store.read(path, 0, 8, identity, limit=8)
 
 
 # --- Azure Blob Storage, on Azurite ------------------------------------------------------------------
@@ -224,7 +224,7 @@ class TestHTTPSStore(UnreachableStoreContract):
             assert store.list_directories(store.root) == []  # PROPFIND answered 405: nothing can be listed
             assert store.is_directory(store.join(store.root, "org"))
             identity = store.identity(path)
-            assert identity is not None and store.read(path, 3, 5, identity) == DATA[3:8]
+            assert identity is not None and store.read(path, 3, 5, identity, limit=5) == DATA[3:8]
         finally:
             server.stop()
 
@@ -250,7 +250,7 @@ def test_headers_reach_only_the_stores_below_their_prefix(certificate: Certifica
         store = open_store(server.url + "/data", headers=headers)
         path = store.join(store.root, "file.bin")
         identity = store.identity(path)
-        assert identity is not None and store.read(path, 7, 9, identity) == DATA[7:16]
+        assert identity is not None and store.read(path, 7, 9, identity, limit=9) == DATA[7:16]
         without = open_store(server.url + "/data", max_attempts=1)
         with pytest.raises(StoreUnavailableError, match="credentials") as refused:
             without.identity(path)
@@ -314,13 +314,13 @@ def test_an_https_outage_is_unavailable_then_heals(https: FileServer) -> None:
         https.mode = mode
         try:
             with pytest.raises(StoreUnavailableError):
-                store.read(path, 0, 16, identity)
+                store.read(path, 0, 16, identity, limit=16)
             with pytest.raises(StoreUnavailableError):
                 store.identity(path)
             assert len(https.take()) >= 2  # retried before giving up
         finally:
             https.mode = "forward"
-        assert store.read(path, 0, 16, identity) == DATA[:16]
+        assert store.read(path, 0, 16, identity, limit=16) == DATA[:16]
 
 
 def test_ranged_reads_fetch_only_the_bytes_asked_for(https: FileServer) -> None:
@@ -332,10 +332,10 @@ def test_ranged_reads_fetch_only_the_bytes_asked_for(https: FileServer) -> None:
     identity = store.identity(path)
     assert identity is not None
     https.take()
-    assert store.read(path, 1000, 32, identity) == DATA[1000:1032]
+    assert store.read(path, 1000, 32, identity, limit=32) == DATA[1000:1032]
     assert https.take() == [("GET", f"/{name}/data.bin", "bytes=1000-1031")]
     with pytest.raises(TruncatedFileError):
-        store.read(path, len(DATA) - 4, 8, identity)
+        store.read(path, len(DATA) - 4, 8, identity, limit=8)
 
 
 # --- remote roots: mag paths that are URLs --------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_urls_are_read_only_below_an_allowed_remote_root(https: FileServer, tmp_
     allowed = f"{https.url}/{name}/allowed/data.bin"
     assert store.locate(allowed) == allowed and store.resolve(allowed) == allowed
     assert store.relative(allowed) == allowed  # a remote path is named in full: the same on every replica
-    found = store.read_whole(allowed)
+    found = store.read_whole(allowed, limit=1 << 20)
     assert found is not None and found[0] == DATA
     for refused in (
         f"{https.url}/{name}/secret/data.bin",
@@ -360,7 +360,7 @@ def test_urls_are_read_only_below_an_allowed_remote_root(https: FileServer, tmp_
     ):
         assert store.resolve(refused) is None
     with pytest.raises(OutsideRootError):
-        store.read_whole(f"{https.url}/{name}/secret/data.bin")
+        store.read_whole(f"{https.url}/{name}/secret/data.bin", limit=1 << 20)
     assert store.locate("https://elsewhere.example/x") is None  # no store holds it: nothing would read it
     assert store.locate(str(tmp_path / "x")) == str(tmp_path / "x")  # local paths stay the local store's
     assert is_absolute_location("https://elsewhere.example/x") and not is_absolute_location("color/1")
@@ -383,8 +383,8 @@ def test_a_store_read_of_32_kib_costs(https: FileServer, gcs: FakeGcs, azurite: 
         path = store.join(store.root, "big.bin")
         identity = store.identity(path)
         assert identity is not None
-        assert store.read(path, 4096, 32768, identity) == data[4096 : 4096 + 32768]
+        assert store.read(path, 4096, 32768, identity, limit=32768) == data[4096 : 4096 + 32768]
         started = time.perf_counter()
         for i in range(50):
-            store.read(path, 4096 * i, 32768, identity)
+            store.read(path, 4096 * i, 32768, identity, limit=32768)
         print(f"{label}: {(time.perf_counter() - started) / 50 * 1000:.2f} ms per ranged 32 KiB read")

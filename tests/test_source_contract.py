@@ -25,6 +25,7 @@ import wkw
 
 from gateway.http.errors import rule_for
 from gateway.sources.mag import ChunkNotFound, MagSource, StoredChunk, StoredEncoding
+from gateway.sources.metadata import PrecomputedSharding
 from gateway.sources.n5_source import N5MagSource
 from gateway.sources.precomputed_source import PrecomputedMagSource, Sharding, compressed_morton_code
 from gateway.sources.properties import BoundingBox
@@ -613,7 +614,7 @@ class PrecomputedContract(MagSourceContract):
     def data_file(self, directory: Path, voxel: Vec3) -> Path:
         position = tuple(v // CHUNK for v in voxel)
         if self.sharding is not None:
-            sharding = Sharding.parse(self.sharding)
+            sharding = Sharding.of(PrecomputedSharding.model_validate(self.sharding))
             grid = tuple(-(-e // CHUNK) for e in EXTENT)
             shard, _ = sharding.locate(compressed_morton_code(position, grid))
             return directory / sharding.shard_name(shard)

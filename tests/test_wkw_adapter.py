@@ -998,14 +998,14 @@ def test_local_store_identity_and_reads(tmp_path: Path) -> None:
     identity = store.identity(str(path))
     assert isinstance(identity, FileIdentity)
     assert identity.size == 100
-    assert store.read(str(path), 10, 5, identity) == bytes(range(10, 15))
-    assert store.read(str(path), 0, 100, identity) == bytes(range(100))
+    assert store.read(str(path), 10, 5, identity, limit=5) == bytes(range(10, 15))
+    assert store.read(str(path), 0, 100, identity, limit=100) == bytes(range(100))
     with pytest.raises(TruncatedFileError):
-        store.read(str(path), 95, 10, identity)
+        store.read(str(path), 95, 10, identity, limit=10)
     with pytest.raises(FileChangedError):
-        store.read(str(path), 0, 10, identity._replace(size=99))
+        store.read(str(path), 0, 10, identity._replace(size=99), limit=10)
     with pytest.raises(FileChangedError):
-        store.read(str(path), 0, 10, identity._replace(version=identity.version + "x"))
+        store.read(str(path), 0, 10, identity._replace(version=identity.version + "x"), limit=10)
 
 
 def test_local_store_detects_rewrite(tmp_path: Path) -> None:
@@ -1025,8 +1025,8 @@ def test_local_store_detects_rewrite(tmp_path: Path) -> None:
     assert new.size == old.size
     assert new != old
     with pytest.raises(FileChangedError):
-        store.read(str(file), 0, 16, old)
-    assert store.read(str(file), 0, 16, new) == file.read_bytes()[:16]
+        store.read(str(file), 0, 16, old, limit=16)
+    assert store.read(str(file), 0, 16, new, limit=16) == file.read_bytes()[:16]
 
 
 def test_local_store_detects_replacement_with_same_size_and_mtime(tmp_path: Path) -> None:
@@ -1041,5 +1041,5 @@ def test_local_store_detects_replacement_with_same_size_and_mtime(tmp_path: Path
     os.replace(other, path)  # a new inode under the old name
     assert path.stat().st_mtime_ns == st.st_mtime_ns
     with pytest.raises(FileChangedError):
-        store.read(str(path), 0, 8, old)
-    assert store.read(str(path), 0, 8, identity_of(store, path)) == b"b" * 8
+        store.read(str(path), 0, 8, old, limit=8)
+    assert store.read(str(path), 0, 8, identity_of(store, path), limit=8) == b"b" * 8

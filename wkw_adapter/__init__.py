@@ -5,7 +5,7 @@ Bytes are read through a store of the storage kernel (:mod:`gateway_storage`).
 
 from .errors import BlockDecodeError, HeaderError, JumpTableError, WkwError
 from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
-from .header import HEADER_SIZE, BlockType, WkwHeader, parse_header
+from .header import HEADER_SIZE, BlockType, WkwHeader, lz4_bound, parse_header
 from .mag import WkwMag
 from .morton import morton_decode, morton_encode, morton_grid
 from .writer import encode_file, write_mag
@@ -26,6 +26,7 @@ __all__ = [
     "decode_block",
     "decompress_block",
     "encode_file",
+    "lz4_bound",
     "morton_decode",
     "morton_encode",
     "morton_grid",

@@ -67,7 +67,7 @@ def load_wkw_file(store: Store, path: str, identity: FileIdentity) -> WkwFile:
     """Read and validate the header and jump table of one version of a file."""
     # Read before the size is judged, so that a file still being written is reported as such by the
     # store (FileUnsettledError: retry later) rather than as a truncated file.
-    head = store.read(path, 0, min(identity.size, HEADER_SIZE), identity)
+    head = store.read(path, 0, min(identity.size, HEADER_SIZE), identity, limit=HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise TruncatedFileError(f"{path}: {identity.size} bytes is shorter than a header")
     header = parse_header(head)
@@ -75,7 +75,7 @@ def load_wkw_file(store: Store, path: str, identity: FileIdentity) -> WkwFile:
     if header.block_type.compressed:
         if identity.size < HEADER_SIZE + header.jump_table_size:
             raise TruncatedFileError(f"{path}: file ends inside its jump table")
-        raw = store.read(path, HEADER_SIZE, header.jump_table_size, identity)
+        raw = store.read(path, HEADER_SIZE, header.jump_table_size, identity, limit=header.jump_table_size)
         jumps = np.frombuffer(raw, dtype="<u8")
         _check_jump_table(path, header, jumps, identity.size)
     elif header.data_offset < HEADER_SIZE:
@@ -117,9 +117,11 @@ class WkwFileCache:
         block in zero bytes), never a block of zeros.
         """
         offset, length = wkw_file.block_range(index)
-        if length == 0:
-            raise BlockDecodeError(f"{wkw_file.path}: block {index} has no bytes in the jump table")
-        return StoredBlock(self.store.read(wkw_file.path, offset, length, wkw_file.identity), wkw_file.header)
+        _check_block_length(wkw_file, index, length)
+        limit = wkw_file.header.stored_block_limit
+        return StoredBlock(
+            self.store.read(wkw_file.path, offset, length, wkw_file.identity, limit=limit), wkw_file.header
+        )
 
     def stored_blocks(self, wkw_file: WkwFile, indices: Sequence[int]) -> list[memoryview]:
         """Blocks ``indices`` (Morton numbers, ascending) exactly as stored, as views of few reads.
@@ -132,9 +134,9 @@ class WkwFileCache:
             return []
         ranges = [wkw_file.block_range(index) for index in indices]
         for index, (_, length) in zip(indices, ranges):
-            if length == 0:
-                raise BlockDecodeError(f"{wkw_file.path}: block {index} has no bytes in the jump table")
+            _check_block_length(wkw_file, index, length)
         blocks: list[memoryview] = []
+        limit = max(MAX_SPAN, wkw_file.header.stored_block_limit)  # a run is one block, or blocks within MAX_SPAN
         run_start = 0
         for position in range(1, len(indices) + 1):
             if (
@@ -145,12 +147,25 @@ class WkwFileCache:
                 continue
             first, (last_offset, last_length) = ranges[run_start][0], ranges[position - 1]
             span = memoryview(
-                self.store.read(wkw_file.path, first, last_offset + last_length - first, wkw_file.identity)
+                self.store.read(wkw_file.path, first, last_offset + last_length - first, wkw_file.identity, limit=limit)
             )
             for offset, length in ranges[run_start:position]:
                 blocks.append(span[offset - first : offset - first + length])
             run_start = position
         return blocks
+
+
+def _check_block_length(wkw_file: WkwFile, index: int, length: int) -> None:
+    """Refuse, before it is read, a block the jump table gives no bytes (LZ4 never encodes a block in none) or
+    more than any block can be stored in (a crafted table could make one block the whole file)."""
+    if length == 0:
+        raise BlockDecodeError(f"{wkw_file.path}: block {index} has no bytes in the jump table")
+    limit = wkw_file.header.stored_block_limit
+    if length > limit:
+        raise BlockDecodeError(
+            f"{wkw_file.path}: block {index} is {length} bytes long in the jump table, larger than any "
+            f"{wkw_file.header.block_bytes}-byte block can be stored in (at most {limit})"
+        )
 
 
 def decompress_block_into(data: bytes | memoryview, block_type: BlockType, out: memoryview) -> None:

@@ -123,6 +123,11 @@ class WkwHeader:
         return self.block_len**3 * self.bytes_per_voxel
 
     @property
+    def stored_block_limit(self) -> int:
+        """The most bytes one stored block can take: its voxels raw, or the LZ4 bound of them."""
+        return lz4_bound(self.block_bytes) if self.block_type.compressed else self.block_bytes
+
+    @property
     def jump_table_size(self) -> int:
         return 8 * self.blocks_per_file if self.block_type.compressed else 0
 
@@ -141,6 +146,11 @@ class WkwHeader:
             self.bytes_per_voxel,
             self.data_offset,
         )
+
+
+def lz4_bound(size: int) -> int:
+    """The largest an LZ4 block of ``size`` input bytes can be (LZ4_COMPRESSBOUND)."""
+    return size + size // 255 + 16
 
 
 def parse_header(data: bytes) -> WkwHeader:

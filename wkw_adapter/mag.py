@@ -29,7 +29,7 @@ class WkwMag:
             raise HeaderError(f"{path} does not exist")
         # 16 bytes written once when the mag is made: not held to the settle rule, so a new mag is served
         # at once (a torn header fails to parse, and the catalog looks at a mag with problems again soon).
-        return parse_header(self.files.store.read(path, 0, HEADER_SIZE, identity, settled=False))
+        return parse_header(self.files.store.read(path, 0, HEADER_SIZE, identity, limit=HEADER_SIZE, settled=False))
 
     def file_path(self, cube: Vec3) -> str:
         x, y, z = cube

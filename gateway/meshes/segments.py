@@ -84,7 +84,7 @@ class Segments:
             return None
         if identity.size > MAX_INDEX_BYTES:
             raise SegmentIndexCorrupt(f"segment index {store.relative(path)} is larger than {MAX_INDEX_BYTES}")
-        found = store.read_whole(path)
+        found = store.read_whole(path, limit=MAX_INDEX_BYTES)
         return None if found is None else SegmentIndex.from_bytes(found[0], meshes.title)
 
     def index(self, meshes: LayerMeshes, scan: bool = True) -> SegmentIndex:
@@ -147,7 +147,7 @@ class Segments:
         try:
             if identity.size > MAX_LABELS_BYTES:
                 raise ValueError(f"it holds {identity.size} bytes, more than {MAX_LABELS_BYTES}")
-            found = self.storage.read_whole(path)
+            found = self.storage.read_whole(path, limit=MAX_LABELS_BYTES)
             if found is None:
                 return {}
             document = load_json(found[0])

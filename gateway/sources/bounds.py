@@ -1,7 +1,8 @@
 """The bounds every chunked format (Zarr, N5, precomputed) holds its metadata to, defined once.
 
 Whoever can write a dataset can write its metadata, so a source reads it as strict JSON
-(``documents.load_json``), checks the JSON type of every field it uses, refuses a chunk that would
+(``documents.load_json``, at most ``MAX_DOCUMENT_BYTES``), parses it with the strict models of
+``metadata.py``, refuses a chunk that would
 decode to more than any real writer stores, and says what a read decodes (``decoded_bytes``), which
 decides event loop or thread and what a chunk holds of the worker's memory budget. Metadata past
 these bounds makes the mag unusable with the reason, never a failed request.
@@ -13,8 +14,7 @@ from typing import Any
 
 from gateway_storage import FileIdentity, Store
 
-from .decoding import ChunkDecodeError
-from .documents import load_json
+from .documents import MAX_DOCUMENT_BYTES, load_json
 from .mag import SourceError
 
 # Bounds on what one request may have to decode or read: a chunk (an inner chunk of a shard) decodes
@@ -32,7 +32,7 @@ def json_type(value: Any) -> str:
 
 def read_document(storage: Store, path: str, name: str) -> tuple[dict[str, Any], FileIdentity] | None:
     """The JSON object in file ``path`` (called ``name`` in messages) and its identity; None if there is none."""
-    found = storage.read_whole(path)
+    found = storage.read_whole(path, limit=MAX_DOCUMENT_BYTES)
     if found is None:
         return None
     try:
@@ -42,20 +42,6 @@ def read_document(storage: Store, path: str, name: str) -> tuple[dict[str, Any],
     if not isinstance(document, dict):
         raise SourceError(f"{name} must be a JSON object, not {json_type(document)}")
     return document, found[1]
-
-
-def integers(value: Any, what: str, count: int | None = None, least: int | None = 0) -> tuple[int, ...]:
-    """A non-empty JSON array of integers (``count`` of them, if given), each at least ``least`` (None: any)."""
-    if (
-        not isinstance(value, list)
-        or not value
-        or (count is not None and len(value) != count)
-        or not all(isinstance(v, int) and not isinstance(v, bool) and (least is None or v >= least) for v in value)
-    ):
-        wanted = f"{count} integers" if count is not None else "a list of integers"
-        bound = "" if least is None else f" of at least {least}"
-        raise SourceError(f"{what} must be {wanted}{bound}, not {json_type(value)} {value!r:.80}")
-    return tuple(value)
 
 
 def check_chunk_bytes(shape: Sequence[int], itemsize: int, what: str = "a chunk") -> int:
@@ -99,14 +85,3 @@ def stored_limit(decoded: int) -> int:
     """The most bytes a stored chunk that decodes to ``decoded`` bytes can hold: incompressible data grows a little
     in every codec, never to twice its size."""
     return 2 * decoded + (1 << 20)
-
-
-def read_chunk_file(storage: Store, path: str, limit: int, where: str) -> tuple[bytes, FileIdentity] | None:
-    """A stored chunk file whole, looked at before it is read: one longer than ``limit`` cannot be the chunk (a
-    storage fault, :class:`ChunkDecodeError`), and is never read into memory. None if there is no such file."""
-    identity = storage.identity(path)
-    if identity is None:
-        return None
-    if identity.size > limit:
-        raise ChunkDecodeError(f"{where}: {identity.size} stored bytes, more than a chunk can hold ({limit})")
-    return storage.read_whole(path)

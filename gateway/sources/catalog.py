@@ -13,7 +13,7 @@ from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavaila
 from gateway_storage.geometry import Vec3, mag_name, mag_names
 from wkw_adapter import WkwError
 
-from .documents import load_json
+from .documents import MAX_DOCUMENT_BYTES, load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
 from .paths import is_plain_name
@@ -173,7 +173,7 @@ class Catalog:
         if self.storage.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
         try:
-            found = self.storage.read_whole(path)
+            found = self.storage.read_whole(path, limit=MAX_DOCUMENT_BYTES)
             if found is None:
                 return BrokenDataset(organization, name, f"{PROPERTIES} vanished while it was read")
             document = load_json(found[0])

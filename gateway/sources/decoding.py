@@ -29,6 +29,16 @@ def fetch_all(store: Store, fetch: Callable[[Item], Found], items: list[Item]) -
     return list(_FETCHES.map(fetch, items))
 
 
+BLOSC_HEADER_BYTES = 16
+
+
+def blosc_length(data: bytes) -> int | None:
+    """The length a Blosc-1 frame says it has (``cbytes``, bytes 12-16 of its header); None if too short for one."""
+    if len(data) < BLOSC_HEADER_BYTES:
+        return None
+    return int.from_bytes(data[12:16], "little")
+
+
 class ChunkDecodeError(OSError):
     """Stored chunks that tensorstore cannot decode: the bytes are wrong (a storage fault, never absent data).
 

@@ -11,6 +11,9 @@ import math
 from typing import Any
 
 MAX_DEPTH = 64  # webknossos-libs and Zarr writers nest a few levels; 64 leaves room for user metadata
+# The most bytes any metadata document of the data root may hold (datasource-properties.json, .zarray, zarr.json,
+# attributes.json, info): real ones hold kilobytes; a larger file is refused on its size, before it is read.
+MAX_DOCUMENT_BYTES = 16 << 20
 
 
 class DocumentError(ValueError):

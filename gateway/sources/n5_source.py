@@ -24,30 +24,20 @@ from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
 from .axes import AxisMap, axis_names
-from .bounds import (
-    check_chunk_bytes,
-    chunked_decoded_bytes,
-    integers,
-    malformed_metadata,
-    read_chunk_file,
-    read_document,
-    stored_limit,
-)
-from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
+from .bounds import check_chunk_bytes, chunked_decoded_bytes, malformed_metadata, read_document, stored_limit
+from .decoding import BLOSC_HEADER_BYTES, ChunkDecodeError, MemoryDecoder, blosc_length, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
+from .metadata import N5Attributes, parse_document
 from .properties import BoundingBox, DataLayer
 
 ATTRIBUTES = "attributes.json"  # every N5 dataset directory holds one
-_DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")
 _DEFAULT_MODE = 0
 _DEFAULT_GZIP_LEVEL = 6  # what zlib's -1 means; Zarr readers refuse a level outside 0-9 in metadata
 
 
-def _compressor(compression: object, dtype: np.dtype) -> tuple[bool, dict[str, Any] | None]:
+def _compressor(compression: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
     """(passes through, the Zarr v2 compressor) of an N5 ``compression``; other compressions are only decoded."""
-    if not isinstance(compression, dict) or not isinstance(compression.get("type"), str):
-        raise SourceError(f"{ATTRIBUTES}: 'compression' must be an object with a 'type', not {compression!r}")
     kind = compression["type"]
     level = compression.get("level", -1)
     level = level if isinstance(level, int) and 0 <= level <= 9 else _DEFAULT_GZIP_LEVEL
@@ -87,30 +77,33 @@ class N5MagSource(MagSource):
     def __init__(
         self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, axis_order: dict[str, int] | None
     ) -> None:
-        self.storage = storage
-        self.location = directory
-        self.root = storage.root_of(directory)
+        self._locate(storage, directory)
         found = read_document(storage, storage.join(directory, ATTRIBUTES), ATTRIBUTES)
         if found is None:
             raise SourceError(f"no N5 dataset ({ATTRIBUTES}) at {self.location_key}")
         document = found[0]
         if "compression" not in document and isinstance(document.get("compressionType"), str):
             document = {**document, "compression": {"type": document["compressionType"]}}  # N5 before version 2
+        attributes: N5Attributes = parse_document(N5Attributes, document, ATTRIBUTES)
         with malformed_metadata(ATTRIBUTES):
-            self._parse(mag, bbox, document, axis_order)
+            self._open(mag, bbox, document, attributes, axis_order)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
-        dimensions = integers(document.get("dimensions"), f"{ATTRIBUTES}: 'dimensions'")
-        rank = len(dimensions)
-        self.block_shape = integers(document.get("blockSize"), f"{ATTRIBUTES}: 'blockSize'", rank, least=1)
-        data_type = document.get("dataType")
-        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
-            raise SourceError(f"{ATTRIBUTES}: dataType {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
-        dtype = np.dtype(data_type)
+    def _open(
+        self,
+        mag: Vec3,
+        bbox: BoundingBox,
+        document: dict[str, Any],
+        attributes: N5Attributes,
+        axis_order: dict[str, int] | None,
+    ) -> None:
+        rank = len(attributes.dimensions)
+        self.block_shape = attributes.block_size
+        dtype = np.dtype(attributes.data_type)
         self._block_bytes = check_chunk_bytes(self.block_shape, dtype.itemsize, f"{ATTRIBUTES}: a block")
-        self.axis_map = AxisMap(tuple(axis_names(document.get("axes"), rank, axis_order)), dimensions)
+        names = None if attributes.axes is None else list(attributes.axes)
+        self.axis_map = AxisMap(tuple(axis_names(names, rank, axis_order)), attributes.dimensions)
         super().__init__(mag, bbox, dtype, self.axis_map.channels)
-        passes, compressor = _compressor(document.get("compression"), dtype)
+        passes, compressor = _compressor(attributes.compression.model_dump())
         stored_order = list(range(rank))[::-1]  # first dimension fastest: C order of the reversed dimensions
         if passes:
             chunk = self.axis_map.served_chunk(self.block_shape)
@@ -129,7 +122,7 @@ class N5MagSource(MagSource):
 
     def _read_block(self, name: str) -> tuple[bytes, FileIdentity] | None:
         path = self.storage.join(self.location, name)
-        return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
+        return self.storage.read_whole(path, limit=self._stored_limit)
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -155,7 +148,7 @@ class N5MagSource(MagSource):
         path = self.storage.join(self.location, self._block_name(coords))
         found = self._read_block(self._block_name(coords))
         if found is None:
-            raise ChunkNotFound("the source holds no such block: it reads as the fill value")
+            raise self.absent("block")
         data, identity = found
         header = self._header_bytes
         if len(data) < header:
@@ -175,12 +168,11 @@ class N5MagSource(MagSource):
         compressor = self.native.v2_compressor
         if compressor is None:
             expected = self._block_bytes
-        elif compressor["id"] == "blosc" and len(payload) >= 16:
-            if int.from_bytes(payload[4:8], "little") != self._block_bytes:
-                raise ChunkDecodeError(f"{self.relative(path)}: the Blosc block does not hold a whole block")
-            expected = int.from_bytes(payload[12:16], "little")
         elif compressor["id"] == "blosc":
-            expected = 16
+            length = blosc_length(payload)
+            if length is not None and int.from_bytes(payload[4:8], "little") != self._block_bytes:
+                raise ChunkDecodeError(f"{self.relative(path)}: the Blosc block does not hold a whole block")
+            expected = BLOSC_HEADER_BYTES if length is None else length
         elif compressor["id"] == "gzip":  # a gzip member ends with the size it holds (modulo 2^32)
             if payload[:2] != b"\x1f\x8b" or int.from_bytes(payload[-4:], "little") != self._block_bytes % 2**32:
                 raise ChunkDecodeError(f"{self.relative(path)}: the gzip block is cut short or not gzip")
@@ -201,6 +193,8 @@ class N5MagSource(MagSource):
         ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
         names = [self._block_name(coords) for coords in itertools.product(*ranges)]
         found = fetch_all(self.storage, self._read_block, names)
+        if any(block is None for block in found):
+            self.absent("block")  # blocks read as the fill value only inside a dataset directory that is there
         chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
         data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
         out[tuple(slice(0, n) for n in data.shape)] = data

@@ -29,22 +29,17 @@ from .bounds import (
     MAX_CHUNKS_PER_SHARD,
     check_chunk_bytes,
     chunked_decoded_bytes,
-    integers,
     malformed_metadata,
-    read_chunk_file,
     read_document,
     stored_limit,
 )
 from .decoding import ChunkDecodeError, MemoryDecoder, fetch_all
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
+from .metadata import PrecomputedInfo, PrecomputedSharding, parse_document
 from .properties import BoundingBox, DataLayer
 
 INFO = "info"  # every precomputed volume directory holds one
-_DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "float32")
-_SHARDED = "neuroglancer_uint64_sharded_v1"
-_HASHES = ("identity", "murmurhash3_x86_128")
-_ENCODINGS = ("raw", "gzip")
 # A shard index holds 16 bytes per minishard, and a minishard index 24 bytes per chunk: bounded as a Zarr
 # shard index is (``MAX_CHUNKS_PER_SHARD``).
 _MAX_MINISHARD_BITS = (MAX_CHUNKS_PER_SHARD - 1).bit_length()
@@ -110,35 +105,20 @@ class Sharding:
     data_gzip: bool
 
     @classmethod
-    def parse(cls, spec: object) -> "Sharding":
-        if not isinstance(spec, dict) or spec.get("@type") != _SHARDED:
-            raise SourceError(f"{INFO}: sharding must be an object with '@type' {_SHARDED!r}, not {spec!r}")
-        numbers = {}
-        for name in ("preshift_bits", "minishard_bits", "shard_bits"):
-            value = spec.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 64:
-                raise SourceError(f"{INFO}: sharding {name} must be an integer from 0 to 64, not {value!r:.80}")
-            numbers[name] = value
-        if numbers["minishard_bits"] + numbers["shard_bits"] > 64:
-            raise SourceError(f"{INFO}: sharding minishard_bits and shard_bits add up to more than 64")
-        if numbers["minishard_bits"] > _MAX_MINISHARD_BITS:
+    def of(cls, spec: PrecomputedSharding) -> "Sharding":
+        """The sharding an ``info`` states, if its index is within the bounds (``MAX_CHUNKS_PER_SHARD``)."""
+        if spec.minishard_bits > _MAX_MINISHARD_BITS:
             raise SourceError(
-                f"{INFO}: sharding minishard_bits {numbers['minishard_bits']} is more than {_MAX_MINISHARD_BITS} "
-                f"(a shard index of {16 << numbers['minishard_bits']} bytes)"
+                f"{INFO}: sharding minishard_bits {spec.minishard_bits} is more than {_MAX_MINISHARD_BITS} "
+                f"(a shard index of {16 << spec.minishard_bits} bytes)"
             )
-        if spec.get("hash") not in _HASHES:
-            raise SourceError(f"{INFO}: sharding hash {spec.get('hash')!r} is not one of {', '.join(_HASHES)}")
-        encodings = {name: spec.get(name, "raw") for name in ("minishard_index_encoding", "data_encoding")}
-        for name, value in encodings.items():
-            if value not in _ENCODINGS:
-                raise SourceError(f"{INFO}: sharding {name} {value!r} is not one of {', '.join(_ENCODINGS)}")
         return cls(
-            numbers["preshift_bits"],
-            spec["hash"],
-            numbers["minishard_bits"],
-            numbers["shard_bits"],
-            encodings["minishard_index_encoding"] == "gzip",
-            encodings["data_encoding"] == "gzip",
+            spec.preshift_bits,
+            spec.hash,
+            spec.minishard_bits,
+            spec.shard_bits,
+            spec.minishard_index_encoding == "gzip",
+            spec.data_encoding == "gzip",
         )
 
     def locate(self, chunk_id: int) -> tuple[int, int]:
@@ -185,9 +165,7 @@ class PrecomputedMagSource(MagSource):
         bbox: BoundingBox,
         minishards: ByteLRU[dict[int, tuple[int, int]]],
     ) -> None:
-        self.storage = storage
-        self.location = directory
-        self.root = storage.root_of(directory)
+        self._locate(storage, directory)
         self.minishards = minishards
         volume, _, self.key = directory.rstrip("/").rpartition("/")
         found = read_document(storage, storage.join(volume, INFO), INFO)
@@ -197,31 +175,19 @@ class PrecomputedMagSource(MagSource):
             self._parse(mag, bbox, found[0])
 
     def _parse(self, mag: Vec3, bbox: BoundingBox, info: dict[str, Any]) -> None:
-        if not isinstance(info.get("scales"), list):
-            raise SourceError(f"{INFO} is not an object with a list of 'scales'")
-        scales = [s for s in info["scales"] if isinstance(s, dict) and s.get("key") == self.key]
-        if not scales:
-            raise SourceError(f"{INFO} has no scale with key {self.key!r} (the last component of the mag's path)")
-        scale = scales[0]
-        data_type = info.get("data_type")
-        if not isinstance(data_type, str) or data_type not in _DATA_TYPES:
-            raise SourceError(f"{INFO}: data_type {data_type!r:.80} is not one of {', '.join(_DATA_TYPES)}")
-        channels = info.get("num_channels")
-        if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-            raise SourceError(f"{INFO}: num_channels must be a positive integer, not {channels!r:.80}")
-        self.size = integers(scale.get("size"), f"{INFO}: size", 3, least=1)
-        self.voxel_offset = integers(scale.get("voxel_offset", [0, 0, 0]), f"{INFO}: voxel_offset", 3, least=None)
-        chunk_sizes = scale.get("chunk_sizes")
-        if not isinstance(chunk_sizes, list) or not chunk_sizes:
-            raise SourceError(f"{INFO}: chunk_sizes must be a non-empty list, not {chunk_sizes!r:.80}")
-        self.chunk_size = integers(chunk_sizes[0], f"{INFO}: chunk_sizes[0]", 3, least=1)
-        dtype = np.dtype(data_type)
+        parsed: PrecomputedInfo = parse_document(PrecomputedInfo, info, INFO)
+        scale = parsed.scale(self.key, INFO)
+        channels = parsed.num_channels
+        self.size = scale.size
+        self.voxel_offset = scale.voxel_offset
+        self.chunk_size = scale.chunk_sizes[0]
+        dtype = np.dtype(parsed.data_type)
         self._chunk_bytes = check_chunk_bytes((channels, *self.chunk_size), dtype.itemsize, f"{INFO}: a chunk")
         self._stored_limit = stored_limit(self._chunk_bytes)
         self.grid_shape = tuple(-(-s // c) for s, c in zip(self.size, self.chunk_size))
-        self.sharding = Sharding.parse(scale["sharding"]) if scale.get("sharding") is not None else None
+        self.sharding = None if scale.sharding is None else Sharding.of(scale.sharding)
         super().__init__(mag, bbox, dtype, channels)
-        unsharded = {k: v for k, v in scale.items() if k != "sharding"}
+        unsharded = {k: v for k, v in scale.model_dump(by_alias=True).items() if k != "sharding"}
         unsharded["chunk_sizes"] = [list(self.chunk_size)]
         metadata = {**{k: v for k, v in info.items() if k != "scales"}, "scales": [unsharded]}
         spec = {"driver": "neuroglancer_precomputed", "scale_index": 0}
@@ -264,9 +230,11 @@ class PrecomputedMagSource(MagSource):
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
             path = self.storage.join(self.location, self._chunk_name(position))
-            return read_chunk_file(self.storage, path, self._stored_limit, self.relative(path))
+            return self.storage.read_whole(path, limit=self._stored_limit)
 
         found = fetch_all(self.storage, fetch, positions)
+        if any(chunk is None for chunk in found):
+            self.absent()  # chunks read as the fill value only inside a scale directory that is there
         return {position: chunk[0] for position, chunk in zip(positions, found) if chunk is not None}
 
     # --- sharded scales --------------------------------------------------------------------------
@@ -292,9 +260,7 @@ class PrecomputedMagSource(MagSource):
                 return None
             start, nbytes = located
             origin = f"{self.relative(path)}@{start}"
-            if nbytes > self._stored_limit:
-                raise ChunkDecodeError(f"{origin}: {nbytes} stored bytes, more than a chunk can hold")
-            data = self.storage.read(path, start, nbytes, identity)
+            data = self.storage.read(path, start, nbytes, identity, limit=self._stored_limit)
             return _gunzip(data, self._stored_limit, origin) if sharding.data_gzip else data
 
         found = fetch_all(self.storage, fetch, positions)
@@ -312,15 +278,13 @@ class PrecomputedMagSource(MagSource):
         index_end = sharding.index_bytes
         if identity.size < index_end:
             raise ShardError(f"{where}: the shard is shorter than its index")
-        entry = np.frombuffer(self.storage.read(path, 16 * minishard, 16, identity), dtype="<u8")
+        entry = np.frombuffer(self.storage.read(path, 16 * minishard, 16, identity, limit=16), dtype="<u8")
         start, end = int(entry[0]), int(entry[1])
         table: dict[int, tuple[int, int]] = {}
         if end > start:
             if index_end + end > identity.size:
                 raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
-            if end - start > MAX_MINISHARD_INDEX_BYTES:
-                raise ShardError(f"{where}: minishard index {minishard} of {end - start} bytes is too large")
-            raw = self.storage.read(path, index_end + start, end - start, identity)
+            raw = self.storage.read(path, index_end + start, end - start, identity, limit=MAX_MINISHARD_INDEX_BYTES)
             if sharding.minishard_index_gzip:
                 raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
             if len(raw) % 24:

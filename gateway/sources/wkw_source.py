@@ -49,9 +49,8 @@ class WkwMagSource(MagSource):
     kind = "wkw"
 
     def __init__(self, mag: Vec3, directory: str, bbox: BoundingBox, files: WkwFileCache) -> None:
+        self._locate(files.store, directory)
         self.wkw = WkwMag(directory, files)
-        self.location = directory
-        self.root = files.store.root_of(directory)  # the root it lies under: replicas agree on relative paths
         header = self.wkw.header
         check_geometry(header, "header.wkw")  # data files must match it (WkwMag checks each one)
         super().__init__(mag, bbox, header.dtype, header.num_channels)
@@ -123,7 +122,7 @@ class WkwMagSource(MagSource):
             return offsets, ends - offsets
 
         def read_span(offset: int, length: int) -> bytes:
-            return store.read(path, offset, length, identity)
+            return store.read(path, offset, length, identity, limit=count * header.stored_block_limit)
 
         return StoredBlocks(
             self.relative(path),

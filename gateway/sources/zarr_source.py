@@ -3,7 +3,6 @@
 import functools
 import itertools
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,92 +16,17 @@ from .bounds import (
     MAX_CHUNKS_PER_SHARD,
     check_chunk_bytes,
     chunked_decoded_bytes,
-    json_type,
     malformed_metadata,
     read_document,
+    stored_limit,
 )
 from .decoding import ChunkDecodeError as ChunkDecodeError  # raised by reads; its home is decoding.py
-from .decoding import MemoryDecoder, fetch_all
+from .decoding import MemoryDecoder, blosc_length, fetch_all
 from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
+from .metadata import ZarrArray, parse_zarr_json, parse_zarray
 from .properties import BoundingBox, DataLayer
-from .shard_index import decode_shard_index, index_nbytes, is_absent
-
-_SUPPORTED_V2_COMPRESSORS = {"blosc", "zlib", "gzip", "zstd", "bz2"}
-_SUPPORTED_V3_CODECS = {"transpose", "bytes", "blosc", "gzip", "zstd", "crc32c", "sharding_indexed"}
-
-
-def _mapping(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise SourceError(f"{what} must be a JSON object, not {json_type(value)}")
-    return value
-
-
-def _codec_list(value: Any, what: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise SourceError(f"{what} must be a JSON array, not {json_type(value)}")
-    for codec in value:
-        if not isinstance(_mapping(codec, f"each of {what}").get("name"), str):
-            raise SourceError(f"each of {what} needs a 'name' string")
-        _mapping(codec.get("configuration") or {}, f"the configuration of codec {codec['name']!r}")
-    return value
-
-
-def _lengths(value: Any, rank: int, what: str, least: int) -> tuple[int, ...]:
-    """``rank`` integers of at least ``least`` (a shape: 0; a chunk shape: 1)."""
-    if (
-        not isinstance(value, list)
-        or len(value) != rank
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value)
-    ):
-        raise SourceError(f"{what} must be {rank} integers of at least {least}, not {json_type(value)} {value!r:.80}")
-    return tuple(value)
-
-
-@dataclass(frozen=True, slots=True)
-class _Sharding:
-    chunks_per_shard: tuple[int, ...]  # source dims
-    index_at_end: bool
-    index_checksum: bool
-
-    @property
-    def chunks(self) -> int:
-        return int(np.prod(self.chunks_per_shard, dtype=object))
-
-    @property
-    def index_size(self) -> int:
-        return index_nbytes(self.chunks, self.index_checksum)
-
-
-def _v3_codec_chain(
-    codecs: list[dict[str, Any]], rank: int
-) -> tuple[list[int] | None, str, tuple[dict[str, Any], ...]]:
-    """(transpose order, endian, bytes-to-bytes codecs) of a chain without sharding."""
-    order = None
-    endian = "little"
-    rest: list[dict[str, Any]] = []
-    seen_bytes = False
-    for codec in codecs:
-        name = codec.get("name")
-        config = codec.get("configuration") or {}
-        if name not in _SUPPORTED_V3_CODECS or name == "sharding_indexed":
-            raise SourceError(f"codec {name!r} is not supported here")
-        if name == "transpose":
-            if seen_bytes or order is not None:
-                raise SourceError("only one transpose, before 'bytes', is supported")
-            order = config.get("order")
-            if not isinstance(order, list) or sorted(order) != list(range(rank)):
-                raise SourceError(f"transpose order {order!r:.80} is not a permutation of the {rank} dimensions")
-        elif name == "bytes":
-            seen_bytes = True
-            endian = config.get("endian", "little")
-            if endian not in ("little", "big"):
-                raise SourceError(f"bytes endian {endian!r:.40} is neither 'little' nor 'big'")
-        else:
-            rest.append(codec)
-    if not seen_bytes:
-        raise SourceError("the codec chain has no 'bytes' codec")
-    return order, endian, tuple(rest)
+from .shard_index import decode_shard_index, is_absent
 
 
 class ZarrMagSource(MagSource):
@@ -119,118 +43,54 @@ class ZarrMagSource(MagSource):
         axis_order: dict[str, int] | None,
         index_cache: ByteLRU[np.ndarray],
     ) -> None:
-        self.storage = storage
-        self.location = directory
-        self.root = storage.root_of(directory)  # the root it lies under: replicas agree on relative paths
+        self._locate(storage, directory)
         self.index_cache = index_cache
-        document, self.zarr_format, self.version = self._read_metadata(directory)
-        with malformed_metadata("Zarr metadata"):  # every field's type is checked where it matters; this is the rest
-            self._parse(mag, bbox, document, axis_order)
+        document, self.version, array = self._read_metadata(directory)
+        with malformed_metadata("Zarr metadata"):  # the models check every field; this confines anything else
+            self._open(mag, bbox, axis_order, document, array)
 
-    def _parse(self, mag: Vec3, bbox: BoundingBox, document: dict[str, Any], axis_order: dict[str, int] | None) -> None:
-        shape = document.get("shape")
-        if not isinstance(shape, list):
-            raise SourceError(f"shape must be a JSON array, not {json_type(shape)}")
-        rank = len(shape)
-        self.source_shape = _lengths(shape, rank, "shape", 0)
-        self.axis_map = AxisMap(tuple(axis_names(document.get("dimension_names"), rank, axis_order)), self.source_shape)
-        channels = self.axis_map.channels
-        dtype, fill_value = self._dtype_and_fill(document)
-        super().__init__(mag, bbox, dtype, channels, fill_value)
-        self.sharding: _Sharding | None = None
-        self.native = self._native_encoding(document, dtype)
+    def _open(
+        self,
+        mag: Vec3,
+        bbox: BoundingBox,
+        axis_order: dict[str, int] | None,
+        document: dict[str, Any],
+        array: ZarrArray,
+    ) -> None:
+        self.array = array
+        self.zarr_format = array.zarr_format
+        self.source_shape = array.shape
+        self.sharding = array.sharding
+        self.axis_map = AxisMap(
+            tuple(axis_names(array.dimension_names and list(array.dimension_names), len(array.shape), axis_order)),
+            array.shape,
+        )
+        super().__init__(mag, bbox, array.dtype, self.axis_map.channels, array.fill_value)
+        self.native = NativeEncoding(
+            array.zarr_format,
+            self.axis_map.served_chunk(array.inner_chunks),
+            self.axis_map.permutation(list(array.stored_order)),
+            array.stored_dtype,
+            array.v2_compressor,
+            array.v3_codecs,
+        )
+        decoded = check_chunk_bytes(array.inner_chunks, array.dtype.itemsize)
+        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
+            raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
+        self._chunk_bytes = decoded
+        # An uncompressed chunk holds exactly its voxels; a compressed one at most an incompressible chunk.
+        self._stored_limit = stored_limit(decoded) if array.compressed else decoded
         name, metadata = self._decoding_metadata(document)
         driver = "zarr3" if self.zarr_format == 3 else "zarr"
         self._decoder = MemoryDecoder({"driver": driver}, {name: metadata}, self.location_key)
-        self._check_bounds(dtype)
 
-    def _check_bounds(self, dtype: np.dtype) -> None:
-        check_chunk_bytes(self._inner(), dtype.itemsize)
-        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
-            raise SourceError(f"{self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
-
-    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], int, str]:
-        for name, version in (("zarr.json", 3), (".zarray", 2)):
+    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], str, ZarrArray]:
+        for name, parse in (("zarr.json", parse_zarr_json), (".zarray", parse_zarray)):
             found = read_document(self.storage, self.storage.join(directory, name), name)
             if found is not None:
                 document, identity = found
-                if version == 3 and document.get("node_type") != "array":
-                    raise SourceError("zarr.json does not describe an array")
-                return document, version, identity.version
+                return document, identity.version, parse(document)
         raise SourceError(f"no Zarr array (.zarray or zarr.json) at {directory}")
-
-    def _dtype_and_fill(self, document: dict[str, Any]) -> tuple[np.dtype, float]:
-        try:
-            dtype = np.dtype(document["dtype"] if self.zarr_format == 2 else document["data_type"])
-        except (KeyError, TypeError) as exc:
-            raise SourceError(f"unsupported data type: {exc}") from None
-        if dtype.kind not in "uif" or dtype.itemsize > 8:
-            raise SourceError(f"unsupported data type {dtype}")
-        fill = document.get("fill_value") or 0
-        if not isinstance(fill, int | float) or isinstance(fill, bool):
-            raise SourceError(f"unsupported fill value {fill!r}")
-        return dtype, fill
-
-    def _native_encoding(self, document: dict[str, Any], dtype: np.dtype) -> NativeEncoding | None:
-        rank = len(self.source_shape)
-        if self.zarr_format == 2:
-            if document.get("filters"):
-                raise SourceError("Zarr v2 filters are not supported")
-            compressor = document.get("compressor")
-            if compressor is not None and _mapping(compressor, "compressor").get("id") not in _SUPPORTED_V2_COMPRESSORS:
-                raise SourceError(f"compressor {compressor.get('id')!r} is not supported (tensorstore cannot read it)")
-            self.chunks = _lengths(document.get("chunks"), rank, "chunks", 1)
-            self.separator: str = document.get("dimension_separator", ".")
-            if self.separator not in (".", "/"):
-                raise SourceError(f"dimension_separator {self.separator!r} is neither '.' nor '/'")
-            self.key_prefix = ""
-            order = document.get("order", "C")
-            if order not in ("C", "F"):
-                raise SourceError(f"order {order!r} is neither 'C' nor 'F'")
-            stored = list(range(rank)) if order == "C" else list(range(rank))[::-1]
-            return NativeEncoding(
-                2, self.axis_map.served_chunk(self.chunks), self.axis_map.permutation(stored), dtype, compressor
-            )
-        grid = _mapping(document.get("chunk_grid"), "chunk_grid")
-        if grid.get("name") != "regular":
-            raise SourceError(f"chunk grid {grid.get('name')!r} is not regular")
-        grid_config = _mapping(grid.get("configuration"), "the configuration of chunk_grid")
-        self.chunks = _lengths(grid_config.get("chunk_shape"), rank, "chunk_shape", 1)
-        encoding = _mapping(document.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding")
-        config = _mapping(encoding.get("configuration") or {}, "the configuration of chunk_key_encoding")
-        if encoding.get("name") == "default":
-            self.separator, self.key_prefix = config.get("separator", "/"), "c"
-        elif encoding.get("name") == "v2":
-            self.separator, self.key_prefix = config.get("separator", "."), ""
-        else:
-            raise SourceError(f"chunk key encoding {encoding.get('name')!r} is not supported")
-        if self.separator not in (".", "/"):
-            raise SourceError(f"chunk key separator {self.separator!r} is neither '.' nor '/'")
-        codecs = _codec_list(document.get("codecs") or [], "codecs")
-        inner_chunks = self.chunks
-        if codecs and codecs[0].get("name") == "sharding_indexed":
-            if len(codecs) != 1:
-                raise SourceError("codecs after sharding_indexed are not supported")
-            sharding = _mapping(codecs[0].get("configuration"), "the configuration of sharding_indexed")
-            inner_chunks = _lengths(sharding.get("chunk_shape"), rank, "the inner chunk_shape", 1)
-            index_codecs = [c["name"] for c in _codec_list(sharding.get("index_codecs", []), "index_codecs")]
-            if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
-                raise SourceError(f"shard index codecs {index_codecs} are not supported")
-            if any(s % c for s, c in zip(self.chunks, inner_chunks)):
-                raise SourceError("the shard shape is not a multiple of the inner chunk shape")
-            self.sharding = _Sharding(
-                tuple(s // c for s, c in zip(self.chunks, inner_chunks)),
-                sharding.get("index_location", "end") == "end",
-                "crc32c" in index_codecs,
-            )
-            codecs = _codec_list(sharding.get("codecs"), "the codecs of sharding_indexed")
-        order, endian, rest = _v3_codec_chain(codecs, rank)
-        self.inner_chunks = inner_chunks
-        stored_dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-        stored = order if order is not None else list(range(rank))
-        return NativeEncoding(
-            3, self.axis_map.served_chunk(inner_chunks), self.axis_map.permutation(stored), stored_dtype, None, rest
-        )
 
     # --- stored chunks -------------------------------------------------------------------------
 
@@ -238,8 +98,8 @@ class ZarrMagSource(MagSource):
         return self.axis_map.stored_index(index)
 
     def _chunk_name(self, coords: tuple[int, ...]) -> str:
-        parts = [self.key_prefix] if self.key_prefix else []
-        return self.separator.join([*parts, *map(str, coords)])
+        parts = [self.array.key_prefix] if self.array.key_prefix else []
+        return self.array.separator.join([*parts, *map(str, coords)])
 
     def _key(self, coords: tuple[int, ...]) -> str:
         return self.storage.join(self.location, self._chunk_name(coords))
@@ -248,21 +108,17 @@ class ZarrMagSource(MagSource):
         """The stored bytes of served chunk ``index`` (an inner chunk of a shard); absent ones raise."""
         assert self.native is not None
         coords = self._source_coords(index)
-        if any(c * n >= s for c, n, s in zip(coords, self._inner(), self.source_shape)):
+        if any(c * n >= s for c, n, s in zip(coords, self.array.inner_chunks, self.source_shape)):
             raise ChunkNotFound("the source holds no such chunk: it reads as the fill value")
-        size = int(np.prod(self.native.chunk_shape)) * self.native.dtype.itemsize
         found = self._stored_bytes(coords)
         if found is None:
-            raise ChunkNotFound("the source holds no such chunk: it reads as the fill value")
+            raise self.absent()
         data, origin, identity = found
-        return StoredChunk(data, StoredEncoding.NATIVE, size, origin, identity)
-
-    def _inner(self) -> tuple[int, ...]:
-        return self.inner_chunks if self.sharding is not None else self.chunks
+        return StoredChunk(data, StoredEncoding.NATIVE, self._chunk_bytes, origin, identity)
 
     def decoded_bytes(self, shape: Vec3) -> int:
         """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
-        inner = self.axis_map.served_chunk(self._inner())
+        inner = self.axis_map.served_chunk(self.array.inner_chunks)
         return chunked_decoded_bytes(inner, self.dtype.itemsize, self.channels, shape)
 
     def _shard_index(self, path: str, identity: FileIdentity) -> np.ndarray:
@@ -275,7 +131,7 @@ class ZarrMagSource(MagSource):
         size = sharding.index_size
         if identity.size < size:
             raise OSError(f"{path}: shard is smaller than its index")
-        raw = self.storage.read(path, identity.size - size if sharding.index_at_end else 0, size, identity)
+        raw = self.storage.read(path, identity.size - size if sharding.index_at_end else 0, size, identity, limit=size)
         table = decode_shard_index(raw, sharding.chunks, sharding.index_checksum, path)
         self.index_cache.put(key, table, table.nbytes + 128)
         return table
@@ -294,7 +150,7 @@ class ZarrMagSource(MagSource):
             return "zarr.json", json.dumps(document).encode()
         sharding = document["codecs"][0]["configuration"]
         inner = {key: value for key, value in document.items() if key not in ("attributes", "storage_transformers")}
-        inner["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(self.inner_chunks)}}
+        inner["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(self.array.inner_chunks)}}
         inner["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/"}}
         inner["codecs"] = sharding["codecs"]
         return "zarr.json", json.dumps(inner).encode()
@@ -312,8 +168,10 @@ class ZarrMagSource(MagSource):
         """
         if self.sharding is None:
             path = self._key(coords)
-            found = self.storage.read_whole(path)
-            return None if found is None else (found[0], self.relative(path), found[1])
+            found = self.storage.read_whole(path, limit=self._stored_limit)
+            if found is None:
+                return None
+            return self._checked(found[0], self.relative(path)), self.relative(path), found[1]
         cps = self.sharding.chunks_per_shard
         path = self._shard_of(coords)
         identity = shards[path] if shards is not None and path in shards else self.storage.identity(path)
@@ -326,7 +184,25 @@ class ZarrMagSource(MagSource):
             return None
         if offset + nbytes > identity.size:
             raise OSError(f"{self.relative(path)}: shard index points past the end of the shard")
-        return self.storage.read(path, offset, nbytes, identity), f"{self.relative(path)}@{offset}", identity
+        origin = f"{self.relative(path)}@{offset}"
+        data = self.storage.read(path, offset, nbytes, identity, limit=self._stored_limit)
+        return self._checked(data, origin), origin, identity
+
+    def _checked(self, data: bytes, origin: str) -> bytes:
+        """A stored chunk as its format's reference reader takes it: an uncompressed one must hold exactly its
+        voxels (a torn or truncated rewrite is a fault, never a short answer); a Blosc one ends where its header
+        says (numcodecs reads past trailing bytes that some writers leave, such as z5py's 16)."""
+        if not self.array.compressed:
+            if len(data) != self._chunk_bytes:
+                raise ChunkDecodeError(
+                    f"{origin}: an uncompressed chunk of {len(data)} bytes, not the chunk's {self._chunk_bytes}"
+                )
+            return data
+        if self.array.blosc:
+            length = blosc_length(data)
+            if length is not None and length < len(data):
+                return data[:length]
+        return data
 
     def _decoding_key(self, coords: tuple[int, ...]) -> str:
         if self.sharding is not None:
@@ -345,12 +221,14 @@ class ZarrMagSource(MagSource):
         lo, hi = self.axis_map.stored_box(offset, shape)
         if any(h <= low for low, h in zip(lo, hi)):
             return out, None
-        grid = self._inner()
+        grid = self.array.inner_chunks
         covered = list(itertools.product(*(range(a // g, -(-b // g)) for a, b, g in zip(lo, hi, grid))))
         shards = None
         if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
             shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
         stored = fetch_all(self.storage, functools.partial(self._stored_bytes, shards=shards), covered)
+        if any(found is None for found in stored):
+            self.absent()  # chunks read as the fill value only inside a mag directory that is there
         data = self._decode(dict(zip(covered, stored)), lo, hi)
         data = self.axis_map.to_served(data)
         out[tuple(slice(0, n) for n in data.shape)] = data

@@ -8,6 +8,8 @@ block, so it can be served without decoding (docs/architecture.md). Raw bytes go
 
 import struct
 
+from wkw_adapter import lz4_bound as lz4_bound  # where the LZ4 bound is defined: the WKW format needs it first
+
 _HEADER = struct.Struct("<BBBBIII")
 _VERSION = 2
 _VERSION_LZ = 1
@@ -16,11 +18,6 @@ _FLAG_NO_SPLIT = 0x10
 _CODE_LZ4 = 1 << 5
 LZ4_PREFIX_SIZE = 16 + 4 + 4
 MEMCPY_PREFIX_SIZE = 16
-
-
-def lz4_bound(size: int) -> int:
-    """The largest an LZ4 block of ``size`` input bytes can be (LZ4_COMPRESSBOUND)."""
-    return size + size // 255 + 16
 
 
 def lz4_chunk_prefix(compressed_size: int, uncompressed_size: int) -> bytes:

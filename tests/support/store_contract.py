@@ -18,6 +18,7 @@ from gateway_storage import (
     FileChangedError,
     LocalStore,
     OutsideRootError,
+    OversizedFileError,
     Store,
     StoreUnavailableError,
     TruncatedFileError,
@@ -56,34 +57,34 @@ class StoreContract:
     def test_the_identity_of_a_missing_file_is_none(self, store: Store) -> None:
         assert store.identity(self.path(store, "absent.bin")) is None
         assert store.identity(self.path(store, "no", "such", "directory", "file.bin")) is None
-        assert store.read_whole(self.path(store, "absent.bin")) is None
+        assert store.read_whole(self.path(store, "absent.bin"), limit=1 << 20) is None
 
     def test_reads_return_exactly_the_bytes_at_an_offset(self, store: Store) -> None:
         path = self.write(store, "org/ds/data.bin", DATA)
         identity = store.identity(path)
         assert identity is not None and identity.size == len(DATA)
         for offset, size in ((0, 16), (1, 1), (255, 513), (len(DATA) - 7, 7), (0, len(DATA))):
-            assert store.read(path, offset, size, identity) == DATA[offset : offset + size]
-        assert store.read(path, 100, 0, identity) == b""
+            assert store.read(path, offset, size, identity, limit=size) == DATA[offset : offset + size]
+        assert store.read(path, 100, 0, identity, limit=0) == b""
 
     def test_a_changed_file_raises_the_changed_error(self, store: Store) -> None:
         path = self.write(store, "org/ds/data.bin", DATA)
         before = store.identity(path)
         assert before is not None
-        assert store.read(path, 0, 8, before) == DATA[:8]
+        assert store.read(path, 0, 8, before, limit=8) == DATA[:8]
         self.write(store, "org/ds/data.bin", b"rewritten" + DATA)
         after = store.identity(path)
         assert after is not None and after != before
         with pytest.raises(FileChangedError):
-            store.read(path, 0, 8, before)  # the version asked for is gone: never the new bytes
-        assert store.read(path, 0, 9, after) == b"rewritten"
+            store.read(path, 0, 8, before, limit=8)  # the version asked for is gone: never the new bytes
+        assert store.read(path, 0, 9, after, limit=9) == b"rewritten"
 
     def test_a_short_file_raises_the_truncated_error(self, store: Store) -> None:
         path = self.write(store, "org/ds/short.bin", DATA[:100])
         identity = store.identity(path)
         assert identity is not None
         with pytest.raises(TruncatedFileError):
-            store.read(path, 50, 100, identity)
+            store.read(path, 50, 100, identity, limit=100)
 
     def test_paths_outside_the_root_are_refused(self, store: Store) -> None:
         secret = b"secret outside the root"
@@ -92,15 +93,26 @@ class StoreContract:
         with pytest.raises(OutsideRootError):
             store.identity(path)
         with pytest.raises(OutsideRootError):
-            store.read_whole(path)
+            store.read_whole(path, limit=1 << 20)
 
     def test_read_whole_gives_the_bytes_and_their_identity(self, store: Store) -> None:
         path = self.write(store, "org/ds/meta.json", b'{"a": 1}')
-        found = store.read_whole(path)
+        found = store.read_whole(path, limit=1 << 20)
         assert found is not None
         data, identity = found
         assert data == b'{"a": 1}'
         assert identity == store.identity(path)
+
+    def test_reads_past_the_caller_s_limit_are_refused_before_they_happen(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        identity = store.identity(path)
+        assert identity is not None
+        with pytest.raises(OversizedFileError):
+            store.read(path, 0, 1024, identity, limit=1023)
+        with pytest.raises(OversizedFileError):
+            store.read_whole(path, limit=len(DATA) - 1)
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == DATA
 
     def test_listing_names_the_subdirectories_sorted_without_hidden_ones(self, store: Store) -> None:
         for name in ("b/x.bin", "a/x.bin", "c/deeper/x.bin", ".hidden/x.bin", "file.bin"):
@@ -131,7 +143,9 @@ class StoreContract:
             mine_identity, their_identity = store.identity(mine), other.identity(theirs)
             assert mine_identity is not None and their_identity is not None
             assert mine_identity.size == their_identity.size
-            assert other.read(theirs, 10, 20, their_identity) == store.read(mine, 10, 20, mine_identity)
+            assert other.read(theirs, 10, 20, their_identity, limit=20) == store.read(
+                mine, 10, 20, mine_identity, limit=20
+            )
 
 
 class UnreachableStoreContract(StoreContract):
@@ -147,7 +161,7 @@ class UnreachableStoreContract(StoreContract):
         with pytest.raises(StoreUnavailableError):
             unreachable.identity(path)
         with pytest.raises(StoreUnavailableError):
-            unreachable.read_whole(path)
+            unreachable.read_whole(path, limit=1 << 20)
         with pytest.raises(StoreUnavailableError):
             unreachable.list_directories(unreachable.root)
 
@@ -156,8 +170,8 @@ class UnreachableStoreContract(StoreContract):
 
 
 class LocalStoreContract(StoreContract):
-    """A local root. A local disk has no "unreachable" state apart from a missing file: a root that is
-    not mounted reads as empty, and /readyz reports it (tests/test_object_storage.py)."""
+    """A local root. A local disk is unreachable where a file is missing that cannot be absent: a root that is
+    not mounted, a dangling symlink, or a mag directory that went; those are StoreUnavailableError, never None."""
 
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
@@ -189,7 +203,7 @@ class LocalStoreContract(StoreContract):
         """Checked on every new version opened, not remembered: the swap after a first read is seen."""
         path = self.write(store, "org/ds/z0/data.bin", DATA)
         identity = store.identity(path)
-        assert identity is not None and store.read(path, 0, 4, identity) == DATA[:4]
+        assert identity is not None and store.read(path, 0, 4, identity, limit=4) == DATA[:4]
         outside = Path(store.root).parent / "outside-z0"
         outside.mkdir()
         (outside / "data.bin").write_bytes(b"secret" * 100)
@@ -199,7 +213,7 @@ class LocalStoreContract(StoreContract):
         with pytest.raises(OutsideRootError):
             store.identity(path)
         with pytest.raises(OutsideRootError):
-            store.read(path, 0, 6, identity._replace(version="another"))
+            store.read(path, 0, 6, identity._replace(version="another"), limit=6)
 
     def test_a_symlink_to_an_extra_root_is_served(self, tmp_path: Path) -> None:
         root, extra = tmp_path / "root", tmp_path / "volume2"
@@ -209,11 +223,40 @@ class LocalStoreContract(StoreContract):
         (root / "org" / "ds" / "layer").symlink_to(extra / "layer")
         store = LocalStore(str(root), extra_roots=[str(extra)])
         path = str(root / "org" / "ds" / "layer" / "data.bin")
-        found = store.read_whole(path)
+        found = store.read_whole(path, limit=1 << 20)
         assert found is not None and found[0] == DATA
         assert store.relative(store.resolve(path) or "") == "layer/data.bin"  # relative to the extra root
         with pytest.raises(OutsideRootError):
-            LocalStore(str(root)).read_whole(path)  # the same link without the extra root
+            LocalStore(str(root)).read_whole(path, limit=1 << 20)  # the same link without the extra root
+
+    def test_a_dangling_symlink_is_unavailable_not_absent(self, store: Store) -> None:
+        link = Path(store.root, "org", "ds", "0.0.0")
+        link.parent.mkdir(parents=True)
+        link.symlink_to(link.parent / "moved-away")
+        with pytest.raises(StoreUnavailableError, match="symlink whose target is gone"):
+            store.identity(str(link))
+        with pytest.raises(StoreUnavailableError, match="symlink whose target is gone"):
+            store.read_whole(str(link), limit=1 << 20)
+
+    def test_a_root_that_went_is_unavailable_not_empty(self, store: Store) -> None:
+        path = self.write(store, "org/ds/data.bin", DATA)
+        store.require_directory(str(Path(path).parent))  # there: nothing to say
+        os.rename(store.root, store.root + "-unmounted")
+        for call in (
+            lambda: store.identity(path),
+            lambda: store.read_whole(path, limit=1 << 20),
+            lambda: store.list_directories(self.path(store, "org")),
+            lambda: store.require_directory(str(Path(path).parent)),
+        ):
+            with pytest.raises(StoreUnavailableError, match="data root"):
+                call()
+
+    def test_a_directory_that_must_be_there_and_went_is_unavailable(self, store: Store) -> None:
+        path = self.write(store, "org/ds/mag/data.bin", DATA)
+        shutil.rmtree(Path(path).parent)
+        assert store.identity(path) is None  # absent inside a directory of the root, as far as a lookup tells
+        with pytest.raises(StoreUnavailableError, match="not there"):
+            store.require_directory(str(Path(path).parent))
 
     def test_a_fifo_in_the_root_is_refused_without_waiting_for_a_writer(self, store: Store) -> None:
         path = Path(store.root, "org", "ds", "zarr.json")
@@ -222,9 +265,9 @@ class LocalStoreContract(StoreContract):
         identity = store.identity(str(path))
         assert identity is not None
         with pytest.raises(OSError, match="not a regular file"):
-            store.read_whole(str(path))
+            store.read_whole(str(path), limit=1 << 20)
         with pytest.raises(OSError, match="not a regular file"):
-            store.read(str(path), 0, 1, identity)
+            store.read(str(path), 0, 1, identity, limit=1)
 
     def test_the_refusal_names_the_path_relative_to_the_root(self, store: Store) -> None:
         path = self.outside(store, "org/ds/escape.bin", b"secret")
