@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import UnionType
@@ -19,7 +20,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from .extras import GRANIAN, MESHES, MissingExtraError
+from .extras import GRANIAN, MESHES, Extra, MissingExtraError
 from .settings import ENV_PREFIX, Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
@@ -45,11 +46,15 @@ def serve(args: argparse.Namespace) -> None:
     from .startup import prepare
 
     settings = _settings_from(args)
+    server = SERVERS[settings.server]
+    if server.extra is not None:  # before start-up says anything: the refusal is the only line
+        try:
+            server.extra.require(f"server={settings.server}")
+        except MissingExtraError as exc:
+            raise CommandError(str(exc)) from None
     cleanup = prepare(settings)
     try:
-        SERVERS[settings.server](settings)
-    except MissingExtraError as exc:  # raised before a port is bound
-        raise CommandError(str(exc)) from None
+        server.run(settings)
     finally:
         cleanup()
 
@@ -76,7 +81,6 @@ def _run_granian(settings: Settings) -> None:
     On SIGTERM the supervisor closes its copy of the listening socket and sends SIGTERM to every
     worker; it kills a worker that has not finished ``drain_seconds + graceful_timeout`` later.
     """
-    GRANIAN.require("server=granian")
     from granian.constants import HTTPModes, Interfaces
     from granian.http import HTTP1Settings
     from granian.server import Server
@@ -104,7 +108,13 @@ def _run_granian(settings: Settings) -> None:
     server.serve()
 
 
-SERVERS: dict[str, Callable[[Settings], None]] = {"uvicorn": _run_uvicorn, "granian": _run_granian}
+@dataclass(frozen=True, slots=True)
+class HttpServer:
+    run: Callable[[Settings], None]
+    extra: Extra | None  # the pip extra it needs beyond the core
+
+
+SERVERS = {"uvicorn": HttpServer(_run_uvicorn, None), "granian": HttpServer(_run_granian, GRANIAN)}
 _granian_supervisor: list[Any] = []  # the supervisor's Server, as a forked worker inherits it
 _early_sigterm: list[int] = []  # SIGTERMs a worker received before its event loop could act on them
 
