@@ -507,7 +507,7 @@ def test_a_replaced_tokens_file_is_seen_without_a_restart(stack: Stack) -> None:
             break
         time.sleep(0.5)
     assert all(s == (200, 401) for s in statuses), statuses
-    write_tokens(stack.tokens_dir, {TOKEN: [f"{ORG}/*"], OTHER_TOKEN: ["other_org/*"]})
+    write_tokens(stack.tokens_dir, {TOKEN: [f"{ORG}/*", f"{SAMPLE_ORG}/*"], OTHER_TOKEN: ["other_org/*"]})
 
 
 def test_scaling_up_and_reloading_the_proxy_spreads_requests_over_every_replica(stack: Stack) -> None:
