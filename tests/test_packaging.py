@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import requests
 from support.datasets import ORG
 from support.datasets import WrittenDataset as Data
 from support.mesh_reads import read_a_mesh_fragment
-from support.processes import free_port, stop_process, wait_until_answering
+from support.processes import free_port, stop_process, wait_until, wait_until_answering
 from support.servers import Server
 
 from gateway import extras
@@ -430,3 +432,50 @@ def test_the_slim_install_names_an_extra_it_lacks_in_one_line(slim_venv: Path, t
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and f"pip install 'zarr-gateway[{extra}]'" in lines[0], done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Path, sample_root: Path) -> None:
+    """scripts/serve-sample in a copy of the checkout whose pip only records what it is asked: it installs the
+    sample, meshes and viewer extras quietly, serves the sample, prints the page and viewer links, and stops
+    on SIGTERM with the gateway."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "serve-sample"
+    script.write_bytes((REPO / "scripts" / "serve-sample").read_bytes())
+    script.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    shutil.copytree(sample_root, tmp_path / "sample-data")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    asked = tmp_path / "pip-calls"
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$*" >> {asked}\necho "many lines of pip output"\n')
+    (bin_dir / "python").symlink_to(sys.executable)
+    # The installed command is this checkout's gateway.
+    (bin_dir / "zarr-gateway").write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m gateway "$@"\n')
+    for tool in ("pip", "zarr-gateway"):
+        (bin_dir / tool).chmod(0o755)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
+    log = tmp_path / "serve-sample.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(script), "--port", str(port), "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    page = f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/"
+    try:
+        printed = wait_until(lambda: "open it in Neuroglancer: " in log.read_text(), timeout=120, interval=0.2)
+        assert printed, log.read_text()
+        assert process.poll() is None, log.read_text()
+        assert requests.get(page, timeout=10).status_code == 200
+    finally:
+        stop_process(process, timeout=60)
+    text = log.read_text()
+    # the gateway's own status: uvicorn ends by SIGTERM after its graceful shutdown, as the signal asked
+    assert process.returncode in (0, 128 + signal.SIGTERM), text[-2000:]
+    assert "Finished server process" in text, text[-2000:]
+    assert asked.read_text().splitlines() == ["install --disable-pip-version-check -q -e .[sample,meshes,viewer]"]
+    assert "many lines of pip output" not in text, "pip's output is shown"
+    assert f"the sample's dataset page: {page}" in text
+    (link,) = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("open it in Neuroglancer: ")]
+    assert urllib.parse.quote(f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/color/", safe="") in link
+    with pytest.raises(requests.ConnectionError):
+        requests.get(page, timeout=5)
