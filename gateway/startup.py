@@ -2,7 +2,8 @@
 
 Everything that can be wrong with the settings stops start-up here with a message that names it,
 before a port is bound: an unknown setting, a data root that is not a directory, a tokens file that
-cannot be used.
+cannot be used or still holds the example token, a port another server listens on. Then it logs which
+optional features are off, one line for each missing extra.
 """
 
 import errno
