@@ -1,4 +1,8 @@
-"""``zarr-gateway serve``, ``zarr-gateway make-sample`` and ``zarr-gateway index-segments``."""
+"""``zarr-gateway serve``, ``zarr-gateway make-sample`` and ``zarr-gateway index-segments``.
+
+Each command answers a user's mistake (a missing directory, a sample that exists, a missing extra) with one
+line on standard error and exit status 1, as the settings errors do: :class:`CommandError` is that answer.
+"""
 
 import argparse
 import asyncio
@@ -8,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import UnionType
@@ -15,11 +20,19 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from .extras import GRANIAN, MissingExtraError
+from .extras import GRANIAN, MESHES, Extra, MissingExtraError
 from .settings import ENV_PREFIX, Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
+DESCRIPTION = (
+    "Serve webKnossos WKW, Zarr v2/v3, N5 and Neuroglancer precomputed datasets as Zarr v2 and v3 over HTTP, "
+    "without converting them. Run 'zarr-gateway COMMAND --help' for a command's options."
+)
 log = logging.getLogger("gateway")
+
+
+class CommandError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit status 1 (see :func:`main`)."""
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -33,11 +46,15 @@ def serve(args: argparse.Namespace) -> None:
     from .startup import prepare
 
     settings = _settings_from(args)
+    server = SERVERS[settings.server]
+    if server.extra is not None:  # before start-up says anything: the refusal is the only line
+        try:
+            server.extra.require(f"server={settings.server}")
+        except MissingExtraError as exc:
+            raise CommandError(str(exc)) from None
     cleanup = prepare(settings)
     try:
-        SERVERS[settings.server](settings)
-    except MissingExtraError as exc:  # raised before a port is bound
-        sys.exit(f"zarr-gateway: {exc}")
+        server.run(settings)
     finally:
         cleanup()
 
@@ -64,7 +81,6 @@ def _run_granian(settings: Settings) -> None:
     On SIGTERM the supervisor closes its copy of the listening socket and sends SIGTERM to every
     worker; it kills a worker that has not finished ``drain_seconds + graceful_timeout`` later.
     """
-    GRANIAN.require("server=granian")
     from granian.constants import HTTPModes, Interfaces
     from granian.http import HTTP1Settings
     from granian.server import Server
@@ -92,7 +108,13 @@ def _run_granian(settings: Settings) -> None:
     server.serve()
 
 
-SERVERS: dict[str, Callable[[Settings], None]] = {"uvicorn": _run_uvicorn, "granian": _run_granian}
+@dataclass(frozen=True, slots=True)
+class HttpServer:
+    run: Callable[[Settings], None]
+    extra: Extra | None  # the pip extra it needs beyond the core
+
+
+SERVERS = {"uvicorn": HttpServer(_run_uvicorn, None), "granian": HttpServer(_run_granian, GRANIAN)}
 _granian_supervisor: list[Any] = []  # the supervisor's Server, as a forked worker inherits it
 _early_sigterm: list[int] = []  # SIGTERMs a worker received before its event loop could act on them
 
@@ -155,13 +177,25 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def make_sample(args: argparse.Namespace) -> None:
+    from .sample import DATASET, ORGANIZATION
     from .sample import make_sample as write_sample
 
+    root = Path(args.directory)
+    existing = root / ORGANIZATION / DATASET
+    if existing.exists() and not args.overwrite:
+        raise CommandError(f"make-sample: {existing} already exists; pass --overwrite to write it again")
+    if root.exists() and not root.is_dir():
+        raise CommandError(f"make-sample: {root} is not a directory")
     try:
-        path = write_sample(Path(args.directory))
+        path = write_sample(root)
     except MissingExtraError as exc:
-        sys.exit(f"zarr-gateway: {exc}")
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"make-sample: cannot write into {root}: {exc.strerror or exc}") from None
     print(f"sample dataset written to {path}")
+    if MESHES.missing() is not None:  # no meshes are served, so no index is needed for them
+        print(f"no segment index written: meshes need the {MESHES.name!r} extra ({MESHES.install_hint()})")
+        return
     # Its segment index, so that the dataset page opens Neuroglancer with the largest cells selected.
     index_segments(
         argparse.Namespace(
@@ -174,8 +208,12 @@ def index_segments(args: argparse.Namespace) -> None:
     """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
     import anyio
 
-    from gateway_storage import open_store
+    from gateway_storage import open_store, store_kind
 
+    try:
+        MESHES.require("zarr-gateway index-segments")
+    except MissingExtraError as exc:
+        raise CommandError(str(exc)) from None
     from .meshes.build import DataChangedWhileIndexing, index_layer
     from .meshes.errors import MeshInputError, MeshNotFound
     from .meshes.segments import index_place
@@ -183,18 +221,23 @@ def index_segments(args: argparse.Namespace) -> None:
     from .sources.catalog import BrokenDataset, Catalog
     from .sources.registry import SourceFormats
 
+    if store_kind(args.root) is None and not Path(args.root.removeprefix("file://")).is_dir():
+        raise CommandError(f"index-segments: data root {args.root} not found (not a directory)")
     organization, _, name = args.dataset.partition("/")
     storage = open_store(args.root)
     catalog = Catalog(storage, SourceFormats(storage, 128 << 20))
     dataset = catalog.dataset(organization, name)
     if dataset is None or isinstance(dataset, BrokenDataset):
-        sys.exit(f"no servable dataset {args.dataset!r} under {args.root}" + (f": {dataset.reason}" if dataset else ""))
+        raise CommandError(
+            f"index-segments: no servable dataset {args.dataset!r} under {args.root}"
+            + (f": {dataset.reason}" if dataset else "")
+        )
     place = index_place(storage, args.segment_index_dir or None)
     service = MeshService(storage, place, 64 << 20, anyio.CapacityLimiter(1))
     try:
         built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
     except (MeshInputError, MeshNotFound, DataChangedWhileIndexing) as exc:
-        sys.exit(f"index-segments: {exc}")
+        raise CommandError(f"index-segments: {exc}") from None
     _write_atomically(Path(built.location), built.index.to_bytes())
     print(
         f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
@@ -218,6 +261,11 @@ def _write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+def plain(text: str) -> str:
+    """Help text as a terminal shows it: without the double backticks docstrings mark code with."""
+    return text.replace("``", "'")
+
+
 def flag_name(setting: str) -> str:
     return "--" + setting.replace("_", "-")
 
@@ -230,7 +278,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         given = not field.is_required() and field.default_factory is None and field.default not in (None, ())
         shown = f"; default {field.default}" if given else ""
-        description = (field.description or name).replace("%", "%%")
+        description = plain(field.description or name).replace("%", "%%")
         parser.add_argument(
             flag_name(name), dest=name, help=f"{description} ({ENV_PREFIX}{name.upper()}{shown})", **_flag_kind(field)
         )
@@ -256,20 +304,44 @@ def _flag_kind(field: FieldInfo) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except CommandError as exc:
+        sys.exit(f"zarr-gateway: {exc}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zarr-gateway")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zarr-gateway", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("serve", help="serve a data root as Zarr v2 and v3 over HTTP")
+    parser = argparse.ArgumentParser(prog="zarr-gateway", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"zarr-gateway {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "serve", help="serve a data root as Zarr v2 and v3 over HTTP", description="Serve a data root over HTTP."
+    )
     add_setting_flags(run)
     run.set_defaults(func=serve)
-    sample = commands.add_parser("make-sample", help="write a small sample dataset into DIRECTORY")
-    sample.add_argument("directory")
+    sample = commands.add_parser(
+        "make-sample",
+        help="write a small sample dataset (color and segmentation layers) into DIRECTORY",
+        description="Write the sample dataset DIRECTORY/sample_org/sample_dataset and its segment index.",
+    )
+    sample.add_argument(
+        "directory", metavar="DIRECTORY", help="the data root to write into (made if missing), e.g. sample-data"
+    )
+    sample.add_argument("--overwrite", action="store_true", help="write the sample again where one exists")
     sample.set_defaults(func=make_sample)
     index = commands.add_parser(
-        "index-segments", help="index which cubes hold each segment of a segmentation layer, for its meshes"
+        "index-segments",
+        help="index which cubes hold each segment of a segmentation layer, for its meshes",
+        description="Index which cubes hold each segment of a segmentation layer, for its meshes.",
     )
     index.add_argument("root", help="data root (a directory)")
     index.add_argument("dataset", help="ORGANIZATION/DATASET")

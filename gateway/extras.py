@@ -1,11 +1,13 @@
 """The optional parts of the gateway, each a pip extra of the package, and the refusal when one is missing.
 
 The core serves local data roots on uvicorn. A feature that needs more (a store URL as root, Granian, the
-sample maker) imports its library only when it is used, through :meth:`Extra.require`, so that a missing
-library stops start-up with a message that names the extra to install rather than an ImportError.
+sample maker, meshes, the bundled viewer) imports its library only when it is used, through
+:meth:`Extra.require`, so that a missing library stops start-up with a message that names the extra to
+install rather than an ImportError. Start-up says which features are off (:meth:`Extra.missing`).
 """
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 
 
@@ -17,6 +19,22 @@ class MissingExtraError(ImportError):
 class Extra:
     name: str  # as in ``pip install 'zarr-gateway[name]'``
     modules: tuple[str, ...]  # what the feature imports
+    provides: str  # what is off without it, as start-up says so
+
+    def missing(self) -> str | None:
+        """Which of the extra's modules is not installed, or None when all are: found without importing them
+        (the viewer's package takes over a second to import), so that start-up can ask about every extra."""
+        for module in self.modules:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError as exc:
+                return str(exc)
+            if not found:
+                return f"No module named {module!r}"
+        return None
+
+    def install_hint(self) -> str:
+        return f"pip install 'zarr-gateway[{self.name}]'"
 
     def require(self, feature: str) -> None:
         """Import the extra's modules, or raise :class:`MissingExtraError` naming ``feature`` and the extra."""
@@ -25,18 +43,18 @@ class Extra:
                 importlib.import_module(module)
             except ImportError as exc:
                 raise MissingExtraError(
-                    f"{feature} needs the {self.name!r} extra, which is not installed ({exc}): "
-                    f"pip install 'zarr-gateway[{self.name}]'"
+                    f"{feature} needs the {self.name!r} extra, which is not installed ({exc}): {self.install_hint()}"
                 ) from None
 
 
-S3 = Extra("s3", ("obstore",))
-GCS = Extra("gcs", ("obstore",))
-AZURE = Extra("azure", ("obstore",))
-HTTPS = Extra("https", ("obstore",))
-GRANIAN = Extra("granian", ("granian",))
-SAMPLE = Extra("sample", ("rich",))
-MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"))
+S3 = Extra("s3", ("obstore",), "s3:// data and remote roots")
+GCS = Extra("gcs", ("obstore",), "gs:// data and remote roots")
+AZURE = Extra("azure", ("obstore",), "az:// data and remote roots")
+HTTPS = Extra("https", ("obstore",), "https:// data and remote roots")
+GRANIAN = Extra("granian", ("granian",), "server=granian")
+SAMPLE = Extra("sample", ("rich",), "zarr-gateway make-sample")
+MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"), "segment meshes and zarr-gateway index-segments")
+VIEWER = Extra("viewer", ("neuroglancer",), "the Neuroglancer client served at /neuroglancer/")
 
-# By name, as gateway_storage.STORE_KINDS names the extra of each store.
-EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES)}
+# By name, as gateway_storage.STORE_KINDS names the extra of each store; ``all`` in pyproject.toml names each.
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, VIEWER)}

@@ -17,6 +17,12 @@ from urllib.parse import quote
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
 
+def utc_stamp(created: float) -> str:
+    """A record's time as every log line writes it: ISO 8601 in UTC, to the millisecond."""
+    second = int(created)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{int((created - second) * 1000):03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, with the record's ``extra`` fields at the top level.
 
@@ -26,7 +32,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = {"message": record.getMessage()}
         fields.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and k not in fields})
-        fields["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{record.msecs:03.0f}Z"
+        fields["time"] = utc_stamp(record.created)
         fields["level"] = record.levelname
         fields["logger"] = record.name
         if record.exc_info:
@@ -62,6 +68,10 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """UTC, as the access lines and the JSON records write it (``2026-12-01T19:56:55.123Z``)."""
+        return utc_stamp(record.created)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message)

@@ -2,9 +2,11 @@
 
 Everything that can be wrong with the settings stops start-up here with a message that names it,
 before a port is bound: an unknown setting, a data root that is not a directory, a tokens file that
-cannot be used.
+cannot be used or still holds the example token, a port another server listens on. Then it logs which
+optional features are off, one line for each missing extra.
 """
 
+import errno
 import json
 import logging
 import multiprocessing
@@ -39,14 +41,63 @@ def load_settings(flags: dict[str, Any]) -> Settings:
         sys.exit(f"zarr-gateway: invalid settings: {exc}")
 
 
+# The placeholder of the example tokens files (deploy/): a token anyone can read there grants nothing.
+EXAMPLE_TOKEN = "replace-with-a-long-random-token"
+
+
 def check_tokens(settings: Settings) -> None:
     from .http.auth import Tokens, TokensFileError
 
     if settings.tokens_file is not None:
         try:
-            Tokens.load(settings.tokens_file)
+            tokens = Tokens.load(settings.tokens_file)
         except TokensFileError as exc:
             sys.exit(f"zarr-gateway: {exc}")
+        if tokens.grant(EXAMPLE_TOKEN) is not None:
+            sys.exit(
+                f"zarr-gateway: tokens file {settings.tokens_file}: the example token {EXAMPLE_TOKEN!r} is published "
+                "in this project's repository; replace it with a long random one (python3 -c "
+                "'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+
+
+def log_missing_features() -> None:
+    """One line for each optional feature whose extra is not installed: what is off, why, and how to turn it on."""
+    for extra in EXTRAS.values():
+        reason = extra.missing()
+        if reason is not None:
+            log.info(
+                "feature off: %s (extra %r not installed: %s; %s)",
+                extra.provides,
+                extra.name,
+                reason,
+                extra.install_hint(),
+            )
+
+
+def check_port(settings: Settings) -> None:
+    """Stop with one line naming the address when the port cannot be listened on (in use, or not allowed).
+
+    The servers would say it too, but uvicorn with several workers as a bare ``[Errno 98]`` without the port.
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        sys.exit(f"zarr-gateway: host {settings.host!r} cannot be listened on: {exc.strerror}")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            hint = (
+                " (is another server running there? choose another with --port)"
+                if exc.errno == errno.EADDRINUSE
+                else ""
+            )
+            sys.exit(f"zarr-gateway: cannot listen on {settings.host}:{settings.port}: {exc.strerror}{hint}")
 
 
 def check_root(settings: Settings) -> None:
@@ -132,8 +183,10 @@ def prepare(settings: Settings) -> Callable[[], None]:
     Returns a clean-up function to call when the server has stopped.
     """
     configure_logging(settings.log_format)
+    check_port(settings)
     check_tokens(settings)
     check_root(settings)
+    log_missing_features()
     log.info("settings: %s", json.dumps(settings.public()))
     cleanup = _metrics_dir(settings)
     # Workers are separate processes: hand them the validated settings through the environment.

@@ -30,9 +30,12 @@ import numpy as np
 import pytest
 import requests
 from support.datasets import LAYERS, ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name
+from support.mesh_reads import read_a_mesh_fragment
 from support.processes import free_port, stop_process
 
 from deploy.render import AUTH_SCOPE, TEMPLATES
+from gateway.sample import DATASET as SAMPLE_DATASET
+from gateway.sample import ORGANIZATION as SAMPLE_ORG
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -282,6 +285,14 @@ def make_data_root(test_data: WrittenDataset, directory: Path) -> Path:
     return root
 
 
+def make_sample_in_image(engine: "Engine", image: str, root: Path) -> Path:
+    """``docker run IMAGE make-sample /data``, as a lab tries the image first: the sample beside the test data."""
+    uid, gid = int(env_example()["GATEWAY_UID"]), int(env_example()["GATEWAY_GID"])
+    os.chown(root, uid, gid)
+    engine.docker("run", "--rm", "--network", "none", "--volume", f"{root}:/data", image, "make-sample", "/data")
+    return root
+
+
 def make_tokens_dir(directory: Path, tokens: dict[str, list[str]]) -> Path:
     """As the README's Deploy section says: a private directory owned by the gateways' user."""
     secrets = directory / "secrets"
@@ -339,8 +350,10 @@ def stack(engine: Engine, images: dict[str, str], test_data: WrittenDataset) -> 
     settings = env_example()
     settings.update(
         COMPOSE_PROJECT_NAME=f"zg{uuid.uuid4().hex[:10]}",
-        DATA_ROOT=str(make_data_root(test_data, directory)),
-        TOKENS_DIR=str(make_tokens_dir(directory, {TOKEN: [f"{ORG}/*"], OTHER_TOKEN: ["other_org/*"]})),
+        DATA_ROOT=str(make_sample_in_image(engine, images["gateway"], make_data_root(test_data, directory))),
+        TOKENS_DIR=str(
+            make_tokens_dir(directory, {TOKEN: [f"{ORG}/*", f"{SAMPLE_ORG}/*"], OTHER_TOKEN: ["other_org/*"]})
+        ),
         PUBLIC_PORT=f"127.0.0.1:{free_port()}",
     )
     env_file = directory / "deploy.env"
@@ -464,6 +477,15 @@ def test_logs_are_json_lines_without_tokens(stack: Stack) -> None:
     assert TOKEN not in every_line and OTHER_TOKEN not in every_line
 
 
+def test_the_image_serves_the_sample_it_made_with_meshes_through_the_proxy(stack: Stack) -> None:
+    """The image installs every feature: the sample made by ``docker run IMAGE make-sample`` has its segment
+    index, a mesh fragment reads through the proxy, and no gateway logs a feature as off."""
+    assert read_a_mesh_fragment(stack.url, f"{SAMPLE_ORG}/{SAMPLE_DATASET}", "segmentation", **HEADERS)
+    for container in stack.containers("gateway"):
+        off = [line for line in stack.logs(container) if "feature off" in line]
+        assert off == [], off
+
+
 def test_a_replaced_tokens_file_is_seen_without_a_restart(stack: Stack) -> None:
     new_token = f"rotated-{uuid.uuid4().hex}"
     url = f"{stack.url}/data/zarr/{ORG}/{DATASET}/.zgroup"
@@ -485,7 +507,7 @@ def test_a_replaced_tokens_file_is_seen_without_a_restart(stack: Stack) -> None:
             break
         time.sleep(0.5)
     assert all(s == (200, 401) for s in statuses), statuses
-    write_tokens(stack.tokens_dir, {TOKEN: [f"{ORG}/*"], OTHER_TOKEN: ["other_org/*"]})
+    write_tokens(stack.tokens_dir, {TOKEN: [f"{ORG}/*", f"{SAMPLE_ORG}/*"], OTHER_TOKEN: ["other_org/*"]})
 
 
 def test_scaling_up_and_reloading_the_proxy_spreads_requests_over_every_replica(stack: Stack) -> None:

@@ -7,11 +7,15 @@ packages fail, through a ``sitecustomize`` module on ``PYTHONPATH``.
 
 import ast
 import importlib.metadata
+import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +23,8 @@ import pytest
 import requests
 from support.datasets import ORG
 from support.datasets import WrittenDataset as Data
-from support.processes import free_port
+from support.mesh_reads import read_a_mesh_fragment
+from support.processes import free_port, stop_process, wait_until, wait_until_answering
 from support.servers import Server
 
 from gateway import extras
@@ -280,3 +285,195 @@ def test_bootstrap_installs_every_extra_and_again_when_pyproject_changes(tmp_pat
     with open(tmp_path / "pyproject.toml", "a") as pyproject:
         pyproject.write("\n# a change\n")
     assert bootstrap() == [install, install], "not installed again after pyproject.toml changed"
+
+
+def test_all_names_every_runtime_extra() -> None:
+    """``pip install 'zarr-gateway[all]'`` (what the image installs) turns on every feature the code knows."""
+    (requirement,) = PROJECT["optional-dependencies"]["all"]
+    name, named = _requirement_name(requirement)
+    assert name == _normal(PROJECT["name"])
+    assert sorted(named) == sorted(extras.EXTRAS), "the 'all' extra and gateway/extras.py name different extras"
+
+
+def test_startup_logs_each_feature_that_is_off(blocked: Callable[..., dict[str, str]], tmp_path: Path) -> None:
+    """One line per missing extra, naming what is off and the extra; an installed extra gets no line."""
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--root", str(tmp_path), "--port", str(port), "--workers", "1"],
+            env=blocked("zmesh", "granian"),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    try:
+        wait_until_answering(f"http://127.0.0.1:{port}/", process, 60, log.read_text)
+    finally:
+        stop_process(process)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    off = [record.get("message", "") for record in records if record.get("message", "").startswith("feature off")]
+    assert len(off) == 2, off
+    meshes, granian = sorted(off, key=lambda line: "granian" in line)
+    assert extras.MESHES.provides in meshes and "pip install 'zarr-gateway[meshes]'" in meshes, meshes
+    assert "'zmesh'" in meshes, meshes
+    assert extras.GRANIAN.provides in granian and "pip install 'zarr-gateway[granian]'" in granian, granian
+
+
+def test_index_segments_without_the_meshes_extra_is_refused_naming_it(
+    blocked: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    """It used to die with a raw ``ModuleNotFoundError: rich``."""
+    done = _gateway(blocked("rich"), "index-segments", str(tmp_path), "sample_org/sample_dataset", "segmentation")
+    assert done.returncode == 1, done
+    assert done.stderr.strip().splitlines() == [
+        "zarr-gateway: zarr-gateway index-segments needs the 'meshes' extra, which is not installed "
+        "(No module named 'rich' (blocked by the test)): pip install 'zarr-gateway[meshes]'"
+    ], done.stderr
+
+
+# --- the slim install: a fresh venv with the sample, meshes and viewer extras, what serve-sample installs ---
+
+SLIM_EXTRAS = "sample,meshes,viewer"
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "gateway", "gateway_storage", "wkw_adapter")
+
+
+@pytest.fixture(scope="module")
+def slim_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with ``zarr-gateway[sample,meshes,viewer]`` from the package index, and nothing of the tests.
+
+    Installed from a copy of the package's files, as the image is, so that no build output lands in the checkout.
+    """
+    where = tmp_path_factory.mktemp("slim")
+    source = where / "source"
+    source.mkdir()
+    for name in PACKAGE_FILES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, source / name)
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    install = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", f"{source}[{SLIM_EXTRAS}]"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    return venv
+
+
+def _slim(venv: Path, *args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The installed command, run outside the checkout (so the installed package is the one imported)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZARR_GATEWAY_", "PYTHON"))}
+    return subprocess.run(
+        [str(venv / "bin" / "zarr-gateway"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.install
+def test_the_slim_install_has_none_of_the_test_tools(slim_venv: Path) -> None:
+    for module in ("pytest", "wkw", "webknossos", "zarr", "boto3", "granian"):
+        found = subprocess.run([str(slim_venv / "bin" / "python"), "-c", f"import {module}"], capture_output=True)
+        assert found.returncode != 0, f"{module} is installed in the slim venv"
+
+
+@pytest.mark.install
+def test_the_slim_install_makes_indexes_and_serves_the_sample_with_meshes(slim_venv: Path, tmp_path: Path) -> None:
+    """make-sample, index-segments and serve, with a mesh fragment read through the served gateway."""
+    root = tmp_path / "data"
+    made = _slim(slim_venv, "make-sample", str(root), cwd=tmp_path)
+    assert made.returncode == 0, made
+    assert (root / "sample_org/sample_dataset/segmentation.segment-index.npz").is_file(), made.stdout
+    again = _slim(
+        slim_venv,
+        "index-segments",
+        str(root),
+        "sample_org/sample_dataset",
+        "segmentation",
+        "--segment-index-dir",
+        str(tmp_path / "index"),
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0 and "segments of sample_org/sample_dataset/segmentation" in again.stdout, again
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZARR_GATEWAY_", "PYTHON"))}
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(slim_venv / "bin" / "zarr-gateway"), "serve", "--root", str(root), "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until_answering(f"http://127.0.0.1:{port}/readyz", process, 60, log.read_text, interval=0.1)
+        assert read_a_mesh_fragment(f"http://127.0.0.1:{port}")
+        page = requests.get(f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/", timeout=30)
+        assert page.status_code == 200 and "open-neuroglancer" in page.text, page.text[:500]
+    finally:
+        stop_process(process)
+    said = [json.loads(line).get("message", "") for line in log.read_text().splitlines() if line.startswith("{")]
+    off = [message for message in said if message.startswith("feature off")]
+    assert not [line for line in off if any(f"'{name}'" in line for name in SLIM_EXTRAS.split(","))], off
+    assert any("'granian' not installed" in line for line in off), off
+
+
+@pytest.mark.install
+def test_the_slim_install_names_an_extra_it_lacks_in_one_line(slim_venv: Path, tmp_path: Path) -> None:
+    for flags, extra in ((["--server", "granian"], "granian"), (["--root", "s3://bucket/prefix"], "s3")):
+        args = ["serve", "--root", str(tmp_path), "--port", str(free_port()), *flags]
+        done = _slim(slim_venv, *args, cwd=tmp_path, timeout=120)
+        assert done.returncode == 1, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pip install 'zarr-gateway[{extra}]'" in lines[0], done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Path, sample_root: Path) -> None:
+    """scripts/serve-sample in a copy of the checkout whose pip only records what it is asked: it installs the
+    sample, meshes and viewer extras quietly, serves the sample, prints the page and viewer links, and stops
+    on SIGTERM with the gateway."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "serve-sample"
+    script.write_bytes((REPO / "scripts" / "serve-sample").read_bytes())
+    script.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    shutil.copytree(sample_root, tmp_path / "sample-data")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    asked = tmp_path / "pip-calls"
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho "$*" >> {asked}\necho "many lines of pip output"\n')
+    (bin_dir / "python").symlink_to(sys.executable)
+    # The installed command is this checkout's gateway.
+    (bin_dir / "zarr-gateway").write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m gateway "$@"\n')
+    for tool in ("pip", "zarr-gateway"):
+        (bin_dir / tool).chmod(0o755)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
+    log = tmp_path / "serve-sample.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [str(script), "--port", str(port), "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    page = f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/"
+    try:
+        printed = wait_until(lambda: "open it in Neuroglancer: " in log.read_text(), timeout=120, interval=0.2)
+        assert printed, log.read_text()
+        assert process.poll() is None, log.read_text()
+        assert requests.get(page, timeout=10).status_code == 200
+    finally:
+        stop_process(process, timeout=60)
+    text = log.read_text()
+    # the gateway's own status: uvicorn ends by SIGTERM after its graceful shutdown, as the signal asked
+    assert process.returncode in (0, 128 + signal.SIGTERM), text[-2000:]
+    assert "Finished server process" in text, text[-2000:]
+    assert asked.read_text().splitlines() == ["install --disable-pip-version-check -q -e .[sample,meshes,viewer]"]
+    assert "many lines of pip output" not in text, "pip's output is shown"
+    assert f"the sample's dataset page: {page}" in text
+    (link,) = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("open it in Neuroglancer: ")]
+    assert urllib.parse.quote(f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/color/", safe="") in link
+    with pytest.raises(requests.ConnectionError):
+        requests.get(page, timeout=5)

@@ -7,7 +7,6 @@ from ..sources.catalog import Dataset
 from .errors import MeshInputError, MeshTooLarge
 from .index import SegmentIndex, build_index, data_stamp
 from .service import MeshService
-from .surfaces import window_of
 
 
 class DataChangedWhileIndexing(RuntimeError):
@@ -34,16 +33,12 @@ def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bo
         raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
     meshes = service.layer(dataset, layer)
     grid = meshes.grid
-    level = grid.levels[0]
-    cubes = grid.cubes_of_finest()
-    total = 0
-    for cube in cubes:
-        lo, hi = window_of(*level.box(cube))
-        total += (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2])
+    cubes = len(grid.cubes_of_finest())
     local = service.storage.is_local
     before = data_stamp(meshes.layer.mags, local)
     started = time.perf_counter()
     # rich comes with the 'meshes' extra, as zmesh does; imported here so the gateway's core never needs it
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         Progress,
@@ -57,14 +52,15 @@ def index_layer(service: MeshService, dataset: Dataset, layer: str, progress: bo
         TextColumn("{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} voxels"),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} cubes"),  # voxels read hold margins the summary's lack
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         disable=not progress,
+        console=Console(stderr=True),  # the summary goes to standard output
     ) as bar:
-        task = bar.add_task(f"indexing {dataset.organization}/{dataset.name}/{layer}", total=total)
+        task = bar.add_task(f"indexing {dataset.organization}/{dataset.name}/{layer}", total=cubes)
         try:
-            index = build_index(grid, layer, before, advance=lambda voxels: bar.advance(task, voxels))
+            index = build_index(grid, layer, before, advance=lambda _voxels: bar.advance(task, 1))
         except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
             raise MeshInputError(f"layer {layer!r} cannot be indexed: {exc}") from None
     seconds = time.perf_counter() - started

@@ -6,6 +6,7 @@ offered; numcodecs' ``lz4`` is not one of them.
 
 import enum
 import gzip
+import threading
 from typing import Any
 
 import numcodecs
@@ -16,6 +17,11 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from .documents import CodecDocument
 
 numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
+# numcodecs guards Blosc's global state with a multiprocessing lock, a named semaphore made on first use. A
+# uvicorn worker ends by re-raising SIGTERM, which skips the finalizer that removes it, and the resource
+# tracker then warns of a leaked semaphore at every stop. Each process has its own Blosc state: a thread
+# lock guards it as well and leaves nothing behind.
+numcodecs.blosc._MUTEX, numcodecs.blosc._MUTEX_IS_INIT = threading.Lock(), True
 
 BLOSC_CLEVEL = 5
 ZSTD_LEVEL = 1  # fast: chunks are encoded per request
