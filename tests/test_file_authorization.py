@@ -179,9 +179,7 @@ def test_the_proxy_auth_answer_follows_the_files(served: Server) -> None:
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
-def test_a_chunk_swapped_for_a_link_into_another_dataset_is_refused(
-    served: Server, planted: Root, layer: str
-) -> None:
+def test_a_chunk_swapped_for_a_link_into_another_dataset_is_refused(served: Server, planted: Root, layer: str) -> None:
     """Read once (checked and kept open), then the stored file is replaced by a symlink into secret_org: the
     read-time check refuses it for any token, with the file named relative to the root; no secret voxel."""
     first = _voxels(served, EVIL, "swapped", layer, EVIL_TOKEN)

@@ -118,6 +118,19 @@ class Gateway:
             view = self._views[key] = tree.build(dataset, self.options, self.shards)
         return view
 
+    async def _view(self, dataset: Dataset, tree: Tree) -> DatasetView:
+        """:meth:`view`; one not built yet is built in a catalog thread (a dataset of many layers takes long)."""
+        view = self._views.get((dataset.organization, dataset.name, tree.name))
+        if view is not None and view.dataset is dataset:
+            return view
+        return await self._storage_call(self.view, dataset, tree)
+
+    async def _document(self, view: DatasetView, key: tuple[str, ...], make: Callable[[], Any]) -> Resource:
+        """A dataset's metadata document; one not rendered yet is rendered in a catalog thread (the
+        consolidated metadata of many layers takes long)."""
+        found = view.documents.get(key)
+        return found if found is not None else await self._storage_call(view.document, key, make)
+
     async def _storage_call(self, function: Callable[..., T], *args: Any) -> T:
         """Catalog work (loading, listing): in a thread of its own bound, never on the event loop."""
         return await anyio.to_thread.run_sync(function, *args, limiter=self.catalog_limiter)
@@ -144,7 +157,7 @@ class Gateway:
             datasets = await self._storage_call(self._datasets, grant, organization)
             return await self._listing(request, target.base, datasets)
         dataset = await self._dataset(organization, target.dataset, grant)
-        view = self.view(dataset, target.tree)
+        view = await self._view(dataset, target.tree)
         page_token = token.value if token is not None and token.in_url else None
         resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
@@ -193,12 +206,12 @@ class Gateway:
         if target.level == Level.DATASET:
             _check_placed(target)
             if file is not None:
-                return view.document((file,), lambda: tree.dataset_document(view, file))
+                return await self._document(view, (file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
             entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
             largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
-            return self._dataset_page(target, view, request, entries, page_token, largest)
+            return await self._storage_call(self._dataset_page, target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
