@@ -8,7 +8,6 @@ loads and listings run in threads of their own bound, off the event loop. And a 
 found problems is not loaded again until something that load looked at changes.
 """
 
-import json
 import statistics
 import threading
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import requests
 import wkw
+from support.datasets import cube_layer, write_layers_properties
 from support.servers import Server
 
 from gateway.sources import catalog as catalog_module
@@ -39,20 +39,7 @@ HEAVY = ("heavy", "heavy1", "heavy2", "heavy3")
 
 
 def _layer(name: str, path: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "category": "color",
-        "boundingBox": {"topLeft": [0, 0, 0], "width": EDGE, "height": EDGE, "depth": EDGE},
-        "elementClass": "uint8",
-        "dataFormat": "wkw",
-        "mags": [{"mag": [1, 1, 1], "path": path}],
-    }
-
-
-def _properties(directory: Path, layers: list[dict[str, Any]]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    document = {"id": {"name": directory.name, "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": layers}
-    (directory / "datasource-properties.json").write_text(json.dumps(document))
+    return cube_layer(name, "wkw", EDGE, [{"mag": [1, 1, 1], "path": path}])
 
 
 def _write_mag(directory: Path) -> None:
@@ -68,20 +55,24 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # few such datasets, so that loading them on the event loop would stall it for seconds
     layers = [_layer(f"layer{i}", "shared/1") for i in range(MAX_LAYERS - 1)] + [_layer("broken", "missing/1")]
     for name in HEAVY:
-        _properties(root / ORG / name, layers)
+        write_layers_properties(root / ORG / name, layers)
         if name != "heavy":
             (root / ORG / name / "shared").symlink_to(root / ORG / "heavy" / "shared", target_is_directory=True)
-    _properties(root / ORG / "too_many_layers", [_layer(f"layer{i}", "shared/1") for i in range(MAX_LAYERS + 1)])
+    write_layers_properties(
+        root / ORG / "too_many_layers", [_layer(f"layer{i}", "shared/1") for i in range(MAX_LAYERS + 1)]
+    )
     many_mags = _layer("color", "shared/1")
     many_mags["mags"] = [{"mag": [i + 1] * 3} for i in range(MAX_MAGS + 1)]
-    _properties(root / ORG / "too_many_mags", [many_mags])
+    write_layers_properties(root / ORG / "too_many_mags", [many_mags])
     # 20,000 layers with one broken, as seen in the issue (4.5 MB): more bytes than a properties file may have
-    _properties(root / ORG / "huge", [_layer(f"layer{i}", "shared/1") for i in range(19_999)] + [_layer("b", "x")])
+    write_layers_properties(
+        root / ORG / "huge", [_layer(f"layer{i}", "shared/1") for i in range(19_999)] + [_layer("b", "x")]
+    )
     assert (root / ORG / "huge" / "datasource-properties.json").stat().st_size > MAX_PROPERTIES_BYTES
     (root / ORG / "not_json").mkdir()
     (root / ORG / "not_json" / "datasource-properties.json").write_text("{" * 1000)
     for index in range(200):  # many datasets in one organization: a listing does not load them
-        _properties(root / "many" / f"ds{index:03}", [_layer("color", "../../bombs/heavy/shared/1")])
+        write_layers_properties(root / "many" / f"ds{index:03}", [_layer("color", "../../bombs/heavy/shared/1")])
     return root
 
 
@@ -197,7 +188,7 @@ def _catalog(root: Path) -> Catalog:
 def test_a_broken_layer_is_not_loaded_again_until_its_files_change(tmp_path: Path, quick: None) -> None:
     dataset = tmp_path / ORG / "late"
     _write_mag(dataset / "color" / "1")
-    _properties(dataset, [_layer("color", "color/1"), _layer("late", "late/1")])
+    write_layers_properties(dataset, [_layer("color", "color/1"), _layer("late", "late/1")])
     catalog = _catalog(tmp_path)
     first = catalog.dataset(ORG, "late")
     assert isinstance(first, Dataset) and first.layers["late"].problems and not first.layers["color"].problems
@@ -218,7 +209,7 @@ def test_a_header_rewritten_in_place_is_noticed(tmp_path: Path, quick: None) -> 
     good = header.read_bytes()
     with open(header, "r+b") as file:  # rewritten in place: the directory's mtime stays as it was
         file.write(b"\0" * 8)
-    _properties(dataset, [_layer("color", "color/1")])
+    write_layers_properties(dataset, [_layer("color", "color/1")])
     catalog = _catalog(tmp_path)
     first = catalog.dataset(ORG, "header")
     assert isinstance(first, Dataset) and first.layers["color"].problems
@@ -240,14 +231,14 @@ def test_broken_properties_are_not_loaded_again_until_the_file_changes(tmp_path:
     assert isinstance(first, BrokenDataset) and "not readable JSON" in first.reason
     time.sleep(0.1)
     assert catalog.dataset(ORG, "bad") is first
-    _properties(dataset, [_layer("color", "color/1")])
+    write_layers_properties(dataset, [_layer("color", "color/1")])
     time.sleep(0.1)
     assert isinstance(catalog.dataset(ORG, "bad"), Dataset)
 
 
 def test_names_are_listed_without_loading_a_dataset(tmp_path: Path) -> None:
     for name in ("one", "two"):
-        _properties(tmp_path / ORG / name, [_layer("color", "color/1")])
+        write_layers_properties(tmp_path / ORG / name, [_layer("color", "color/1")])
     (tmp_path / ORG / "no_properties").mkdir()
     catalog = _catalog(tmp_path)
     assert catalog.dataset_names(ORG) == ["one", "two"]

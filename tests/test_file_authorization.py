@@ -22,6 +22,7 @@ import pytest
 import requests
 import wkw
 import zarr
+from support.datasets import cube_layer, write_layers_properties
 from support.servers import Server
 
 EDGE = 32  # every layer is one 32³ chunk of uint8
@@ -40,21 +41,7 @@ ROUTES = {  # route name: path below /{tree}/{org}/{dataset}, by layer
 
 
 def _layer(name: str, data_format: str, path: str | None = None) -> dict[str, Any]:
-    mag: dict[str, Any] = {"mag": [1, 1, 1]} if path is None else {"mag": [1, 1, 1], "path": path}
-    return {
-        "name": name,
-        "category": "color",
-        "boundingBox": {"topLeft": [0, 0, 0], "width": EDGE, "height": EDGE, "depth": EDGE},
-        "elementClass": "uint8",
-        "dataFormat": data_format,
-        "mags": [mag],
-    }
-
-
-def _properties(directory: Path, layers: list[dict[str, Any]]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    document = {"id": {"name": directory.name, "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": layers}
-    (directory / "datasource-properties.json").write_text(json.dumps(document))
+    return cube_layer(name, data_format, EDGE, None if path is None else [{"mag": [1, 1, 1], "path": path}])
 
 
 def _write_layers(dataset: Path, value: int) -> None:
@@ -92,20 +79,22 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Root:
     }
     where.tokens.write_text(json.dumps({"tokens": grants}))
     _write_layers(where.secret, SECRET_VALUE)
-    _properties(where.secret, [_layer(name, kind) for name, kind in LAYERS.items()])
+    write_layers_properties(where.secret, [_layer(name, kind) for name, kind in LAYERS.items()])
     evil = where.root / EVIL
-    _properties(evil / "relative", [_layer(n, k, f"../../{SECRET}/secret_ds/{n}/1") for n, k in LAYERS.items()])
-    _properties(evil / "absolute", [_layer(n, k, str(where.secret / n / "1")) for n, k in LAYERS.items()])
-    _properties(evil / "mag_symlink", [_layer(n, k) for n, k in LAYERS.items()])
+    write_layers_properties(
+        evil / "relative", [_layer(n, k, f"../../{SECRET}/secret_ds/{n}/1") for n, k in LAYERS.items()]
+    )
+    write_layers_properties(evil / "absolute", [_layer(n, k, str(where.secret / n / "1")) for n, k in LAYERS.items()])
+    write_layers_properties(evil / "mag_symlink", [_layer(n, k) for n, k in LAYERS.items()])
     for name in LAYERS:
         (evil / "mag_symlink" / name).mkdir()
         (evil / "mag_symlink" / name / "1").symlink_to(where.secret / name / "1", target_is_directory=True)
     _write_layers(evil / "swapped", OWN_VALUE)  # its own data, until a chunk file is swapped for a link
-    _properties(evil / "swapped", [_layer(n, k) for n, k in LAYERS.items()])
+    write_layers_properties(evil / "swapped", [_layer(n, k) for n, k in LAYERS.items()])
     # the shared-layer practice: lab_org/b's layers are symlinks to lab_org/a's
     _write_layers(where.root / LAB / "a", SHARED_VALUE)
     for name in ("a", "b"):
-        _properties(where.root / LAB / name, [_layer(n, k) for n, k in LAYERS.items()])
+        write_layers_properties(where.root / LAB / name, [_layer(n, k) for n, k in LAYERS.items()])
     for name in LAYERS:
         (where.root / LAB / "b" / name).symlink_to(Path("..") / "a" / name, target_is_directory=True)
     return where
