@@ -243,3 +243,25 @@ def test_names_are_listed_without_loading_a_dataset(tmp_path: Path) -> None:
     catalog = _catalog(tmp_path)
     assert catalog.dataset_names(ORG) == ["one", "two"]
     assert catalog.fresh(ORG, "one") is None  # nothing was loaded
+
+
+def test_a_dataset_that_still_holds_is_had_without_a_load(tmp_path: Path, quick: None) -> None:
+    """``unchanged`` (what a request runs in a chunk thread while the catalog threads may be busy loading)
+    answers from the last load after one stat, and leaves everything else to a load: a dataset never
+    loaded, one whose properties changed, one whose problems are due to be looked at."""
+    dataset = tmp_path / ORG / "held"
+    _write_mag(dataset / "color" / "1")
+    write_layers_properties(dataset, [_layer("color", "color/1")])
+    catalog = _catalog(tmp_path)
+    assert catalog.unchanged(ORG, "held") is None  # never loaded: it does not load
+    first = catalog.dataset(ORG, "held")
+    assert isinstance(first, Dataset)
+    time.sleep(0.1)  # past REVALIDATE_SECONDS: a stat decides
+    assert catalog.unchanged(ORG, "held") is first
+    write_layers_properties(dataset, [_layer("color", "color/1"), _layer("late", "late/1")])
+    time.sleep(0.1)
+    assert catalog.unchanged(ORG, "held") is None
+    second = catalog.dataset(ORG, "held")
+    assert isinstance(second, Dataset) and second.layers["late"].problems
+    time.sleep(0.1)  # its problems are due to be looked at: a load decides
+    assert catalog.unchanged(ORG, "held") is None

@@ -136,9 +136,14 @@ class Gateway:
         return await anyio.to_thread.run_sync(function, *args, limiter=self.catalog_limiter)
 
     async def _catalog_dataset(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
-        """A dataset of the catalog: as loaded, when it was looked at less than a second ago; else from a thread."""
+        """A dataset of the catalog: as loaded, when it was looked at less than a second ago; as loaded, after
+        a stat in a chunk thread, when it still holds (so loads that fill the catalog threads hold up no
+        other dataset); else from a catalog thread."""
         fresh = self.catalog.fresh(organization, name)
-        return fresh if fresh is not None else await self._storage_call(self.catalog.dataset, organization, name)
+        if fresh is not None:
+            return fresh
+        held = await anyio.to_thread.run_sync(self.catalog.unchanged, organization, name, limiter=self.limiter)
+        return held if held is not None else await self._storage_call(self.catalog.dataset, organization, name)
 
     # --- the pipeline -------------------------------------------------------------------------
 

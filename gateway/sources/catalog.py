@@ -1,5 +1,6 @@
 """Discovering datasets under the data root and loading them, re-reading only what changed."""
 
+import dataclasses
 import logging
 import threading
 import time
@@ -168,6 +169,28 @@ class Catalog:
         cheap enough for an event loop); None if :meth:`dataset` must look."""
         cached = self._loaded.get((organization, name))
         return cached.dataset if cached is not None and time.monotonic() < cached.check_at else None
+
+    def unchanged(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
+        """The dataset as last loaded, if one stat of its properties file shows that it still holds (and no
+        look at its problems is due); None when :meth:`dataset` must decide. It never loads, so callers may
+        run it where short file work runs, and leave loads to threads of their own."""
+        key = (organization, name)
+        cached = self._loaded.get(key)
+        now = time.monotonic()
+        if cached is None or (cached.problems and now >= cached.reload_at):
+            return None
+        if now < cached.check_at:
+            return cached.dataset
+        try:
+            identity = self.storage.identity(self.storage.join(self.storage.root, organization, name, PROPERTIES))
+        except OutsideRootError:
+            return None
+        if identity is None or identity.version != cached.version:
+            return None
+        with self._lock:
+            if self._loaded.get(key) is cached:  # not replaced by a load meanwhile
+                self._loaded[key] = dataclasses.replace(cached, check_at=now + REVALIDATE_SECONDS)
+        return cached.dataset
 
     def dataset(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
         """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none.
