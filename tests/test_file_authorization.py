@@ -135,13 +135,15 @@ def test_a_layer_of_another_organization_is_forbidden(served: Server, dataset: s
 
 @pytest.mark.parametrize("dataset", LINKED)
 def test_every_document_of_such_a_dataset_is_forbidden(served: Server, dataset: str) -> None:
-    """A dataset's documents describe all its layers: forbidden like its chunks (metadata is data too)."""
+    """A dataset's documents describe all its layers: forbidden like its chunks (metadata is data too), and
+    so are its meshes."""
     for path in (
         f"/data/zarr/{EVIL}/{dataset}/.zgroup",
         f"/data/zarr/{EVIL}/{dataset}/color/1/.zarray",
         f"/data/zarr3/{EVIL}/{dataset}/zarr.json",
         f"/data/xarray/{EVIL}/{dataset}/zarr.json",
         f"/data/zarr/{EVIL}/{dataset}/",
+        f"/data/meshes/{EVIL}/{dataset}/color/multires/info",
     ):
         answer = _get(served, path, EVIL_TOKEN)
         assert answer.status_code == 403, (path, answer.status_code, answer.text)
