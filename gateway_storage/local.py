@@ -42,6 +42,19 @@ def resolve_inside(roots: str | Sequence[str], path: str) -> str | None:
     return None
 
 
+# A dataset's directory is ``<root>/<organization>/<dataset>``: the files below it are that dataset's, and
+# a token granted the dataset may read them (authorization follows the files, not only the URL).
+DATASET_DEPTH = 2
+
+
+def owner_directory(root: str, path: str) -> str:
+    """The directory whose files ``path`` (below ``root``, as written) may really be: that of the dataset it
+    lies in, or the path itself if it lies shallower. Read from the path as written: a ``..`` component
+    names a directory that no real path lies below, so such a path owns nothing and reads nothing."""
+    parts = [part for part in path[len(root) :].split("/") if part]
+    return "/".join([root.rstrip("/"), *parts[:DATASET_DEPTH]])
+
+
 def _descriptor_path(fd: int, path: str) -> str:
     """The real path of the file open as ``fd`` (where ``/proc`` cannot say: of ``path``, resolved now)."""
     if _HAS_FD_PATHS:
@@ -113,9 +126,30 @@ class LocalStore(Store):
         found = [root for root in self.roots if _under(root, path)]
         return max(found, key=len) if found else self.root
 
+    def confines(self, path: str) -> tuple[str, ...]:
+        """Where the file named ``path`` may really lie: a file below a dataset's directory in that very
+        directory (its owner, the dataset a token must be granted) or an extra root; a file of an extra
+        root in the extra roots; anything else in the roots. So a chunk, header or metadata file swapped
+        for a symlink into another dataset is refused when it is opened, like one that leads out of the root.
+        """
+        extra = self.roots[1:]
+        holders = [root for root in self.roots if _under(root, path)]
+        if not holders:
+            return self.roots
+        if max(holders, key=len) == self.root:
+            return (owner_directory(self.root, path), *extra)
+        return extra
+
     def _check_inside(self, fd: int, path: str) -> None:
-        if self.contained and not any(_under(root, _descriptor_path(fd, path)) for root in self.roots):
-            raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+        if self.contained:
+            self._check_confined(path, _descriptor_path(fd, path))
+
+    def _check_confined(self, path: str, real: str) -> None:
+        if any(_under(directory, real) for directory in self.confines(path)):
+            return
+        if any(_under(root, real) for root in self.roots):
+            raise OutsideRootError(f"{self.relative(path)} resolves outside its dataset's directory")
+        raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -128,8 +162,7 @@ class LocalStore(Store):
             if (path, known.version) in self._handles:
                 return known  # the very inode, unchanged, that was found inside the roots when it was opened
             if not _HAS_FD_PATHS:
-                if resolve_inside(self.roots, path) is None:
-                    raise OutsideRootError(f"{self.relative(path)} resolves outside the data root")
+                self._check_confined(path, os.path.realpath(path))
                 return known
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)  # no read access is asked for: cheap, and never blocks
             try:

@@ -14,13 +14,14 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pytest
 import requests
 import wkw
 import zarr
+from support.datasets import cube_layer, write_layers_properties
 from support.servers import Server
 
 ORG, DATASET = "lab", "hostile"
@@ -65,17 +66,6 @@ def _write_zarr(directory: Path, zarr_format: Literal[2, 3], shards: tuple[int, 
     array[...] = data
 
 
-def _layer(name: str, data_format: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "category": "color",
-        "boundingBox": {"topLeft": [0, 0, 0], "width": BOX, "height": BOX, "depth": BOX},
-        "elementClass": "uint8",
-        "dataFormat": data_format,
-        "mags": [{"mag": [1, 1, 1]}],
-    }
-
-
 class Planted:
     def __init__(self, base: Path) -> None:
         self.root = base / "root"
@@ -101,7 +91,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Planted:
         _write_zarr(mag, zarr_format, shards, None)
         private = where.outside / name
         _write_zarr(private, zarr_format, shards, SECRET_VALUE)
-        layers.append(_layer(name, "zarr" if zarr_format == 2 else "zarr3"))
+        layers.append(cube_layer(name, "zarr" if zarr_format == 2 else "zarr3", BOX))
         if shards is not None:
             _plant(mag / _chunk_name(3, INSIDE), private / _chunk_name(3, INSIDE))
             continue
@@ -112,9 +102,8 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Planted:
         ds.write((0, 0, 0), np.random.default_rng(6).integers(1, 100, (EDGE, EDGE, EDGE), dtype=np.uint8))
     with wkw.Dataset.create(str(where.outside / "wkw"), wkw.Header(np.uint8, block_len=CHUNK, file_len=1)) as ds:
         ds.write((0, 0, 0), np.full((EDGE, EDGE, EDGE), SECRET_VALUE, dtype=np.uint8))
-    layers.append(_layer("wkw", "wkw"))
-    properties = {"id": {"name": DATASET, "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": layers}
-    (where.dataset / "datasource-properties.json").write_text(json.dumps(properties))
+    layers.append(cube_layer("wkw", "wkw", BOX))
+    write_layers_properties(where.dataset, layers)
     return where
 
 
@@ -207,8 +196,7 @@ def test_the_decoding_path_serves_each_read_from_its_own_chunks(served: Server, 
     a chunk rewritten reads as its new bytes, never as what an earlier read held."""
     dataset = planted.root / ORG / "mutable"
     _write_zarr(dataset / "v2" / "1", 2, None, None)
-    properties = {"id": {"name": "mutable", "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": [_layer("v2", "zarr")]}
-    (dataset / "datasource-properties.json").write_text(json.dumps(properties))
+    write_layers_properties(dataset, [cube_layer("v2", "zarr", BOX)])
     source = zarr.open_array(str(dataset / "v2" / "1"), mode="r+")
     options = {"headers": {"X-Auth-Token": TOKEN}}
     window = (slice(0, 1), slice(32, BOX), slice(0, 32), slice(0, 32))  # chunk (0, 1, 0, 0): masked, so decoded

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
@@ -264,6 +265,16 @@ def check_dataset(grant: Grant | None, organization: str, dataset: str) -> None:
     """403 unless ``grant`` covers the dataset (whether or not it exists: absent and forbidden look alike)."""
     if grant is not None and not grant.allows(organization, dataset):
         raise HttpError(403, f"the token does not grant access to {organization}/{dataset}")
+
+
+def check_files(grant: Grant | None, organization: str, dataset: str, owners: Iterable[tuple[str, str]]) -> None:
+    """403, as for the URL, unless ``grant`` covers every dataset whose directory holds files that the dataset
+    ``organization/dataset`` reads (its layers' ``owners``): authorization follows the files, not only the URL."""
+    if grant is not None and not all(grant.allows(org, name) for org, name in owners):
+        raise HttpError(
+            403,
+            f"the token does not grant access to {organization}/{dataset} (or to every dataset whose files it reads)",
+        )
 
 
 def granted_names(grant: Grant | None, organization: str, names: list[str]) -> list[str]:

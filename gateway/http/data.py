@@ -24,7 +24,17 @@ from ..zarr.nodes import ArrayNode
 from ..zarr.resource import JSON, Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
-from .auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_organization, granted_names, read_token
+from .auth import (
+    TOKEN_HEADER,
+    Access,
+    Grant,
+    Token,
+    check_dataset,
+    check_files,
+    check_organization,
+    granted_names,
+    read_token,
+)
 from .budget import MemoryBudget
 from .errors import HttpError, hide_roots, relative_paths
 from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
@@ -35,6 +45,9 @@ from .urls import DataTarget, Level, parse_mesh_path, parse_preview_path
 log = logging.getLogger("gateway")
 T = TypeVar("T")
 HTML = "text/html; charset=utf-8"
+# Threads that load and list datasets: a bound of their own, so that however long a load takes (a large
+# properties file, a slow volume), chunk reads keep their threads and the event loop keeps answering.
+CATALOG_THREADS = 2
 
 
 class Gateway:
@@ -62,6 +75,7 @@ class Gateway:
         self.previews = previews
         self.meshes = meshes
         self.limiter = anyio.CapacityLimiter(settings.threads)
+        self.catalog_limiter = anyio.CapacityLimiter(CATALOG_THREADS)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
         self.cache_control = settings.cache_control.encode("latin-1")
@@ -81,6 +95,9 @@ class Gateway:
         grant = self.access.grant(token)
         if len(names) >= 2:
             check_dataset(grant, names[0], names[1])
+            if grant is not None:
+                found = await self._catalog_dataset(names[0], names[1])
+                check_files(grant, names[0], names[1], set() if found is None else found.owners)
         elif names and grant is not None:
             check_organization(grant, names[0], await self._storage_call(self._dataset_names, names[0]))
         return grant
@@ -102,11 +119,32 @@ class Gateway:
             view = self._views[key] = tree.build(dataset, self.options, self.shards)
         return view
 
+    async def _view(self, dataset: Dataset, tree: Tree) -> DatasetView:
+        """:meth:`view`; one not built yet is built in a catalog thread (a dataset of many layers takes long)."""
+        view = self._views.get((dataset.organization, dataset.name, tree.name))
+        if view is not None and view.dataset is dataset:
+            return view
+        return await self._storage_call(self.view, dataset, tree)
+
+    async def _document(self, view: DatasetView, key: tuple[str, ...], make: Callable[[], Any]) -> Resource:
+        """A dataset's metadata document; one not rendered yet is rendered in a catalog thread (the
+        consolidated metadata of many layers takes long)."""
+        found = view.documents.get(key)
+        return found if found is not None else await self._storage_call(view.document, key, make)
+
     async def _storage_call(self, function: Callable[..., T], *args: Any) -> T:
-        """Catalog work: inline for a local root (a stat, mostly cached), in a thread for object storage."""
-        if self.storage.is_local:
-            return function(*args)
-        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
+        """Catalog work (loading, listing): in a thread of its own bound, never on the event loop."""
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.catalog_limiter)
+
+    async def _catalog_dataset(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
+        """A dataset of the catalog: as loaded, when it was looked at less than a second ago; as loaded, after
+        a stat in a chunk thread, when it still holds (so loads that fill the catalog threads hold up no
+        other dataset); else from a catalog thread."""
+        fresh = self.catalog.fresh(organization, name)
+        if fresh is not None:
+            return fresh
+        held = await anyio.to_thread.run_sync(self.catalog.unchanged, organization, name, limiter=self.limiter)
+        return held if held is not None else await self._storage_call(self.catalog.dataset, organization, name)
 
     # --- the pipeline -------------------------------------------------------------------------
 
@@ -124,14 +162,18 @@ class Gateway:
             _check_placed(target)
             datasets = await self._storage_call(self._datasets, grant, organization)
             return await self._listing(request, target.base, datasets)
-        dataset = await self._dataset(organization, target.dataset)
-        view = self.view(dataset, target.tree)
+        dataset = await self._dataset(organization, target.dataset, grant)
+        view = await self._view(dataset, target.tree)
         page_token = token.value if token is not None and token.in_url else None
         resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
 
-    async def _dataset(self, organization: str, name: str) -> Dataset:
-        dataset = await self._storage_call(self.catalog.dataset, organization, name)
+    async def _dataset(self, organization: str, name: str, grant: Grant | None) -> Dataset:
+        """The dataset to serve, 403 unless ``grant`` covers every dataset whose files it reads (checked on
+        the very dataset served: one loaded again since :meth:`authorize` is checked again)."""
+        dataset = await self._catalog_dataset(organization, name)
+        if dataset is not None:
+            check_files(grant, organization, name, dataset.owners)
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):
@@ -141,8 +183,8 @@ class Gateway:
     async def preview(self, request: Request) -> Answer:
         """``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
         target = parse_preview_path(request.path)
-        await self.authorize(self.token(request), (target.organization, target.dataset))
-        dataset = await self._dataset(target.organization, target.dataset)
+        grant = await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset, grant)
         layer_name = target.layer
         layer = dataset.layers.get(layer_name)
         if layer is None or not layer.mags:
@@ -154,8 +196,8 @@ class Gateway:
         """``/data/meshes/{organization}/{dataset}/{layer}/{multires|legacy}/{file}``: a precomputed mesh
         source of a segmentation layer (:mod:`gateway.meshes`), made in a thread."""
         target = parse_mesh_path(request.path)
-        await self.authorize(self.token(request), (target.organization, target.dataset))
-        dataset = await self._dataset(target.organization, target.dataset)
+        grant = await self.authorize(self.token(request), (target.organization, target.dataset))
+        dataset = await self._dataset(target.organization, target.dataset, grant)
         found = await self.meshes.answer(dataset, target.layer, target.kind, target.file)
         return await self._send(request, bytes_resource(found.body, found.media_type))
 
@@ -166,12 +208,12 @@ class Gateway:
         if target.level == Level.DATASET:
             _check_placed(target)
             if file is not None:
-                return view.document((file,), lambda: tree.dataset_document(view, file))
+                return await self._document(view, (file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
             entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
             largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
-            return self._dataset_page(target, view, request, entries, page_token, largest)
+            return await self._storage_call(self._dataset_page, target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
         if target.level == Level.GROUP:
             _check_placed(target)
@@ -227,7 +269,7 @@ class Gateway:
         return [Entry(org, True) for org in organizations if granted_names(grant, org, self._dataset_names(org))]
 
     def _dataset_names(self, organization: str) -> list[str]:
-        return [dataset.name for dataset in self.catalog.datasets(organization)]
+        return self.catalog.dataset_names(organization)  # no dataset is loaded to list or authorize names
 
     def _datasets(self, grant: Grant | None, organization: str) -> list[Entry]:
         entries = []

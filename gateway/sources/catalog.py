@@ -1,5 +1,6 @@
 """Discovering datasets under the data root and loading them, re-reading only what changed."""
 
+import dataclasses
 import logging
 import threading
 import time
@@ -9,24 +10,42 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from gateway_storage import OutsideRootError, StorageError, Store, StoreUnavailableError, is_absolute_location
+from gateway_storage import (
+    FileIdentity,
+    OutsideRootError,
+    StorageError,
+    Store,
+    StoreUnavailableError,
+    is_absolute_location,
+)
 from gateway_storage.geometry import Vec3, mag_name, mag_names
+from gateway_storage.local import DATASET_DEPTH
 from wkw_adapter import WkwError
 
-from .documents import MAX_DOCUMENT_BYTES, load_json
+from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
+from .watched import Observed
 
 log = logging.getLogger("gateway.catalog")
 
 PROPERTIES = "datasource-properties.json"
 REVALIDATE_SECONDS = 1.0  # a changed datasource-properties.json is noticed within this long
 # A dataset or layer found unusable (a mag directory missing, a volume not mounted yet, a symlink being
-# repaired, an upload in progress) is loaded again at most this often, even if its properties stay the same.
+# repaired, an upload in progress) is looked at again this often: loaded again once something the load
+# looked up (a file, a directory, a symlink) has changed, never while all of it stays the same.
 RELOAD_PROBLEMS_SECONDS = 3.0
+# The work one load may do, so that no properties file, however written, holds a catalog thread for long
+# (real webKnossos datasets have a few layers of up to about twenty mags, and a file of a few kilobytes).
+MAX_PROPERTIES_BYTES = 4 << 20
+MAX_LAYERS = 1000
+MAX_MAGS = 4096  # in all layers together
+LOCK_STRIPES = 64  # loads of one dataset wait for each other; those of different datasets mostly do not
+
+Owner = tuple[str, str]  # (organization, dataset): the dataset whose directory holds a file
 
 
 @dataclass
@@ -34,6 +53,9 @@ class Layer:
     properties: DataLayer
     mags: dict[Vec3, MagSource]
     problems: list[str] = field(default_factory=list)
+    # The datasets whose directories hold its mags' real paths (none for a mag in an extra or remote root):
+    # a token reads the layer only if it is granted every one of them.
+    owners: set[Owner] = field(default_factory=set)
 
 
 @dataclass
@@ -45,6 +67,12 @@ class Dataset:
     properties: DatasourceProperties
     document: dict[str, Any]  # datasource-properties.json as read
     layers: dict[str, Layer]
+
+    @property
+    def owners(self) -> set[Owner]:
+        """The datasets whose files its layers read: every document of a dataset (its group, consolidated
+        metadata, page) describes all its layers, so a token is granted all of them or none."""
+        return {owner for layer in self.layers.values() for owner in layer.owners}
 
 
 class DatasetUnusable(ValueError):
@@ -63,6 +91,10 @@ class BrokenDataset:
     name: str
     reason: str
 
+    @property
+    def owners(self) -> set[Owner]:
+        return set()  # it reads no layer
+
 
 def _problems(loaded: Dataset | BrokenDataset) -> list[str]:
     """Everything that keeps part of a dataset from being served; empty for a healthy one."""
@@ -78,8 +110,9 @@ class _Loaded:
     version: str  # of its datasource-properties.json
     dataset: Dataset | BrokenDataset
     problems: list[str]
+    observed: Observed  # what the load looked up
     check_at: float  # stat the properties file again
-    reload_at: float  # load it again even if the properties file is the same (only when it has problems)
+    reload_at: float  # look at everything the load looked up again (only when it has problems)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -87,16 +120,39 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 class Catalog:
-    """The datasets under one root. Safe to share between threads; holds only caches."""
+    """The datasets under one root. Safe to share between threads; holds only caches.
+
+    Its methods do file system (or network) work: callers on an event loop run them in a thread.
+    """
 
     def __init__(self, storage: Store, formats: SourceFormats) -> None:
         self.storage = storage
         self.formats = formats
+        self._files = formats.store  # loads read through it, so that what they looked up is known
         self._loaded: dict[tuple[str, str], _Loaded] = {}
         self._lock = threading.Lock()
+        self._loading = [threading.Lock() for _ in range(LOCK_STRIPES)]
 
     def organizations(self) -> list[str]:
         return [name for name in self.storage.list_directories(self.storage.root) if is_plain_name(name)]
+
+    def dataset_names(self, organization: str) -> list[str]:
+        """The names of the datasets of ``organization`` (directories with a properties file), loading none:
+        what a listing filtered by grants, or an organization's authorization, needs."""
+        if not is_plain_name(organization):
+            return []
+        directory = self.storage.join(self.storage.root, organization)
+        return [
+            name
+            for name in self.storage.list_directories(directory)
+            if is_plain_name(name) and self._has_properties(self.storage.join(directory, name, PROPERTIES))
+        ]
+
+    def _has_properties(self, path: str) -> bool:
+        try:
+            return self.storage.identity(path) is not None
+        except OutsideRootError:
+            return True  # listed as a dataset that cannot be served
 
     def datasets(self, organization: str) -> list[Dataset | BrokenDataset]:
         if not is_plain_name(organization):
@@ -108,15 +164,48 @@ class Catalog:
                 found.append(dataset)
         return found
 
+    def fresh(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
+        """The dataset as loaded, if it was looked at less than REVALIDATE_SECONDS ago (no file work at all:
+        cheap enough for an event loop); None if :meth:`dataset` must look."""
+        cached = self._loaded.get((organization, name))
+        return cached.dataset if cached is not None and time.monotonic() < cached.check_at else None
+
+    def unchanged(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
+        """The dataset as last loaded, if one stat of its properties file shows that it still holds (and no
+        look at its problems is due); None when :meth:`dataset` must decide. It never loads, so callers may
+        run it where short file work runs, and leave loads to threads of their own."""
+        key = (organization, name)
+        cached = self._loaded.get(key)
+        now = time.monotonic()
+        if cached is None or (cached.problems and now >= cached.reload_at):
+            return None
+        if now < cached.check_at:
+            return cached.dataset
+        try:
+            identity = self.storage.identity(self.storage.join(self.storage.root, organization, name, PROPERTIES))
+        except OutsideRootError:
+            return None
+        if identity is None or identity.version != cached.version:
+            return None
+        with self._lock:
+            if self._loaded.get(key) is cached:  # not replaced by a load meanwhile
+                self._loaded[key] = dataclasses.replace(cached, check_at=now + REVALIDATE_SECONDS)
+        return cached.dataset
+
     def dataset(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
         """The dataset, a BrokenDataset saying why it cannot be served, or None if there is none.
 
-        A healthy dataset costs one stat of its properties file per REVALIDATE_SECONDS; one with
-        problems is also loaded again every RELOAD_PROBLEMS_SECONDS, so data that appears late (a
-        volume mounted after start-up, a repaired symlink, an upload) is served without a restart.
+        A healthy dataset costs one stat of its properties file per REVALIDATE_SECONDS. One with problems
+        is looked at again every RELOAD_PROBLEMS_SECONDS, and loaded again only if something its last load
+        looked up has changed: data that appears late (a volume mounted after start-up, a repaired symlink,
+        an upload) is served without a restart, and a broken dataset costs stats, not loads.
         """
         if not (is_plain_name(organization) and is_plain_name(name)):
             return None
+        with self._loading[hash((organization, name)) % LOCK_STRIPES]:  # one load of a dataset at a time
+            return self._current(organization, name)
+
+    def _current(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
         key = (organization, name)
         now = time.monotonic()
         cached = self._loaded.get(key)
@@ -126,22 +215,32 @@ class Catalog:
         path = self.storage.join(directory, PROPERTIES)
         try:
             identity = self.storage.identity(path)
-        except OutsideRootError:  # a dataset or organization directory symlinked out of the root
-            return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
+        except OutsideRootError:  # a dataset or organization directory symlinked out of the root or its place
+            return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root or its dataset")
         if identity is None:
             return None
         unchanged = cached is not None and cached.version == identity.version
-        if cached is not None and unchanged and (not cached.problems or now < cached.reload_at):
-            loaded, problems, reload_at = cached.dataset, cached.problems, cached.reload_at
+        if cached is not None and unchanged and not self._should_reload(cached, now):
+            loaded, problems, observed, reload_at = cached.dataset, cached.problems, cached.observed, cached.reload_at
+            if now >= reload_at:
+                reload_at = now + RELOAD_PROBLEMS_SECONDS
         else:
-            loaded = self._load_guarded(organization, name, directory, path)
+            with self._files.watching() as observed:
+                loaded = self._load_guarded(organization, name, directory, path, identity)
             problems = _problems(loaded)
             reload_at = now + RELOAD_PROBLEMS_SECONDS
             if cached is None or problems != cached.problems:  # said once, not at every reload
                 self._report(organization, name, loaded, problems, cached)
         with self._lock:
-            self._loaded[key] = _Loaded(identity.version, loaded, problems, now + REVALIDATE_SECONDS, reload_at)
+            self._loaded[key] = _Loaded(
+                identity.version, loaded, problems, observed, now + REVALIDATE_SECONDS, reload_at
+            )
         return loaded
+
+    def _should_reload(self, cached: _Loaded, now: float) -> bool:
+        """Whether a dataset whose properties file is unchanged must be loaded again: only one with
+        problems, and only once something its load looked up is no longer as it was."""
+        return bool(cached.problems) and now >= cached.reload_at and cached.observed.changed(self._files.inner)
 
     @staticmethod
     def _report(
@@ -155,40 +254,53 @@ class Catalog:
         if before is not None and before.problems and not problems:
             log.info("dataset %s/%s: every layer can be served now", organization, name)
 
-    def _load_guarded(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
+    def _load_guarded(
+        self, organization: str, name: str, directory: str, path: str, identity: FileIdentity
+    ) -> Dataset | BrokenDataset:
         """:meth:`_load`, with any fault it did not foresee confined to this one dataset.
 
         Whatever a dataset's files hold, the dataset is served or listed with a reason; it never turns
         its organization's listing or its neighbours into errors.
         """
         try:
-            return self._load(organization, name, directory, path)
+            return self._load(organization, name, directory, path, identity)
         except StoreUnavailableError:
             raise
         except Exception as exc:
             log.warning("dataset %s/%s could not be loaded", organization, name, exc_info=exc)
             return BrokenDataset(organization, name, f"it could not be loaded ({type(exc).__name__}: {exc})")
 
-    def _load(self, organization: str, name: str, directory: str, path: str) -> Dataset | BrokenDataset:
-        if self.storage.resolve(path) is None:
+    def _load(
+        self, organization: str, name: str, directory: str, path: str, identity: FileIdentity
+    ) -> Dataset | BrokenDataset:
+        if self._files.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
+        if identity.size > MAX_PROPERTIES_BYTES:
+            return BrokenDataset(
+                organization,
+                name,
+                f"{PROPERTIES} has {identity.size} bytes, more than the {MAX_PROPERTIES_BYTES} read here",
+            )
         try:
-            found = self.storage.read_whole(path, limit=MAX_DOCUMENT_BYTES)
-            if found is None:
-                return BrokenDataset(organization, name, f"{PROPERTIES} vanished while it was read")
-            document = load_json(found[0])
+            # the very version whose size was checked: a file grown since is a changed file, not a bigger read
+            document = load_json(
+                self._files.read(path, 0, identity.size, identity, limit=MAX_PROPERTIES_BYTES, settled=False)
+            )
         except StoreUnavailableError:
             raise  # transient: answered 503 and never remembered as a broken dataset
         except (OSError, StorageError, WkwError, ValueError) as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is not readable JSON: {exc}")
         if not isinstance(document, dict):
             return BrokenDataset(organization, name, f"{PROPERTIES} is a JSON {type(document).__name__}, not an object")
+        too_much = _too_much(document)
+        if too_much is not None:
+            return BrokenDataset(organization, name, f"{PROPERTIES} {too_much}")
         try:
             properties = DatasourceProperties.model_validate(document)
         except ValidationError as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is invalid: {_validation_message(exc)}")
         layers = {layer.name: self._load_layer(directory, layer) for layer in properties.data_layers}
-        return Dataset(organization, name, directory, found[1].version, properties, document, layers)
+        return Dataset(organization, name, directory, identity.version, properties, document, layers)
 
     def _load_layer(self, directory: str, layer: DataLayer) -> Layer:
         loaded = Layer(layer, {})
@@ -201,6 +313,13 @@ class Catalog:
             if mag_directory is None:
                 loaded.problems.append(f"mag {mag_name(entry.mag)}: {self._not_found(entry.path)}")
                 continue
+            try:
+                owner = self._owner(mag_directory)
+            except SourceError as exc:
+                loaded.problems.append(f"mag {mag_name(entry.mag)}: {exc}")
+                continue
+            if owner is not None:
+                loaded.owners.add(owner)  # before it is opened: even a mag that cannot be served was found there
             try:
                 source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order)
             except StoreUnavailableError:
@@ -217,10 +336,21 @@ class Catalog:
             loaded.mags[entry.mag] = source
         return loaded
 
+    def _owner(self, real: str) -> Owner | None:
+        """The dataset whose directory holds the real path ``real``; None for an operator's extra root or a
+        remote root (trusted as a whole). A path of the data root that lies in no dataset is not served."""
+        storage = self._files
+        if storage.root_of(real) != storage.root:
+            return None
+        parts = [part for part in storage.relative(real).split("/") if part][:DATASET_DEPTH]
+        if len(parts) < DATASET_DEPTH:
+            raise SourceError("its directory lies in no dataset's directory")
+        return parts[0], parts[1]
+
     def _not_found(self, path: str | None) -> str:
         """Why a mag directory was not found: a URL the operator did not allow is said to be one."""
-        located = self.storage.locate(path) if path is not None and is_absolute_location(path) else None
-        if path is not None and "://" in path and (located is None or self.storage.resolve(located) is None):
+        located = self._files.locate(path) if path is not None and is_absolute_location(path) else None
+        if path is not None and "://" in path and (located is None or self._files.resolve(located) is None):
             # a local path is not echoed: it would tell every reader where the server's files lie
             named = "its file:// path" if path.startswith("file://") else path
             return f"{named} is outside the data root and every remote root the gateway allows (setting remote_roots)"
@@ -229,7 +359,7 @@ class Catalog:
     def _mag_directory(
         self, directory: str, layer: str, mag: Vec3, path: str | None, source_format: SourceFormat
     ) -> str | None:
-        storage = self.storage
+        storage = self._files
         if path is not None and is_absolute_location(path):
             located = storage.locate(path)  # a local path, or a URL of the data root's store or a remote root
             candidates = [] if located is None else [located]
@@ -242,3 +372,24 @@ class Catalog:
             if resolved is not None and source_format.holds_mag(resolved):
                 return resolved
         return None
+
+
+def _too_much(document: dict[str, Any]) -> str | None:
+    """Why a properties document asks for more work than one load may do (MAX_LAYERS, MAX_MAGS), if it does:
+    told from the parsed JSON, before any of it is validated or opened."""
+    layers = document.get("dataLayers")
+    if not isinstance(layers, list):
+        return None  # validation says what is wrong
+    if len(layers) > MAX_LAYERS:
+        return f"lists {len(layers)} layers, more than the {MAX_LAYERS} a dataset may have here"
+    mags = sum(_mag_count(layer) for layer in layers)
+    if mags > MAX_MAGS:
+        return f"lists {mags} mags, more than the {MAX_MAGS} a dataset may have here (in all its layers)"
+    return None
+
+
+def _mag_count(layer: object) -> int:
+    if not isinstance(layer, dict):
+        return 0
+    mags = layer.get("mags") or layer.get("wkwResolutions")
+    return len(mags) if isinstance(mags, list) else 0

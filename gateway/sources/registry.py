@@ -6,6 +6,7 @@ from gateway_storage.cache import CacheCounts
 from .formats import SourceFormat
 from .n5_source import N5Format
 from .precomputed_source import PrecomputedFormat
+from .watched import WatchedStore
 from .wkw_source import WkwFormat
 from .zarr_source import ZarrFormat
 
@@ -13,12 +14,15 @@ FORMATS: tuple[type[SourceFormat], ...] = (WkwFormat, ZarrFormat, N5Format, Prec
 
 
 class SourceFormats:
-    """The formats of one store, each given its share (``cache_weight``) of ``cache_bytes`` for its caches."""
+    """The formats of one store, each given its share (``cache_weight``) of ``cache_bytes`` for its caches.
+
+    They read through one :class:`WatchedStore`, so that the catalog knows what loading a dataset looked at.
+    """
 
     def __init__(self, store: Store, cache_bytes: int, kinds: tuple[type[SourceFormat], ...] = FORMATS) -> None:
-        self.store = store
+        self.store = WatchedStore(store)
         weights = sum(kind.cache_weight for kind in kinds) or 1
-        formats = [kind(store, cache_bytes * kind.cache_weight // weights) for kind in kinds]
+        formats = [kind(self.store, cache_bytes * kind.cache_weight // weights) for kind in kinds]
         self._by_name = {name: f for f in formats for name in f.data_formats}
         self.formats = tuple(formats)
 

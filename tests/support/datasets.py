@@ -210,3 +210,22 @@ def v2_chunk_paths(dataset_path: str, layers: tuple[str, ...]) -> list[str]:
         for y in range(4)
         for z in range(3)
     ]
+
+
+def cube_layer(name: str, data_format: str, edge: int, mags: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A uint8 color layer of ``datasource-properties.json`` over the cube ``[0, edge)³``; mag 1 unless ``mags``."""
+    return {
+        "name": name,
+        "category": "color",
+        "boundingBox": {"topLeft": [0, 0, 0], "width": edge, "height": edge, "depth": edge},
+        "elementClass": "uint8",
+        "dataFormat": data_format,
+        "mags": [{"mag": [1, 1, 1]}] if mags is None else mags,
+    }
+
+
+def write_layers_properties(directory: Path, layers: list[dict[str, Any]]) -> None:
+    """``directory``'s ``datasource-properties.json`` naming these layers (the directory made if need be)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    document = {"id": {"name": directory.name, "team": ""}, "scale": [1.0, 1.0, 1.0], "dataLayers": layers}
+    (directory / "datasource-properties.json").write_text(json.dumps(document))
