@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gateway_storage import (
     FileIdentity,
     OutsideRootError,
+    OversizedFileError,
     StorageError,
     Store,
     StoreUnavailableError,
@@ -275,12 +276,6 @@ class Catalog:
     ) -> Dataset | BrokenDataset:
         if self._files.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
-        if identity.size > MAX_PROPERTIES_BYTES:
-            return BrokenDataset(
-                organization,
-                name,
-                f"{PROPERTIES} has {identity.size} bytes, more than the {MAX_PROPERTIES_BYTES} read here",
-            )
         try:
             # the very version whose size was checked: a file grown since is a changed file, not a bigger read
             document = load_json(
@@ -288,6 +283,8 @@ class Catalog:
             )
         except StoreUnavailableError:
             raise  # transient: answered 503 and never remembered as a broken dataset
+        except OversizedFileError as exc:  # the kernel's bound, checked before a byte is read
+            return BrokenDataset(organization, name, f"{PROPERTIES} is too large: {exc}")
         except (OSError, StorageError, WkwError, ValueError) as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is not readable JSON: {exc}")
         if not isinstance(document, dict):
