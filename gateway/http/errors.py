@@ -29,7 +29,7 @@ from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
 from .messages import Answer, ClientGone, HttpError, raw_headers
-from .ranges import TooManyRanges
+from .ranges import PositionTooLong, TooManyRanges
 
 log = logging.getLogger("gateway")
 __all__ = ["RULES", "ErrorRule", "HttpError", "error_answer", "hide_roots", "json_error", "record", "relative_paths"]
@@ -54,6 +54,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MalformedKey: ErrorRule(400),
     DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
     TooManyRanges: ErrorRule(400),
+    PositionTooLong: ErrorRule(400),
     MeshNotFound: ErrorRule(404),
     MeshInputError: ErrorRule(400),
     SegmentIndexRequired: ErrorRule(409),
