@@ -29,7 +29,7 @@ from .errors import HttpError, hide_roots, relative_paths
 from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
-from .urls import DataTarget, Level, parse_mesh_path, parse_preview_path
+from .urls import DataTarget, Level, parse_data_path, parse_mesh_path, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -108,6 +108,17 @@ class Gateway:
         return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
 
     # --- the pipeline -------------------------------------------------------------------------
+
+    async def tree(self, request: Request) -> Answer:
+        """``/data/{tree}/...``: a listing, a metadata document or a chunk of one of the trees."""
+        target = parse_data_path(request.path)
+        request.exchange.route = target.route
+        return await self.handle(target, request)
+
+    async def index(self, request: Request) -> Answer:
+        """``/``: the trees."""
+        self.token(request)  # open to all, but more than one token is refused here as everywhere
+        return Answer(200, [], index_page(), HTML)
 
     async def handle(self, target: DataTarget, request: Request) -> Answer:
         token = self.token(request)
@@ -286,7 +297,7 @@ def _check_placed(target: DataTarget) -> None:
 
 
 def index_page() -> bytes:
-    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES if name != "zarr3_experimental"])
+    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES])
 
 
 __all__ = ["HTML", "JSON", "Gateway", "index_page"]
