@@ -21,6 +21,7 @@ from ..sources.registry import SourceFormats
 from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Endpoint, build_edge, endpoint_routes
+from .errors import HiddenRoots
 from .listing import meters_per_unit
 from .ops import Ops
 from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES
@@ -37,7 +38,8 @@ def create_app(settings: Settings) -> Starlette:
     shards = ShardPlans(settings.cache_bytes // 2)
     previews = Previews(settings.cache_bytes // 16)
     meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes)
+    roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes, roots)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
@@ -48,7 +50,7 @@ def create_app(settings: Settings) -> Starlette:
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     paths = {"/": Endpoint(gateway.index, "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
-    return build_edge(endpoint_routes(paths, mounts), ops)
+    return build_edge(endpoint_routes(paths, mounts), ops, roots)
 
 
 def create_app_from_env() -> Starlette:

@@ -25,7 +25,7 @@ from ..zarr.shards import ShardPlans
 from ..zarr.trees import TREES, DatasetView, NodeNotFound, ServeOptions, Tree
 from .auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_organization, granted_names, read_token
 from .budget import MemoryBudget
-from .errors import HttpError, hide_roots, relative_paths
+from .errors import HiddenRoots, HttpError
 from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
@@ -50,9 +50,10 @@ class Gateway:
         shards: ShardPlans,
         previews: Previews,
         meshes: MeshService,
+        roots: HiddenRoots,
     ) -> None:
         self.settings = settings
-        hide_roots(settings.root, settings.extra_roots)
+        self.roots = roots
         self.storage = storage
         self.catalog = catalog
         self.access = Access(settings.tokens_file, settings.tokens_reload_seconds)
@@ -183,7 +184,7 @@ class Gateway:
                 return view.document((file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
-            entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
+            entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
             largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
             return self._dataset_page(target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
@@ -248,7 +249,7 @@ class Gateway:
         for dataset in self.catalog.datasets(organization):
             if grant is not None and not grant.allows(organization, dataset.name):
                 continue
-            note = relative_paths(dataset.reason) if isinstance(dataset, BrokenDataset) else None
+            note = self.roots.relative(dataset.reason) if isinstance(dataset, BrokenDataset) else None
             entries.append(Entry(dataset.name, True, note))
         return entries
 

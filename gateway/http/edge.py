@@ -33,7 +33,7 @@ from starlette.types import ASGIApp
 
 from ..logs import access_log
 from ..metrics import STATS
-from .errors import error_answer, json_error
+from .errors import HiddenRoots, error_answer, json_error
 from .messages import Answer, Exchange, Message, Receive, Request, Scope, Send
 from .ops import Ops
 from .urls import TOKEN_PREFIX, split_path_token
@@ -203,29 +203,39 @@ class Endpoint:
         await answer.send(send)
 
 
-async def _mapped(request: StarletteRequest, exc: Exception) -> Response:
+def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Awaitable[Response]]:
     """The error map (:func:`errors.error_answer`) as Starlette's handler of every exception."""
-    exchange = exchange_of(request.scope)
-    if isinstance(exc, HTTPException):  # the router's own: a path no route takes
-        answer = json_error(exc.status_code, f"nothing at {exchange.path}; data is under /data/")
-    else:
-        answer = error_answer(exc, exchange.context)
-    response = Response(answer.body, answer.status)
-    response.raw_headers = answer.headers
-    return response
+
+    async def mapped(request: StarletteRequest, exc: Exception) -> Response:
+        exchange = exchange_of(request.scope)
+        if isinstance(exc, HTTPException):  # the router's own: a path no route takes
+            answer = json_error(exc.status_code, f"nothing at {exchange.path}; data is under /data/")
+        else:
+            answer = error_answer(exc, exchange.context, roots)
+        response = Response(answer.body, answer.status)
+        response.raw_headers = answer.headers
+        return response
+
+    return mapped
 
 
-def build_edge(routes: Sequence[BaseRoute], ops: Ops) -> Starlette:
-    """The Starlette app over ``routes`` with the middleware above and the error map."""
+def build_edge(routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots) -> Starlette:
+    """The Starlette app over ``routes`` with the middleware above and the error map.
+
+    The map handles every exception in an exception middleware of its own: given to the app under the
+    key Exception, Starlette would hand it to its outermost error middleware, which answers and then
+    raises again (a traceback and no access line for a mapped 500).
+    """
+    mapped = _error_map(roots)
     return Starlette(
         routes=routes,
         middleware=[
             Middleware(RequestLog, ops=ops),
             Middleware(Cors),
             Middleware(PathTokens),
-            Middleware(ExceptionMiddleware, handlers={Exception: _mapped}),
+            Middleware(ExceptionMiddleware, handlers={Exception: mapped}),
         ],
-        exception_handlers={HTTPException: _mapped},
+        exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
 
