@@ -3,9 +3,10 @@ operations endpoints, with the error map as its exception handlers and pure ASGI
 
 Around every request, outermost first:
 
-- :class:`RequestLog`: the request id, the access log line, the metrics (in flight, per route, bytes);
-- :class:`Cors`: CORS and ``Referrer-Policy`` on every answer, a preflight for ``OPTIONS``, and 405 for
-  any method but GET and HEAD, on every path alike (before routing, so no route can forget it);
+- :class:`RequestLog`: the request id, CORS and ``Referrer-Policy`` on every answer, the access log line,
+  the metrics (in flight, per route, bytes);
+- :class:`Methods`: a preflight for ``OPTIONS`` and 405 for any method but GET and HEAD, on every path
+  alike (before routing, so no route can forget it);
 - :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
 - Starlette's router and exception middleware: the handlers (:class:`Endpoint`) and the one error map
   (:mod:`gateway.http.errors`) as the handler of every exception.
@@ -61,7 +62,8 @@ def exchange_of(scope: Scope) -> Exchange:
 
 
 class RequestLog:
-    """Request ids, the access log line and the metrics of every request (pure ASGI middleware)."""
+    """Request ids, the headers every answer carries (CORS, Referrer-Policy), the access log line and the
+    metrics of every request (pure ASGI middleware: one wrapper of ``send`` for all of them)."""
 
     def __init__(self, app: ASGIApp, ops: Ops) -> None:
         self.app = app
@@ -88,7 +90,7 @@ class RequestLog:
             nonlocal status, sent
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id)]
+                message["headers"] = [*message["headers"], *_ALWAYS, (b"x-request-id", request_id)]
             else:
                 sent += len(message.get("body", b""))
             await send(message)
@@ -112,30 +114,21 @@ class RequestLog:
         asyncio.get_running_loop().call_later(1.0, self._tick)
 
 
-class Cors:
-    """CORS headers on every answer; ``OPTIONS`` answered as a preflight, other methods but GET and HEAD 405."""
+class Methods:
+    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        method = scope.get("method")
+        if method in ("GET", "HEAD") or scope["type"] != "http":
             await self.app(scope, receive, send)
-            return
-
-        async def send_with_cors(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message["headers"], *_ALWAYS]
-            await send(message)
-
-        method = scope["method"]
-        if method == "OPTIONS":
+        elif method == "OPTIONS":
             exchange_of(scope).route = "preflight"
-            await _preflight(scope).send(send_with_cors)
-        elif method not in ("GET", "HEAD"):
-            await json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}).send(send_with_cors)
+            await _preflight(scope).send(send)
         else:
-            await self.app(scope, receive, send_with_cors)
+            await json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}).send(send)
 
 
 def _preflight(scope: Scope) -> Answer:
@@ -231,7 +224,7 @@ def build_edge(routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots) -> Sta
         routes=routes,
         middleware=[
             Middleware(RequestLog, ops=ops),
-            Middleware(Cors),
+            Middleware(Methods),
             Middleware(PathTokens),
             Middleware(ExceptionMiddleware, handlers={Exception: mapped}),
         ],
