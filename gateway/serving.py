@@ -1,12 +1,14 @@
 """uvicorn's HTTP protocol with limits on request heads, and a response's header block in the same write as
 its first body bytes.
 
-Limits: uvicorn's httptools protocol takes a request head of any size and waits for it for ever (its
-keep-alive timeout ends once a byte arrives). Reached directly (no proxy in front), one client could
-hold a connection open or grow a worker's memory at will. Here a head longer than ``max_header_bytes``
-is answered 431, and a connection that has not sent a whole head within ``header_timeout`` seconds
-of opening (or of its previous answer) is closed, with a 408 if it had begun one. Granian gets the
-same two limits from its own options (see :mod:`gateway.cli`).
+Limits: uvicorn's httptools protocol takes a request head of any size and waits for it, and for a
+body, for ever (its keep-alive timeout ends once a byte arrives). Reached directly (no proxy in front),
+one client could hold a connection open or grow a worker's memory at will. Here a head longer than
+``max_header_bytes`` is answered 431, and a connection that has not sent a whole request (line,
+headers and any body) within ``header_timeout`` seconds of opening (or of its previous answer) is
+closed, with a 408 if it had begun one and had no answer yet. The gateway reads no request body, so a
+client that sends one slowly has only that time to finish it. Granian gets the head limits from its
+own options (see :mod:`gateway.cli`) and closes a connection whose body its app did not read.
 
 uvicorn writes the status line and headers when the app sends ``http.response.start`` and the body at
 the next message. Between the two the event loop may wait for the GIL (a reader thread holds it for
@@ -96,6 +98,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._max_head, self._head_timeout = head_limits()
         self._in_head = True  # between requests or inside a request's line and headers
+        self._in_body = False  # a request's head has arrived, its body (if it announced one) not yet wholly
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
 
@@ -119,19 +122,24 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._cancel_head_timer()
+        self._in_head, self._in_body = False, True
+        if self._head_timer is None:  # a pipelined request, its head read while another was answered
+            self._arm_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._in_head, self._head_bytes = True, 0  # what follows is the next request's head
+        self._in_head, self._in_body, self._head_bytes = True, False, 0  # what follows is the next request's head
+        self._cancel_head_timer()
+        answered = self.cycle is not None and self.cycle.response_complete
         super().on_message_complete()
+        if answered and not self.transport.is_closing():
+            self._arm_head_timer()  # answered while its body arrived: waiting for the next request now
 
     def on_response_complete(self) -> None:
         self._one_write.release()  # the whole answer is written: it goes out now, head and body together
         super().on_response_complete()
-        if not self.pipeline and not self.transport.is_closing():
-            self._arm_head_timer()  # waiting for the next request now
+        if not self._in_body and not self.pipeline and not self.transport.is_closing():
+            self._arm_head_timer()  # waiting for the next request now (a body still arriving keeps its clock)
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
@@ -144,8 +152,18 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_body:
+            if self.cycle is not None and self.cycle.response_started:
+                self.transport.close()  # the answer began: nothing can be said any more
+            else:
+                self._refuse(
+                    408, "Request Timeout", f"the request's body did not arrive within {self._head_timeout:g} s"
+                )
+            return
         answering = self.cycle is not None and not self.cycle.response_complete
-        if not self._in_head or answering or self.transport.is_closing():
+        if answering:
             return
         if self._head_bytes:
             self._refuse(

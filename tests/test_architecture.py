@@ -220,3 +220,32 @@ def test_the_units_of_webknossos_are_defined_once_and_imported_directly() -> Non
     ]
     assert defining == ["gateway.sources.units"], defining
     assert "gateway.sources.units" in graph()["gateway.meshes.layers"]
+
+
+FRAMEWORK_MODULES = ("gateway.http.edge", "gateway.http.app")  # the application and its composition root
+
+
+def _imports_starlette(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(name == "starlette" or name.startswith("starlette.") for name in names):
+            return True
+    return False
+
+
+def test_starlette_stays_at_the_edge() -> None:
+    """The handlers (data, ops, responses...) see the gateway's own Request and Answer, never the framework's:
+    the chunk path builds no framework object, and the framework can be swapped in two modules."""
+    users = sorted(name for name, path in modules().items() if _imports_starlette(path))
+    assert set(users) <= set(FRAMEWORK_MODULES), f"outside the edge: {sorted(set(users) - set(FRAMEWORK_MODULES))}"
+    assert "gateway.http.edge" in users  # the check sees what it looks for
+
+
+def test_the_framework_check_sees_a_planted_import(tmp_path: Path) -> None:
+    planted = tmp_path / "handler.py"
+    planted.write_text("if True:\n    from starlette.responses import Response\n")
+    assert _imports_starlette(planted)
+    planted.write_text("from .starlette import x\nimport starlet\n")
+    assert not _imports_starlette(planted)

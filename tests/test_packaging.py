@@ -41,7 +41,7 @@ OWN_MODULES = {
     *(path.stem for path in (REPO / "scripts").glob("*.py")),  # chromium_devtools, shared with the tests
     *(path.stem for path in (REPO / "tests").iterdir()),
 }
-OPTIONAL = ("boto3", "botocore", "obstore", "granian", "rich", "starlette")  # what the core must run without
+OPTIONAL = ("boto3", "botocore", "obstore", "granian", "rich")  # what the core must run without
 
 BLOCKER = """
 import os
@@ -245,7 +245,7 @@ def test_the_core_serves_a_local_root_without_any_extra(
     server_factory: Callable[..., Server],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """uvicorn over a local root needs none of the optional packages, nor starlette."""
+    """uvicorn over a local root needs none of the optional packages."""
     env = blocked(*OPTIONAL)
     for name in ("PYTHONPATH", "ZG_TEST_BLOCKED_IMPORTS"):
         monkeypatch.setenv(name, env[name])  # the test gateway's environment

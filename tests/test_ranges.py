@@ -14,7 +14,14 @@ from support.datasets import ORG
 from support.datasets import WrittenDataset as Data
 from support.servers import Server
 
-from gateway.http.ranges import MAX_RANGES, TooManyRanges, Unsatisfiable, parse_range
+from gateway.http.ranges import (
+    MAX_POSITION_DIGITS,
+    MAX_RANGES,
+    PositionTooLong,
+    TooManyRanges,
+    Unsatisfiable,
+    parse_range,
+)
 
 DATASET = "wk_dataset"
 
@@ -95,6 +102,24 @@ def test_parse_too_many() -> None:
         parse_range("bytes=" + ",".join(f"{i}-{i}" for i in range(MAX_RANGES + 1)), 1000)
     with pytest.raises(TooManyRanges):
         parse_range("bytes=" + ",".join(["0-0"] * 1000), 1000)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=" + "0" * 20000 + "-1",  # Python's int() refuses more than 4,300 digits
+        "bytes=0-" + "9" * 20000,
+        "bytes=-" + "1" * 5000,
+        "bytes=0-1," + "0" * (MAX_POSITION_DIGITS + 1) + "-",
+    ],
+)
+def test_parse_refuses_overlong_positions(header: str) -> None:
+    with pytest.raises(PositionTooLong):
+        parse_range(header, 100)
+
+
+def test_parse_takes_the_longest_position_allowed() -> None:
+    assert parse_range("bytes=" + "0" * MAX_POSITION_DIGITS + "-" + "9" * MAX_POSITION_DIGITS, 100) == [(0, 100)]
 
 
 # --- the server against the whole object -----------------------------------------------------------
@@ -317,6 +342,42 @@ def test_no_range_header_makes_a_server_error(targets: dict[str, Target], header
     assert response.status_code in (200, 206, 400, 416), (header, response.status_code)
     if response.status_code == 200:
         assert response.content == target.whole
+
+
+@pytest.mark.parametrize("name", ["shard", "chunk", "metadata", "listing"])
+@pytest.mark.parametrize(
+    "header", ["bytes=" + "0" * 20000 + "-1", "bytes=0-" + "9" * 20000, "bytes=-" + "0" * 20000 + "1"]
+)
+def test_huge_positions_are_a_400_with_a_message(targets: dict[str, Target], name: str, header: str) -> None:
+    target = targets[name]
+    response = target.session.get(target.url, headers={"Range": header})
+    assert response.status_code == 400, response.text[:200]
+    assert "digits" in response.json()["error"]
+
+
+def _numbers() -> st.SearchStrategy[str]:
+    """A range position as a client might write it: any value, after any number of leading zeros."""
+    return st.builds(lambda zeros, value: "0" * zeros + str(value), st.integers(0, 6000), st.integers(0, 10**40))
+
+
+_LONG_RANGE_SETS = st.lists(
+    st.one_of(
+        st.builds(lambda a, b: f"{a}-{b}", _numbers(), _numbers() | st.just("")),
+        st.builds(lambda a: f"-{a}", _numbers()),
+    ),
+    min_size=1,
+    max_size=3,
+).map(lambda specs: "bytes=" + ",".join(specs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(header=_LONG_RANGE_SETS)
+def test_no_long_position_makes_a_server_error(targets: dict[str, Target], header: str) -> None:
+    target = targets["shard"]
+    response = target.session.get(target.url, headers={"Range": header})
+    assert response.status_code in (200, 206, 400, 416), (header[:100], response.status_code)
+    if response.status_code == 400:
+        assert "digits" in response.json()["error"]
 
 
 # --- a range read of a shard reads only the blocks it covers ---------------------------------------

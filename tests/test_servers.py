@@ -7,6 +7,7 @@ the same access lines, and the drain on SIGTERM in a worker process.
 
 import functools
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from support.datasets import ORG, WrittenDataset
-from support.processes import wait_until
+from support.processes import receive_until_closed, wait_until
 from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
@@ -143,3 +144,82 @@ def test_granian_stops_every_worker_on_a_sigterm_while_they_start(
         assert status == 0, server.log()
         gone = wait_until(functools.partial(_all_gone, workers), timeout=10, interval=0.1)
         assert gone, f"a worker serves on after the supervisor stopped:\n{server.log()}"
+
+
+# --- time bounds on a request's head and body, on both servers --------------------------------------------
+
+HEAD_TIMEOUT = 2.0  # header_timeout of the servers below
+CLOSED_WITHIN = HEAD_TIMEOUT + 6  # margin for a busy two-core machine
+DRIBBLE_EVERY = 0.5  # well inside the timeout: a timer that restarts on every byte would never fire
+
+
+@pytest.fixture(scope="module", params=["uvicorn", "granian"])
+def timed(request: pytest.FixtureRequest, server_factory: Callable[..., Server], test_data: WrittenDataset) -> Server:
+    return server_factory(test_data.root, server=request.param, header_timeout=HEAD_TIMEOUT)
+
+
+def _dribbled(server: Server, first: bytes, piece: bytes, connections: int = 20, limit: float = 20) -> list[float]:
+    """Open ``connections`` connections, send ``first`` on each and then ``piece`` every DRIBBLE_EVERY seconds
+    (reading whatever is answered); the seconds after which the server closed each (``limit`` if it did not)."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(connections)]
+    started = time.monotonic()
+    closed: dict[int, float] = {}
+    try:
+        for connection in sockets:
+            connection.sendall(first)
+            connection.setblocking(False)
+        while len(closed) < connections and time.monotonic() - started < limit:
+            time.sleep(DRIBBLE_EVERY)
+            for number, connection in enumerate(sockets):
+                if number in closed:
+                    continue
+                try:
+                    while connection.recv(65536):
+                        pass  # an answer: the connection stays open until the server ends it
+                    closed[number] = time.monotonic() - started  # an orderly close
+                    continue
+                except BlockingIOError:
+                    pass  # nothing to read: still open
+                except OSError:
+                    closed[number] = time.monotonic() - started
+                    continue
+                try:
+                    connection.sendall(piece)
+                except OSError:
+                    closed[number] = time.monotonic() - started
+    finally:
+        for connection in sockets:
+            connection.close()
+    return [closed.get(number, limit) for number in range(connections)]
+
+
+HEAD = f"GET {DATASET}/.zgroup HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.mark.parametrize(
+    ("first", "piece"),
+    [
+        (HEAD + "Content-Length: 100000\r\n\r\n", "a"),  # a whole head announcing a body, then a byte at a time
+        (HEAD + "Transfer-Encoding: chunked\r\n\r\n", "1\r\na\r\n"),  # a chunked body, one chunk at a time
+        (HEAD, "X-Dribble: 1\r\n"),  # a head, one header line at a time
+        (HEAD + "Content-Length: 1\r\n\r\na" + HEAD, "X-Dribble: 1\r\n"),  # an answered request, then the next head
+    ],
+    ids=["body", "chunked-body", "head-lines", "next-head-lines"],
+)
+def test_a_request_that_arrives_too_slowly_is_closed(timed: Server, first: str, piece: str) -> None:
+    """The issue saw 20 of 20 such connections open past a 10 s header timeout; here all close within it."""
+    seconds = _dribbled(timed, first.encode(), piece.encode())
+    assert max(seconds) < CLOSED_WITHIN, f"open for {sorted(seconds)} s with header_timeout {HEAD_TIMEOUT}"
+
+
+def test_a_request_with_a_prompt_body_keeps_its_connection(timed: Server) -> None:
+    """The bound is on time, not on bodies: a body sent at once is read and the connection serves on."""
+    host, port = timed.url.removeprefix("http://").rsplit(":", 1)
+    request = (HEAD + "Content-Length: 5\r\n\r\nhello").encode()
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request + HEAD.encode() + b"Connection: close\r\n\r\n")
+        answers = receive_until_closed(connection, tolerated=(OSError,))
+    assert answers.startswith(b"HTTP/1.1 200 "), answers[:200]
+    if b"connection: close" not in answers.split(b"\r\n\r\n", 1)[0].lower():  # a server may end after a body
+        assert answers.count(b"HTTP/1.1 200 ") == 2, answers[:400]

@@ -20,7 +20,7 @@ import wkw
 from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
-from gateway.http.urls import Level, parse_data_path
+from gateway.http.urls import TREE_ROUTES, Level, parse_data_path
 from gateway.sources.catalog import BrokenDataset, Catalog, Dataset
 from gateway.sources.mag import ChunkNotFound
 from gateway.sources.properties import BoundingBox
@@ -71,9 +71,9 @@ def test_url_table_places_every_metadata_name(tree: str, level: str) -> None:
     listing = parse_data_path("/data/" + "/".join((tree, *segments)) + "/")
     assert (listing.level, listing.names, listing.file, listing.key) == (expected_level, segments, None, None)
     assert listing.misplaced is None and listing.route == "listing"
-    assert listing.tree is TREES[tree] and listing.tree_name == tree
+    assert listing.tree is TREE_ROUTES[tree] and listing.tree_name == tree
     assert listing.base == "/data/" + "/".join((tree, *segments)) + "/"
-    belongs = BELONGS[TREES[tree].name][level]
+    belongs = BELONGS[TREE_ROUTES[tree].name][level]
     for name in METADATA:
         target = parse_data_path("/data/" + "/".join((tree, *segments, name)))
         assert (target.level, target.names, target.key, target.route) == (expected_level, segments, None, "metadata")

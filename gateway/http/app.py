@@ -1,5 +1,5 @@
 """The composition root: the store, the source formats, the catalog, the caches, the gateway, its
-operations endpoints and the edge in front of them, wired in one place.
+operations endpoints, the routes and the edge in front of them, wired in one place.
 
 The cache budget (``cache_bytes``) is split here: half for the source formats' caches (shared
 equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and on
@@ -9,6 +9,7 @@ top a sixteenth for preview images and a quarter for segment meshes.
 import logging
 
 import anyio
+from starlette.applications import Starlette
 
 from gateway_storage import open_store, read_headers_file
 
@@ -21,13 +22,15 @@ from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
 from ..zarr.shards import ShardPlans
 from .data import Gateway
-from .edge import Edge
+from .edge import Endpoint, build_edge, endpoint_routes
+from .errors import HiddenRoots
 from .ops import Ops
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES
 
 log = logging.getLogger("gateway")
 
 
-def create_app(settings: Settings) -> Edge:
+def create_app(settings: Settings) -> Starlette:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
     store = open_store(
         settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
@@ -38,13 +41,22 @@ def create_app(settings: Settings) -> Edge:
     previews = Previews(settings.cache_bytes // 16, store, mesh_limiter)
     index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
     meshes = MeshService(store, index_place(store, index_dir), settings.cache_bytes // 4, mesh_limiter)
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes)
+    roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes, roots)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
-    return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
+    ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
+    trees = Endpoint(gateway.tree, None)  # the label (chunk, metadata, listing) is the parsed target's
+    mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
+    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(gateway.mesh, "mesh")
+    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(gateway.preview, "preview")
+    mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
+    paths = {"/": Endpoint(gateway.index, "index")}
+    paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
+    return build_edge(endpoint_routes(paths, mounts), ops, roots)
 
 
-def create_app_from_env() -> Edge:
+def create_app_from_env() -> Starlette:
     """Factory for server workers: settings come from ZARR_GATEWAY_* variables."""
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging

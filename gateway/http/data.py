@@ -36,11 +36,11 @@ from .auth import (
     read_token,
 )
 from .budget import MemoryBudget
-from .errors import HttpError, hide_roots, relative_paths
+from .errors import HiddenRoots, HttpError
 from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
 from .responses import Reader, send_resource
-from .urls import DataTarget, Level, parse_mesh_path, parse_preview_path
+from .urls import DataTarget, Level, parse_data_path, parse_mesh_path, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
@@ -64,9 +64,10 @@ class Gateway:
         shards: ShardPlans,
         previews: Previews,
         meshes: MeshService,
+        roots: HiddenRoots,
     ) -> None:
         self.settings = settings
-        hide_roots(settings.root, settings.extra_roots)
+        self.roots = roots
         self.storage = storage
         self.catalog = catalog
         self.access = Access(settings.tokens_file, settings.tokens_reload_seconds)
@@ -148,6 +149,17 @@ class Gateway:
 
     # --- the pipeline -------------------------------------------------------------------------
 
+    async def tree(self, request: Request) -> Answer:
+        """``/data/{tree}/...``: a listing, a metadata document or a chunk of one of the trees."""
+        target = parse_data_path(request.path)
+        request.exchange.route = target.route
+        return await self.handle(target, request)
+
+    async def index(self, request: Request) -> Answer:
+        """``/``: the trees."""
+        self.token(request)  # open to all, but more than one token is refused here as everywhere
+        return Answer(200, [], index_page(), HTML)
+
     async def handle(self, target: DataTarget, request: Request) -> Answer:
         token = self.token(request)
         grant = await self.authorize(token, target.names[:2])
@@ -211,7 +223,7 @@ class Gateway:
                 return await self._document(view, (file,), lambda: tree.dataset_document(view, file))
             entries = [Entry(f, False) for f in tree.dataset_files]
             entries += [Entry(name, True) for name in view.groups]
-            entries += [Entry(name, True, relative_paths(reason)) for name, reason in view.unusable.items()]
+            entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
             largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.limiter)
             return await self._storage_call(self._dataset_page, target, view, request, entries, page_token, largest)
         group = view.group(target.names[2])
@@ -276,7 +288,7 @@ class Gateway:
         for dataset in self.catalog.datasets(organization):
             if grant is not None and not grant.allows(organization, dataset.name):
                 continue
-            note = relative_paths(dataset.reason) if isinstance(dataset, BrokenDataset) else None
+            note = self.roots.relative(dataset.reason) if isinstance(dataset, BrokenDataset) else None
             entries.append(Entry(dataset.name, True, note))
         return entries
 
@@ -325,7 +337,7 @@ def _check_placed(target: DataTarget) -> None:
 
 
 def index_page() -> bytes:
-    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES if name != "zarr3_experimental"])
+    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES])
 
 
 __all__ = ["HTML", "JSON", "Gateway", "index_page"]

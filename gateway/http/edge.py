@@ -1,28 +1,43 @@
-"""The ASGI application: every request enters here, once.
+"""The ASGI application: a Starlette app whose routes are the trees, meshes, previews, the index and the
+operations endpoints, with the error map as its exception handlers and pure ASGI middleware around it.
 
-For each request the edge builds one :class:`Request`, picks the handler from the
-path (the data routes' parsed target, or an operations endpoint), turns any
-exception into an answer through the one error map, adds CORS and a request id,
-and records the access log line and the metrics, all without a framework in between.
+Around every request, outermost first:
+
+- :class:`RequestLog`: the request id, CORS and ``Referrer-Policy`` on every answer, the access log line,
+  the metrics (in flight, per route, bytes);
+- :class:`Methods`: a preflight for ``OPTIONS`` and 405 for any method but GET and HEAD, on every path
+  alike (before routing, so no route can forget it);
+- :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
+- Starlette's router and exception middleware: the handlers (:class:`Endpoint`) and the one error map
+  (:mod:`gateway.http.errors`) as the handler of every exception.
+
+The handlers keep the gateway's own plain :class:`Request` and :class:`Answer` (:mod:`gateway.http.messages`):
+a chunk's path builds no framework request or response object. Each route is a plain ASGI callable, so
+Starlette only matches the path and hands the request on (see docs/architecture.md, "The edge").
 """
 
 import asyncio
 import itertools
-import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp
 
 from ..logs import access_log
 from ..metrics import STATS
-from .data import HTML, Gateway, index_page
-from .errors import error_answer, json_error
-from .messages import Answer, Message, Receive, Request, Scope, Send
+from .errors import HiddenRoots, error_answer, json_error
+from .messages import Answer, Exchange, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TOKEN_PREFIX, parse_data_path, split_path_token
-
-log = logging.getLogger("gateway")
+from .urls import TOKEN_PREFIX, split_path_token
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
 ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
@@ -37,104 +52,60 @@ _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 # A client's (or a proxy's) X-Request-Id is kept only when it is plain, as the shipped proxy keeps it; it lands
 # in log lines, so it can hold no separator and no control character.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+EXCHANGE = "gateway.exchange"  # the scope key of the request's :class:`Exchange`
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
-class Edge:
-    """Routes: ``/data/...`` to the gateway, the operations endpoints, ``/`` the index; nothing else."""
+def exchange_of(scope: Scope) -> Exchange:
+    exchange: Exchange = scope[EXCHANGE]
+    return exchange
 
-    def __init__(self, gateway: Gateway, ops: Ops) -> None:
-        self.gateway = gateway
+
+class RequestLog:
+    """Request ids, the headers every answer carries (CORS, Referrer-Policy), the access log line and the
+    metrics of every request (pure ASGI middleware: one wrapper of ``send`` for all of them)."""
+
+    def __init__(self, app: ASGIApp, ops: Ops) -> None:
+        self.app = app
         self.ops = ops
-        self.pages: dict[str, Handler] = {**ops.routes(), "/": self._index}
         self.stats = STATS
         self._ids = itertools.count()
         self._timer_armed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        raw_headers = list(scope["headers"])
-        client = scope.get("client")
-        path, path_token = scope["path"], None
-        if path.startswith(TOKEN_PREFIX):  # /t/{token}/data/...: served as the path below the token
-            path_token, path = split_path_token(_raw_path(scope), path)
-        request = Request(
-            scope["method"],
-            path,
-            dict(raw_headers),
-            scope.get("query_string", b""),
-            receive=receive,
-            header_list=raw_headers,
-            client=client[0] if client else "",
-            path_token=path_token,
-        )
-        given_id = request.headers.get(b"x-request-id", b"")
+        exchange = scope[EXCHANGE] = Exchange(scope["method"], scope["path"])
+        given_id = next((value for name, value in scope["headers"] if name == b"x-request-id"), b"")
         request_id = given_id if _REQUEST_ID.fullmatch(given_id) else f"{_PROCESS}-{next(self._ids):x}".encode()
         self.stats.in_flight += 1
         if not self._timer_armed:
             self._timer_armed = True
             asyncio.get_running_loop().call_later(1.0, self._tick)
-        route, status, sent = "other", 0, 0
+        status, sent = 0, 0
+
+        async def logged_send(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message["headers"], *_ALWAYS, (b"x-request-id", request_id)]
+            else:
+                sent += len(message.get("body", b""))
+            await send(message)
+
         try:
-            route, answer = await self._answer(request)
-            answer.headers += _ALWAYS
-            answer.headers.append((b"x-request-id", request_id))
-            status = answer.status
             # A streamed body that fails after its first byte raises ResponseAborted (logged and counted
             # already): the server then drops the connection and the client sees a short body, an error.
-            sent = await answer.send(send)
+            await self.app(scope, receive, logged_send)
         finally:
             self.stats.in_flight -= 1
             elapsed = time.perf_counter() - started
-            self.stats.record(route, request.method, status, elapsed, sent)
+            self.stats.record(exchange.route, exchange.method, status, elapsed, sent)
             self.stats.flush_now_and_then(started)
             # The path only, a path's token as ***: the query string may carry a token and is never logged.
-            access_log.write(request_id.decode(), request.method, request.logged_path, status, sent, elapsed * 1000)
-
-    async def _answer(self, request: Request) -> tuple[str, Answer]:
-        """The route label and the answer; every exception is mapped here, in one place."""
-        route = "other"
-        try:
-            method, path = request.method, request.path
-            if method == "OPTIONS":
-                return "preflight", _options(request)
-            if method not in ("GET", "HEAD"):
-                return route, json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS})
-            if path.startswith(MESH_PREFIX):
-                route = "mesh"
-                return route, await self.gateway.mesh(request)
-            if path.startswith(DATA_PREFIX):
-                target = parse_data_path(path)
-                route = target.route
-                return route, await self.gateway.handle(target, request)
-            if path.startswith(PREVIEW_PREFIX):
-                route = "preview"
-                return route, await self.gateway.preview(request)
-            handler = self.pages.get(path)
-            if handler is None:
-                return route, json_error(404, f"nothing at {request.logged_path}; data is under {DATA_PREFIX}")
-            route = "index" if path == "/" else path.strip("/")
-            return route, await handler(request)
-        except Exception as exc:
-            return route, error_answer(exc, request.context)
-
-    async def _index(self, request: Request) -> Answer:
-        self.gateway.token(request)  # open to all, but more than one token is refused here as everywhere
-        return Answer(200, [], index_page(), HTML)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        message: Message = await receive()
-        assert message["type"] == "lifespan.startup"
-        async with self.ops.lifespan():
-            await send({"type": "lifespan.startup.complete"})
-            await receive()  # lifespan.shutdown
-        await send({"type": "lifespan.shutdown.complete"})
+            access_log.write(request_id.decode(), exchange.method, exchange.logged_path, status, sent, elapsed * 1000)
 
     def _tick(self) -> None:
         """Flush metrics of a worker that has gone quiet, once a second."""
@@ -143,19 +114,129 @@ class Edge:
         asyncio.get_running_loop().call_later(1.0, self._tick)
 
 
+class Methods:
+    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope.get("method")
+        if method in ("GET", "HEAD") or scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif method == "OPTIONS":
+            exchange_of(scope).route = "preflight"
+            await _preflight(scope).send(send)
+        else:
+            await json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}).send(send)
+
+
+def _preflight(scope: Scope) -> Answer:
+    """A CORS preflight (or a plain OPTIONS): what a browser may send."""
+    requested = next((v for n, v in scope["headers"] if n == b"access-control-request-headers"), None)
+    headers = [
+        (b"allow", ALLOWED_METHODS.encode()),
+        (b"access-control-allow-methods", ALLOWED_METHODS.encode()),
+        (b"access-control-allow-headers", requested or ALLOWED_HEADERS.encode()),
+        (b"access-control-max-age", b"86400"),
+    ]
+    return Answer(204, headers)
+
+
+class PathTokens:
+    """``/t/{token}/data/...`` is routed as ``/data/...``; the token is kept for :func:`auth.read_token`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(TOKEN_PREFIX):
+            exchange = exchange_of(scope)
+            exchange.path_token, exchange.path = split_path_token(_raw_path(scope), scope["path"])
+            scope = {**scope, "path": exchange.path}
+        await self.app(scope, receive, send)
+
+
 def _raw_path(scope: Scope) -> str:
     """The request path as sent, one character per byte (a server that gives no ``raw_path``: the decoded one)."""
     raw = scope.get("raw_path")
     return raw.decode("latin-1") if raw else str(scope["path"])
 
 
-def _options(request: Request) -> Answer:
-    """A CORS preflight (or a plain OPTIONS): what a browser may send."""
-    requested = request.headers.get(b"access-control-request-headers") or ALLOWED_HEADERS.encode()
-    headers = [
-        (b"allow", ALLOWED_METHODS.encode()),
-        (b"access-control-allow-methods", ALLOWED_METHODS.encode()),
-        (b"access-control-allow-headers", requested),
-        (b"access-control-max-age", b"86400"),
-    ]
-    return Answer(204, headers)
+class Endpoint:
+    """A gateway handler as a plain ASGI app: the gateway's own :class:`Request` in, its :class:`Answer` out.
+
+    ``route`` is the metric label; None when the handler sets it itself (the trees: chunk, metadata, listing).
+    Exceptions go to the app's exception handlers, the error map.
+    """
+
+    __slots__ = ("handler", "route")
+
+    def __init__(self, handler: Handler, route: str | None) -> None:
+        self.handler = handler
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
+        if self.route is not None:
+            exchange.route = self.route
+        raw_headers = scope["headers"]
+        client = scope.get("client")
+        request = Request(
+            scope["method"],
+            exchange.path,
+            dict(raw_headers),
+            scope.get("query_string", b""),
+            exchange,
+            receive,
+            raw_headers,
+            client[0] if client else "",
+        )
+        answer = await self.handler(request)
+        await answer.send(send)
+
+
+def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Awaitable[Response]]:
+    """The error map (:func:`errors.error_answer`) as Starlette's handler of every exception."""
+
+    async def mapped(request: StarletteRequest, exc: Exception) -> Response:
+        exchange = exchange_of(request.scope)
+        if isinstance(exc, HTTPException):  # the router's own: a path no route takes
+            answer = json_error(exc.status_code, f"nothing at {exchange.logged_path}; data is under /data/")
+        else:
+            answer = error_answer(exc, exchange.context, roots)
+        response = Response(answer.body, answer.status)
+        response.raw_headers = answer.headers
+        return response
+
+    return mapped
+
+
+def build_edge(routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots) -> Starlette:
+    """The Starlette app over ``routes`` with the middleware above and the error map.
+
+    The map handles every exception in an exception middleware of its own: given to the app under the
+    key Exception, Starlette would hand it to its outermost error middleware, which answers and then
+    raises again (a traceback and no access line for a mapped 500).
+    """
+    mapped = _error_map(roots)
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(RequestLog, ops=ops),
+            Middleware(Methods),
+            Middleware(PathTokens),
+            Middleware(ExceptionMiddleware, handlers={Exception: mapped}),
+        ],
+        exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
+        lifespan=lambda app: ops.lifespan(),
+    )
+
+
+def endpoint_routes(paths: dict[str, Endpoint], mounts: dict[str, Endpoint]) -> list[BaseRoute]:
+    """Exact paths as ``Route``s, prefixes as a ``Route`` for the prefix itself and a ``Mount`` below it."""
+    routes: list[BaseRoute] = []
+    for prefix, endpoint in mounts.items():
+        routes += [Route(prefix, endpoint), Mount(prefix, endpoint)]
+    routes += [Route(path, endpoint) for path, endpoint in paths.items()]
+    return routes

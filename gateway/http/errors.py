@@ -6,7 +6,7 @@ storage fault is a 5xx, never a 404 that a client would turn into fill values.
 The map applies wherever bytes are produced, including bytes read while a
 response streams. No message names where the data lives on the server: every
 body built here, and every reason a page shows, says paths relative to the data
-root (:func:`relative_paths`).
+root (:class:`HiddenRoots`, built once by the composition root).
 """
 
 import json
@@ -29,10 +29,10 @@ from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
 from .messages import Answer, ClientGone, HttpError, raw_headers
-from .ranges import TooManyRanges
+from .ranges import PositionTooLong, TooManyRanges
 
 log = logging.getLogger("gateway")
-__all__ = ["RULES", "ErrorRule", "HttpError", "error_answer", "hide_roots", "json_error", "record", "relative_paths"]
+__all__ = ["NOTHING_HIDDEN", "RULES", "ErrorRule", "HiddenRoots", "HttpError", "error_answer", "json_error", "record"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MalformedKey: ErrorRule(400),
     DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
     TooManyRanges: ErrorRule(400),
+    PositionTooLong: ErrorRule(400),
     MeshNotFound: ErrorRule(404),
     MeshInputError: ErrorRule(400),
     SegmentIndexRequired: ErrorRule(409),
@@ -86,13 +87,14 @@ def rule_for(exc: BaseException) -> ErrorRule:
     return RULES[Exception]
 
 
-class _Roots:
-    """The server's own locations of the data, longest first, each with what a client is shown instead."""
+class HiddenRoots:
+    """The server's own locations of the data, longest first, each with what a client is shown instead.
 
-    def __init__(self) -> None:
-        self.replacements: list[tuple[str, str]] = []
+    Built once by the composition root from the settings; every message and reason a client sees passes
+    through :meth:`relative`.
+    """
 
-    def hide(self, root: str, extra_roots: Iterable[str] = ()) -> None:
+    def __init__(self, root: str = "", extra_roots: Iterable[str] = ()) -> None:
         found: dict[str, str] = {}
         for location, shown in [(root, ""), *((extra, "<extra root>/") for extra in extra_roots)]:
             plain = location.removeprefix("file://").rstrip("/")
@@ -102,41 +104,33 @@ class _Roots:
             for form in forms:
                 found.setdefault(form + "/", shown)
                 found.setdefault(form, shown.rstrip("/") or "<data root>")
-        self.replacements = sorted(found.items(), key=lambda item: -len(item[0]))
+        self.replacements = tuple(sorted(found.items(), key=lambda item: -len(item[0])))
 
     def relative(self, text: str) -> str:
+        """``text`` with every location under the data root relative to it, and the root itself unnamed."""
         for location, shown in self.replacements:
             if location in text:
                 text = text.replace(location, shown)
         return text
 
 
-_ROOTS = _Roots()
-
-
-def hide_roots(root: str, extra_roots: Iterable[str] = ()) -> None:
-    """Say where the data lives on this server (once per process, at start-up), so no message shows it."""
-    _ROOTS.hide(root, extra_roots)
-
-
-def relative_paths(text: str) -> str:
-    """``text`` with every location under the data root relative to it, and the root itself unnamed."""
-    return _ROOTS.relative(text)
+NOTHING_HIDDEN = HiddenRoots()  # for answers made where no root is known (unit tests of the map)
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
-    body = json.dumps({"error": relative_paths(message), "status": status}).encode()
+    body = json.dumps({"error": message, "status": status}).encode()
     return Answer(status, raw_headers(headers or {}), body, JSON)
 
 
-def error_answer(exc: BaseException, context: str) -> Answer:
-    """The answer to ``exc`` raised while serving ``context`` (method and path), counted and logged as mapped."""
+def error_answer(exc: BaseException, context: str, roots: HiddenRoots = NOTHING_HIDDEN) -> Answer:
+    """The answer to ``exc`` raised while serving ``context`` (method and path), counted and logged as mapped;
+    its message names no location of ``roots``."""
     if isinstance(exc, HttpError):  # the HTTP layer's own decision: nothing to map
-        return json_error(exc.status, exc.message, exc.headers)
+        return json_error(exc.status, roots.relative(exc.message), exc.headers)
     rule = record(exc, context)
     message = rule.message if rule.message is not None else f"{rule.prefix}{exc}"
     headers = {"Retry-After": rule.retry_after} if rule.retry_after else None
-    return json_error(rule.status, message, headers)
+    return json_error(rule.status, roots.relative(message), headers)
 
 
 def record(exc: BaseException, context: str) -> ErrorRule:

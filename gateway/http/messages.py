@@ -1,6 +1,6 @@
-"""A request and its answer as the edge sees them: plain objects over the ASGI scope and messages.
+"""A request and its answer as the handlers see them: plain objects over the ASGI scope and messages.
 
-Cheaper than a framework's request and response classes on the chunk path.
+Cheaper than a framework's request and response classes on the chunk path (see :mod:`gateway.http.edge`).
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -52,15 +52,13 @@ class ResponseAborted(Exception):
 
 
 @dataclass(slots=True)
-class Request:
+class Exchange:
+    """What the edge's middleware and the handlers share about one request: its log line and metric label."""
+
     method: str
-    path: str
-    headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
-    query_string: bytes
-    receive: Receive | None = None  # the ASGI channel that says when the client disconnects
-    header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
-    client: str = ""  # the peer's address: a proxy's when one is in front
+    path: str  # as routed: below a path token
     path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
+    route: str = "other"  # the metric label, set by the handler as soon as it knows the kind of resource
 
     @property
     def logged_path(self) -> str:
@@ -76,6 +74,26 @@ class Request:
     def context(self) -> str:
         """What a log line says about the request: method and path, never the query nor a path's token."""
         return f"{self.method} {self.logged_path}"
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
+    query_string: bytes
+    exchange: Exchange
+    receive: Receive | None = None  # the ASGI channel that says when the client disconnects
+    header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
+    client: str = ""  # the peer's address: a proxy's when one is in front
+
+    @property
+    def path_token(self) -> bytes | None:
+        return self.exchange.path_token
+
+    @property
+    def context(self) -> str:
+        return self.exchange.context
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)
@@ -150,16 +168,13 @@ class Answer:
         self.body = body
         self.pieces = pieces  # after ``body``: a large body, sent as it is read instead of held whole
 
-    async def send(self, send: Send) -> int:
-        """Send the answer; the number of body bytes sent."""
+    async def send(self, send: Send) -> None:
+        """Send the answer: its head and body, or its first piece and the rest as they are read."""
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         if self.pieces is None:
             await send({"type": "http.response.body", "body": self.body})
-            return len(self.body)
-        sent = len(self.body)
+            return
         await send({"type": "http.response.body", "body": self.body, "more_body": True})
         async for piece in self.pieces:
-            sent += len(piece)
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
-        return sent

@@ -31,7 +31,7 @@ from .. import metrics
 from ..zarr.trees import NodeNotFound
 from .auth import TOKEN_HEADER, read_token
 from .data import Gateway
-from .errors import HttpError, json_error, relative_paths
+from .errors import HttpError, json_error
 from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
 from .urls import access_names, request_path, split_path_token
 
@@ -103,7 +103,7 @@ class Ops:
 
         with anyio.move_on_after(5):
             problem = await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
-            return None if problem is None else relative_paths(problem)
+            return None if problem is None else self.gateway.roots.relative(problem)
         return "the data root did not answer within 5 s"
 
     async def metrics(self, request: Request) -> Answer:

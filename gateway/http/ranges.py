@@ -3,11 +3,17 @@
 import re
 
 MAX_RANGES = 64
+# Longer than any object's position needs (2**64 has 20 digits); past Python's limit on converting digits.
+MAX_POSITION_DIGITS = 20
 _SPEC = re.compile(r"^(?:(\d+)-(\d*)|-(\d+))$")
 
 
 class TooManyRanges(ValueError):
     """More ranges than any client needs; refused rather than served."""
+
+
+class PositionTooLong(ValueError):
+    """A position written with more digits than any object needs (leading zeros included): 400."""
 
 
 class Unsatisfiable(ValueError):
@@ -36,6 +42,8 @@ def parse_range(header: str | None, size: int) -> list[tuple[int, int]] | None:
         if match is None:
             return None
         first, last, suffix = match.groups()
+        if max(len(first or ""), len(last or ""), len(suffix or "")) > MAX_POSITION_DIGITS:
+            raise PositionTooLong(f"a range position has more than {MAX_POSITION_DIGITS} digits")
         if suffix is not None:
             length = int(suffix)
             if length > 0 and size > 0:

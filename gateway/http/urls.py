@@ -26,6 +26,10 @@ MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 
 
+# The trees as the URL space names them: each tree under its own name, and webKnossos' older name for the v3 tree.
+TREE_ROUTES: dict[str, Tree] = {**TREES, "zarr3_experimental": TREES["zarr3"]}
+
+
 class Level(enum.IntEnum):
     TREE = 0
     ORGANIZATION = 1
@@ -82,7 +86,7 @@ def _files(tree: Tree, level: Level) -> tuple[str, ...]:
 
 _LEVELS = tuple(Level)
 # Per tree, the names each level answers, indexed by depth: the lookup of the per-request loop below.
-_FILES = {name: tuple(_files(tree, level) for level in _LEVELS) for name, tree in TREES.items()}
+_FILES = {name: tuple(_files(tree, level) for level in _LEVELS) for name, tree in TREE_ROUTES.items()}
 
 
 def parse_data_path(path: str) -> DataTarget:
@@ -92,9 +96,9 @@ def parse_data_path(path: str) -> DataTarget:
     known to exist, so that the message names the nearest level that does (``misplaced``).
     """
     tree_name, _, rest = path[len(DATA_PREFIX) :].partition("/")
-    tree = TREES.get(tree_name)
+    tree = TREE_ROUTES.get(tree_name)
     if tree is None:
-        raise NodeNotFound(f"unknown tree {tree_name!r}; there are {', '.join(TREES)}")
+        raise NodeNotFound(f"unknown tree {tree_name!r}; there are {', '.join(TREE_ROUTES)}")
     segments = _segments(rest)
     files_by_depth = _FILES[tree_name]
     last = len(segments) - 1

@@ -392,6 +392,5 @@ class XarrayTree(Tree):
 
 
 TREES: dict[str, Tree] = {"zarr": ZarrV2Tree(), "zarr3": ZarrV3Tree(), "xarray": XarrayTree()}
-TREES["zarr3_experimental"] = TREES["zarr3"]  # webKnossos' older name for the v3 tree
 
 __all__ = ["METADATA_NAMES", "PROPERTIES", "TREES", "DatasetView", "MalformedKey", "NodeNotFound", "Tree"]
