@@ -174,12 +174,12 @@ def index_segments(args: argparse.Namespace) -> None:
     """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
     from gateway_storage import open_store
 
-    from .http.listing import meters_per_unit
     from .meshes.build import DataChangedWhileIndexing, index_layer
     from .meshes.errors import MeshInputError, MeshNotFound
     from .meshes.service import MeshService
     from .sources.catalog import BrokenDataset, Catalog
     from .sources.registry import SourceFormats
+    from .sources.units import meters_per_unit
 
     organization, _, name = args.dataset.partition("/")
     index_dir = Path(args.segment_index_dir) if args.segment_index_dir else None

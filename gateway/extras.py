@@ -6,6 +6,7 @@ library stops start-up with a message that names the extra to install rather tha
 """
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 
 
@@ -17,6 +18,12 @@ class MissingExtraError(ImportError):
 class Extra:
     name: str  # as in ``pip install 'zarr-gateway[name]'``
     modules: tuple[str, ...]  # what the feature imports
+
+    @property
+    def available(self) -> bool:
+        """Whether every module of the extra is installed (found, not imported): a feature whose extra is missing
+        is not advertised (no mesh source in a viewer link, no link to a viewer the gateway cannot serve)."""
+        return all(importlib.util.find_spec(module) is not None for module in self.modules)
 
     def require(self, feature: str) -> None:
         """Import the extra's modules, or raise :class:`MissingExtraError` naming ``feature`` and the extra."""
@@ -37,6 +44,7 @@ HTTPS = Extra("https", ("obstore",))
 GRANIAN = Extra("granian", ("granian",))
 SAMPLE = Extra("sample", ("rich",))
 MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"))
+VIEWER = Extra("viewer", ("neuroglancer",))  # its prebuilt client, served at /neuroglancer/
 
 # By name, as gateway_storage.STORE_KINDS names the extra of each store.
-EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES)}
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, VIEWER)}

@@ -26,17 +26,11 @@ from support.datasets import LAYERS, MAGS, ORG, SIZE, TOKEN, TOP_LEFT, WrittenDa
 from support.processes import free_port
 from support.servers import Server
 
-from gateway.http.listing import (
-    TOKEN_PLACEHOLDER,
-    DatasetPage,
-    Entry,
-    build_dataset_page,
-    neuroglancer_link,
-    public_base,
-    render_dataset_page,
-    render_listing,
-    snippets,
-)
+from gateway.http.origin import public_base
+from gateway.http.pages.dataset import DatasetPage, build_dataset_page, render_dataset_page
+from gateway.http.pages.listing import Entry, render_listing
+from gateway.http.pages.neuroglancer import neuroglancer_link
+from gateway.http.pages.snippets import TOKEN_PLACEHOLDER, snippets
 from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, render_image, segment_colors
 from gateway.settings import Settings
 from gateway.sources.catalog import Catalog, Dataset
@@ -547,7 +541,7 @@ def test_a_corrupt_wkw_file_raises_the_storage_error(dataset_copy: Path) -> None
 
 
 def test_the_neuroglancer_url_setting(test_data: WrittenDataset, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings(root=str(test_data.root)).neuroglancer_url == "https://neuroglancer-demo.appspot.com/"
+    assert Settings(root=str(test_data.root)).neuroglancer_url == ""  # the gateway's own viewer, or the public one
     monkeypatch.setenv("ZARR_GATEWAY_NEUROGLANCER_URL", "http://127.0.0.1:9000/v/x/")
     assert Settings(root=str(test_data.root)).neuroglancer_url == "http://127.0.0.1:9000/v/x/"
     for bad in ("ftp://host/", "neuroglancer-demo.appspot.com", "https://host/#!{}"):

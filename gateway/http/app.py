@@ -16,11 +16,12 @@ from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
+from ..sources.units import meters_per_unit
 from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Edge
-from .listing import meters_per_unit
 from .ops import Ops
+from .pages.viewer import NeuroglancerClient
 
 log = logging.getLogger("gateway")
 
@@ -34,10 +35,11 @@ def create_app(settings: Settings) -> Edge:
     shards = ShardPlans(settings.cache_bytes // 2)
     previews = Previews(settings.cache_bytes // 16)
     meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes)
+    client = NeuroglancerClient.installed()
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes, own_viewer=client is not None)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
-    return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
+    return Edge(gateway, Ops(gateway), client)  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
 
 
 def create_app_from_env() -> Edge:

@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable
 
 from ..logs import access_log
 from ..metrics import STATS
-from .data import HTML, Gateway, index_page
+from .data import Gateway
 from .errors import error_answer, json_error
 from .messages import Answer, Message, Receive, Request, Scope, Send
 from .ops import Ops
+from .pages import viewer
 from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TOKEN_PREFIX, parse_data_path, split_path_token
 
 log = logging.getLogger("gateway")
@@ -43,10 +44,11 @@ Handler = Callable[[Request], Awaitable[Answer]]
 class Edge:
     """Routes: ``/data/...`` to the gateway, the operations endpoints, ``/`` the index; nothing else."""
 
-    def __init__(self, gateway: Gateway, ops: Ops) -> None:
+    def __init__(self, gateway: Gateway, ops: Ops, client: viewer.NeuroglancerClient | None = None) -> None:
         self.gateway = gateway
         self.ops = ops
-        self.pages: dict[str, Handler] = {**ops.routes(), "/": self._index}
+        self.client = client  # the Neuroglancer client served at /neuroglancer/, when the viewer extra is installed
+        self.pages: dict[str, Handler] = {**ops.routes(), "/": gateway.index}
         self.stats = STATS
         self._ids = itertools.count()
         self._timer_armed = False
@@ -116,6 +118,9 @@ class Edge:
             if path.startswith(PREVIEW_PREFIX):
                 route = "preview"
                 return route, await self.gateway.preview(request)
+            if path == viewer.PREFIX or path.startswith(viewer.PREFIX + "/"):
+                route = "viewer"
+                return route, await self._viewer(request)
             handler = self.pages.get(path)
             if handler is None:
                 return route, json_error(404, f"nothing at {path}; data is under {DATA_PREFIX}")
@@ -124,9 +129,18 @@ class Edge:
         except Exception as exc:
             return route, error_answer(exc, request.context)
 
-    async def _index(self, request: Request) -> Answer:
-        self.gateway.token(request)  # open to all, but more than one token is refused here as everywhere
-        return Answer(200, [], index_page(), HTML)
+    async def _viewer(self, request: Request) -> Answer:
+        """``/neuroglancer/...``: the client's files and event stream (:mod:`gateway.http.pages.viewer`)."""
+        reply = None
+        if self.client is not None:
+            reply = await self.client.reply(request.path, request.receive, lambda: self.ops.draining)
+        if reply is None:
+            missing = "" if self.client is not None else ": the viewer extra is not installed"
+            return json_error(404, f"nothing at {request.path}{missing}")
+        if reply.answer is not None:
+            return reply.answer
+        assert reply.resource is not None
+        return await self.gateway.send(request, reply.resource, reply.cache_control)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         message: Message = await receive()
