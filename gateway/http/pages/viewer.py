@@ -21,11 +21,12 @@ import anyio
 from ... import extras
 from ...zarr.resource import Resource, bytes_resource
 from ..messages import Answer, Receive
+from ..urls import VIEWER_PREFIX
 from .markup import HTML
 from .neuroglancer import token_path
 
 PUBLIC_NEUROGLANCER = "https://neuroglancer-demo.appspot.com/"
-PREFIX = "/neuroglancer"  # where the client is served; the only path the edge hands to it
+PREFIX = VIEWER_PREFIX  # where the client is served: the edge hands it every path below
 VIEWER_TOKEN = "gateway"  # the one viewer "token" in the client's /v/<token>/ address
 PAGE = f"{PREFIX}/v/{VIEWER_TOKEN}/"
 EVENTS = f"{PREFIX}/events/{VIEWER_TOKEN}"
