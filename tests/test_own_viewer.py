@@ -26,6 +26,7 @@ from support.viewer import (
     assert_chunks_answered,
     png_pixels,
     settled_screenshot,
+    state_sources,
     wait_until_drawn,
 )
 
@@ -186,11 +187,7 @@ def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     link = links["segmentation"]
     assert link.startswith(f"{base}/t/{encoded}/neuroglancer/v/gateway/#!"), link
     state = json.loads(unquote(link.partition("#!")[2]))
-    sources = [
-        s
-        for layer in state["layers"]
-        for s in (layer["source"] if isinstance(layer["source"], list) else [layer["source"]])
-    ]
+    sources = state_sources(state)
     assert all(source.startswith((f"zarr2://{base}/t/{encoded}/", f"{base}/t/{encoded}/")) for source in sources)
     assert len(sources) == 3, sources  # image, labels, meshes
     time.sleep(0.5)

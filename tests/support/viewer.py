@@ -114,3 +114,12 @@ def assert_chunks_answered(access: list[AccessLine]) -> None:
             answered.add(line.path)
         else:
             assert line.status == 304 and line.path in answered, line
+
+
+def state_sources(state: dict[str, Any]) -> list[str]:
+    """Every source URL of a Neuroglancer state's layers (a layer's source is one URL or a list of them)."""
+    return [
+        source
+        for layer in state["layers"]
+        for source in (layer["source"] if isinstance(layer["source"], list) else [layer["source"]])
+    ]
