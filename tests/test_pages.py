@@ -31,6 +31,7 @@ from gateway.http.pages.dataset import DatasetPage, build_dataset_page, render_d
 from gateway.http.pages.listing import Entry, render_listing
 from gateway.http.pages.neuroglancer import neuroglancer_link
 from gateway.http.pages.snippets import TOKEN_PLACEHOLDER, snippets
+from gateway.http.pages.viewer import PUBLIC_NEUROGLANCER, mixed_content_note, viewer_url
 from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, render_image, segment_colors
 from gateway.settings import Settings
 from gateway.sources.catalog import Catalog, Dataset
@@ -624,3 +625,50 @@ def holds_the_same_voxels(values: np.ndarray, full: np.ndarray) -> bool:
     if squeezed.shape == single.shape and np.array_equal(squeezed, single):
         return True
     return squeezed.shape == single.T.shape and np.array_equal(squeezed, single.T)
+
+
+# --- which viewer the links open -----------------------------------------------------------------------------
+
+
+def test_the_links_open_the_gateways_own_viewer_unless_told_otherwise() -> None:
+    own = viewer_url("", True, "/zarr", "a token/1")
+    assert own == "/zarr/t/a%20token%2F1/neuroglancer/v/gateway/"  # below the root path, the token in the path
+    assert viewer_url("", True, "", None) == "/neuroglancer/v/gateway/"
+    assert viewer_url("", False, "/zarr", None) == PUBLIC_NEUROGLANCER  # without the viewer extra
+    assert viewer_url(NEUROGLANCER, True, "/zarr", "t") == NEUROGLANCER  # the setting wins
+
+
+@pytest.mark.parametrize(
+    ("viewer", "base", "blocked"),
+    [
+        (PUBLIC_NEUROGLANCER, "http://gateway.lan:8080", True),
+        (PUBLIC_NEUROGLANCER, "http://10.0.0.5", True),
+        (PUBLIC_NEUROGLANCER, "https://gateway.lan", False),
+        (PUBLIC_NEUROGLANCER, "http://localhost:8080", False),  # potentially trustworthy: allowed
+        (PUBLIC_NEUROGLANCER, "http://127.0.0.1:8080", False),
+        (PUBLIC_NEUROGLANCER, "http://lab.localhost", False),
+        (PUBLIC_NEUROGLANCER, "http://[::1]:8080", False),
+        ("http://viewer.lan/", "http://gateway.lan", False),
+        ("/neuroglancer/v/gateway/", "http://gateway.lan", False),  # the gateway's own: same origin
+    ],
+)
+def test_the_page_says_when_an_https_viewer_cannot_read_the_gateway(viewer: str, base: str, blocked: bool) -> None:
+    note = mixed_content_note(viewer, base)
+    assert (note is not None) == blocked
+    if note is not None:
+        assert "mixed content" in note and "zarr-gateway[viewer]" in note
+
+
+def test_the_note_and_no_mesh_source_on_the_page(dataset: Dataset) -> None:
+    note = mixed_content_note(PUBLIC_NEUROGLANCER, "http://gateway.lan")
+    page = build_dataset_page(
+        dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False, with_meshes=False, viewer_note=note
+    )
+    document = parse(render_dataset_page(f"/data/zarr/{ORG}/{DATASET}/", dataset_entries(dataset), page))
+    assert "mixed content" in document.one("p", "viewer-note").text()
+    for section in document.all("section", "layer"):
+        link = str(section.one("a", "open-neuroglancer").attrs["href"])
+        state = json.loads(unquote(link.partition("#!")[2]))
+        assert not any("/data/meshes/" in json.dumps(layer["source"]) for layer in state["layers"]), state
+    with_meshes = build_dataset_page(dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False)
+    assert any("/data/meshes/" in unquote(card.neuroglancer_url) for card in with_meshes.layers)

@@ -36,6 +36,11 @@ def create_app(settings: Settings) -> Edge:
     previews = Previews(settings.cache_bytes // 16)
     meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
     client = NeuroglancerClient.installed()
+    if client is None and not settings.neuroglancer_url:
+        log.warning(
+            "the viewer extra is not installed: pages link to the public https Neuroglancer, which cannot read a "
+            "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
+        )
     gateway = Gateway(settings, store, catalog, shards, previews, meshes, own_viewer=client is not None)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
