@@ -23,7 +23,7 @@ class Extra:
     def available(self) -> bool:
         """Whether every module of the extra is installed (found, not imported): a feature whose extra is missing
         is not advertised (no mesh source in a viewer link, no link to a viewer the gateway cannot serve)."""
-        return all(importlib.util.find_spec(module) is not None for module in self.modules)
+        return all(_installed(module) for module in self.modules)
 
     def require(self, feature: str) -> None:
         """Import the extra's modules, or raise :class:`MissingExtraError` naming ``feature`` and the extra."""
@@ -35,6 +35,13 @@ class Extra:
                     f"{feature} needs the {self.name!r} extra, which is not installed ({exc}): "
                     f"pip install 'zarr-gateway[{self.name}]'"
                 ) from None
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder may refuse a module rather than answer None
+        return False
 
 
 S3 = Extra("s3", ("boto3", "botocore", "obstore"))  # obstore: an s3:// remote root

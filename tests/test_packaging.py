@@ -14,6 +14,7 @@ import sys
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import requests
@@ -252,6 +253,29 @@ def test_the_core_serves_a_local_root_without_any_extra(
     assert answer.json()["node_type"] == "array"
     chunk = requests.get(f"{server.url}/data/zarr/{ORG}/wk_dataset/color_u8/1/0.1.1.0", timeout=10)
     assert chunk.status_code == 200 and chunk.content, chunk.text
+
+
+def test_without_the_viewer_and_meshes_extras_pages_advertise_neither(
+    blocked: Callable[..., dict[str, str]],
+    test_data: Data,
+    server_factory: Callable[..., Server],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No own viewer: the links open the public https Neuroglancer and a plain-http page on a LAN host says why
+    it cannot show the data; no mesh source in any link; ``/neuroglancer/`` names the missing extra."""
+    env = blocked("neuroglancer", "zmesh", "DracoPy")
+    for name in ("PYTHONPATH", "ZG_TEST_BLOCKED_IMPORTS"):
+        monkeypatch.setenv(name, env[name])  # the test gateway's environment
+    server = server_factory(test_data.root)
+    assert "the viewer extra is not installed" in server.log()
+    page = requests.get(f"{server.url}/data/zarr/{ORG}/wk_dataset/", headers={"Host": "gateway.lan:8080"}, timeout=30)
+    assert page.status_code == 200, page.text
+    links = re.findall(r'class="open-neuroglancer" href = "([^"]+)"', page.text)
+    assert links and all(link.startswith("https://neuroglancer-demo.appspot.com/#!") for link in links), links
+    assert "mixed content" in page.text and "zarr-gateway[viewer]" in page.text
+    assert not any("meshes" in unquote(link) for link in links)
+    viewer = requests.get(f"{server.url}/neuroglancer/", timeout=30)
+    assert viewer.status_code == 404 and "viewer extra" in viewer.json()["error"]
 
 
 def test_bootstrap_installs_every_extra_and_again_when_pyproject_changes(tmp_path: Path) -> None:
