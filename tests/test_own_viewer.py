@@ -16,21 +16,11 @@ from urllib.parse import quote, unquote, urlsplit
 import numpy as np
 import pytest
 import requests
+from support import viewer
 from support.browser import Browser, Page, chromium_path
 from support.servers import Server
-from support.viewer import (
-    METADATA_NAMES,
-    PANEL_RECT_JS,
-    AccessLine,
-    access_lines,
-    assert_chunks_answered,
-    png_pixels,
-    settled_screenshot,
-    state_sources,
-    wait_until_drawn,
-)
 
-from gateway.http.pages import viewer
+from gateway.http.pages import viewer as own_viewer
 from gateway.sample import DATASET, ORGANIZATION
 
 TOKEN = "own-viewer+token~1.x"  # characters that a path and a query encode differently
@@ -79,25 +69,25 @@ def raw_get(server: Server, path: str) -> tuple[int, bytes]:
 
 
 def test_the_client_is_served_with_its_types_and_caching(gateway: Server) -> None:
-    page = requests.get(gateway.url + viewer.PAGE, timeout=30)
+    page = requests.get(gateway.url + own_viewer.PAGE, timeout=30)
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     assert page.headers["cache-control"] == "no-cache"
     assert '<script>if (!location.hash) { history.replaceState(null, "", "#!%7B%7D"); }</script>' in page.text
     scripts = [name for name in page.text.split('"') if name.endswith((".js", ".css"))]
     assert any(name.startswith("main.") for name in scripts), page.text
     for name in scripts:
-        answer = requests.get(gateway.url + viewer.PAGE + name, timeout=30)
+        answer = requests.get(gateway.url + own_viewer.PAGE + name, timeout=30)
         assert answer.status_code == 200, name
         expected = "text/javascript" if name.endswith(".js") else "text/css"
         assert answer.headers["content-type"].startswith(expected), name
         assert answer.headers["cache-control"] == "public, max-age=31536000, immutable", name
-        again = requests.get(gateway.url + viewer.PAGE + name, headers={"If-None-Match": answer.headers["etag"]})
+        again = requests.get(gateway.url + own_viewer.PAGE + name, headers={"If-None-Match": answer.headers["etag"]})
         assert again.status_code == 304, name
-    client = viewer.NeuroglancerClient.installed()
+    client = own_viewer.NeuroglancerClient.installed()
     assert client is not None, "the viewer extra is installed here"
     wasm = sorted(name for name in client.files if name.endswith(".wasm"))
     assert wasm, sorted(client.files)
-    answer = requests.get(gateway.url + viewer.PAGE + wasm[0], timeout=30)
+    answer = requests.get(gateway.url + own_viewer.PAGE + wasm[0], timeout=30)
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/wasm"
 
 
@@ -110,7 +100,7 @@ def test_the_bare_address_redirects_and_the_fragment_comes_along(gateway: Server
 
 
 def test_the_event_stream_stays_open_and_says_nothing(gateway: Server) -> None:
-    with requests.get(gateway.url + viewer.EVENTS + "?c=client&gc=", stream=True, timeout=30) as answer:
+    with requests.get(gateway.url + own_viewer.EVENTS + "?c=client&gc=", stream=True, timeout=30) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"] == "text/event-stream"
         assert answer.headers["cache-control"] == "no-cache" and answer.headers["x-accel-buffering"] == "no"
@@ -159,11 +149,11 @@ def colourful(panel: np.ndarray) -> float:
 
 
 def panel_pixels(page: Page, path: Path) -> np.ndarray:
-    wait_until_drawn(page)
-    shot = settled_screenshot(page, path)
-    left, top, right, bottom = page.evaluate(PANEL_RECT_JS)
+    viewer.wait_until_drawn(page)
+    shot = viewer.settled_screenshot(page, path)
+    left, top, right, bottom = page.evaluate(viewer.PANEL_RECT_JS)
     print(f"screenshot {shot}")
-    return png_pixels(shot)[top:bottom, left:right]
+    return viewer.png_pixels(shot)[top:bottom, left:right]
 
 
 @pytest.mark.browser
@@ -187,7 +177,7 @@ def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     link = links["segmentation"]
     assert link.startswith(f"{base}/t/{encoded}/neuroglancer/v/gateway/#!"), link
     state = json.loads(unquote(link.partition("#!")[2]))
-    sources = state_sources(state)
+    sources = viewer.state_sources(state)
     assert all(source.startswith((f"zarr2://{base}/t/{encoded}/", f"{base}/t/{encoded}/")) for source in sources)
     assert len(sources) == 3, sources  # image, labels, meshes
     time.sleep(0.5)
@@ -195,10 +185,10 @@ def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     with lan_browser.page() as page:
         page.navigate(link)
         page.wait_for("typeof window.viewer === 'object'", timeout=60)
-        final = wait_until_drawn(page)
+        final = viewer.wait_until_drawn(page)
         time.sleep(2)  # meshes arrive after their manifests
-        wait_until_drawn(page)
-        settled_screenshot(page, tmp_path / "own-viewer-4panel.png")
+        viewer.wait_until_drawn(page)
+        viewer.settled_screenshot(page, tmp_path / "own-viewer-4panel.png")
         loaded = [s for layer in final["layers"] for s in layer["sources"]]
         assert len(loaded) == 3 and all(s["state"] == "loaded" for s in loaded), final
         status = page.evaluate("document.body.innerText")
@@ -223,9 +213,11 @@ def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     assert drawn(meshes) > 0.01, "the selected segments' meshes are drawn in 3-D"
     assert drawn(without) < drawn(meshes) / 10, "what the 3-D panel showed was the segmentation's meshes"
     time.sleep(0.5)
-    access = access_lines(gateway, start)
-    probes = [line for line in access if line.status == 404 and line.path.rpartition("/")[2] in METADATA_NAMES]
+    access = viewer.access_lines(gateway, start)
+    probes = [line for line in access if line.status == 404 and line.path.rpartition("/")[2] in viewer.METADATA_NAMES]
     assert not [line for line in access if line.status >= 400 and line not in probes], access  # a probe may miss
     assert any("/neuroglancer/v/gateway/main." in line.path for line in access), "the client came from the gateway"
     assert any("/data/meshes/" in line.path and line.status in (200, 206) for line in access), access
-    assert_chunks_answered([AccessLine(line.method, line.path.removeprefix("/t/***"), line.status) for line in access])
+    viewer.assert_chunks_answered(
+        [viewer.AccessLine(line.method, line.path.removeprefix("/t/***"), line.status) for line in access]
+    )
