@@ -221,3 +221,21 @@ def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     viewer.assert_chunks_answered(
         [viewer.AccessLine(line.method, line.path.removeprefix("/t/***"), line.status) for line in access]
     )
+
+
+@pytest.mark.browser
+def test_the_bare_address_opens_an_empty_viewer_whose_state_is_in_the_address(
+    lan_browser: Browser, gateway: Server
+) -> None:
+    with lan_browser.page() as page:
+        page.navigate(f"{lan_url(gateway)}/neuroglancer/")
+        page.wait_for("typeof window.viewer === 'object'", timeout=60)
+        assert page.evaluate("location.pathname") == own_viewer.PAGE
+        page.evaluate("viewer.layout.restoreState('xy'), true")  # a change the address must record
+        address = page.wait_for("location.hash.includes('xy') ? location.hash : null", timeout=30)
+        time.sleep(2)
+        text = page.evaluate("document.body.innerText")
+        console = list(page.console)
+    assert address.startswith("#!"), address
+    assert "Python server" not in text, text  # the event stream opened and stays open
+    assert not [line for line in console if "Failed to send state update" in line], console  # nothing was posted
