@@ -672,3 +672,17 @@ def test_the_note_and_no_mesh_source_on_the_page(dataset: Dataset) -> None:
         assert not any("/data/meshes/" in json.dumps(layer["source"]) for layer in state["layers"]), state
     with_meshes = build_dataset_page(dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False)
     assert any("/data/meshes/" in unquote(card.neuroglancer_url) for card in with_meshes.layers)
+
+
+def test_every_resource_file_of_the_pages_is_package_data() -> None:
+    """An installed wheel has what the pages read: every file beside the modules matches a package-data glob."""
+    import tomllib
+
+    package = Path(__file__).resolve().parent.parent / "gateway" / "http" / "pages"
+    pyproject = tomllib.loads((package.parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["gateway.http.pages"]
+    resources = [path for path in package.rglob("*") if path.is_file() and path.suffix not in (".py", ".pyc")]
+    assert resources, package
+    for path in resources:
+        name = path.relative_to(package)
+        assert any(name.match(pattern) for pattern in globs), f"{name} is not package data: {globs}"
