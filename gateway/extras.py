@@ -36,6 +36,12 @@ class Extra:
     def install_hint(self) -> str:
         return f"pip install 'zarr-gateway[{self.name}]'"
 
+    @property
+    def available(self) -> bool:
+        """Whether every module of the extra is installed (found, not imported): a feature whose extra is missing
+        is not advertised (no mesh source in a viewer link, no link to a viewer the gateway cannot serve)."""
+        return self.missing() is None
+
     def require(self, feature: str) -> None:
         """Import the extra's modules, or raise :class:`MissingExtraError` naming ``feature`` and the extra."""
         for module in self.modules:

@@ -103,8 +103,9 @@ class Settings(BaseSettings):
         default=2, ge=0, description="how often a changed tokens file is re-read; 0 never re-reads it"
     )
     neuroglancer_url: str = Field(
-        default="https://neuroglancer-demo.appspot.com/",
-        description="the Neuroglancer client that dataset pages link to (its state follows in the #! fragment)",
+        default="",
+        description="the Neuroglancer client that pages link to (its state follows in the #! fragment); empty: the "
+        "gateway's own at /neuroglancer/ (the viewer extra), else the public https demo",
     )
     settle_seconds: float = Field(
         # Long enough for a write call under way to have finished (see wkw_adapter.LocalStore), short
@@ -171,6 +172,8 @@ class Settings(BaseSettings):
     @field_validator("neuroglancer_url")
     @classmethod
     def _neuroglancer_url(cls, url: str) -> str:
+        if not url:
+            return url
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
             raise ValueError(f"neuroglancer_url must be an http(s) URL without a #fragment, got {url!r}")

@@ -239,22 +239,47 @@ def test_the_sample_maker_without_the_sample_extra_is_refused_naming_it(
     assert not target.exists(), "nothing is written before the refusal"
 
 
-def test_the_core_serves_a_local_root_without_any_extra(
+@pytest.fixture
+def blocked_gateway(
     blocked: Callable[..., dict[str, str]],
     test_data: Data,
     server_factory: Callable[..., Server],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> Callable[..., Server]:
+    """A gateway over the test data whose Python cannot import the given packages."""
+
+    def start(*packages: str) -> Server:
+        env = blocked(*packages)
+        for name in ("PYTHONPATH", "ZG_TEST_BLOCKED_IMPORTS"):
+            monkeypatch.setenv(name, env[name])  # the test gateway's environment
+        return server_factory(test_data.root)
+
+    return start
+
+
+def test_the_core_serves_a_local_root_without_any_extra(blocked_gateway: Callable[..., Server]) -> None:
     """uvicorn over a local root needs none of the optional packages."""
-    env = blocked(*OPTIONAL)
-    for name in ("PYTHONPATH", "ZG_TEST_BLOCKED_IMPORTS"):
-        monkeypatch.setenv(name, env[name])  # the test gateway's environment
-    server = server_factory(test_data.root)
+    server = blocked_gateway(*OPTIONAL)
     answer = requests.get(f"{server.url}/data/zarr3/{ORG}/wk_dataset/color_u8/1/zarr.json", timeout=10)
     assert answer.status_code == 200, answer.text
     assert answer.json()["node_type"] == "array"
     chunk = requests.get(f"{server.url}/data/zarr/{ORG}/wk_dataset/color_u8/1/0.1.1.0", timeout=10)
     assert chunk.status_code == 200 and chunk.content, chunk.text
+
+
+def test_without_the_viewer_and_meshes_extras_pages_advertise_neither(blocked_gateway: Callable[..., Server]) -> None:
+    """No own viewer: the links open the public https Neuroglancer and a plain-http page on a LAN host says why
+    it cannot show the data; no mesh source in any link; ``/neuroglancer/`` names the missing extra."""
+    server = blocked_gateway("neuroglancer", "zmesh", "DracoPy")
+    assert "the viewer extra is not installed" in server.log()
+    page = requests.get(f"{server.url}/data/zarr/{ORG}/wk_dataset/", headers={"Host": "gateway.lan:8080"}, timeout=30)
+    assert page.status_code == 200, page.text
+    links = re.findall(r'class="open-neuroglancer" href = "([^"]+)"', page.text)
+    assert links and all(link.startswith("https://neuroglancer-demo.appspot.com/#!") for link in links), links
+    assert "mixed content" in page.text and "zarr-gateway[viewer]" in page.text
+    assert not any("meshes" in urllib.parse.unquote(link) for link in links)
+    viewer = requests.get(f"{server.url}/neuroglancer/", timeout=30)
+    assert viewer.status_code == 404 and "viewer extra" in viewer.json()["error"]
 
 
 def test_bootstrap_installs_every_extra_and_again_when_pyproject_changes(tmp_path: Path) -> None:

@@ -26,17 +26,12 @@ from support.datasets import LAYERS, MAGS, ORG, SIZE, TOKEN, TOP_LEFT, WrittenDa
 from support.processes import free_port
 from support.servers import Server
 
-from gateway.http.listing import (
-    TOKEN_PLACEHOLDER,
-    DatasetPage,
-    Entry,
-    build_dataset_page,
-    neuroglancer_link,
-    public_base,
-    render_dataset_page,
-    render_listing,
-    snippets,
-)
+from gateway.http.origin import public_base
+from gateway.http.pages.dataset import DatasetPage, build_dataset_page, render_dataset_page
+from gateway.http.pages.listing import Entry, render_listing
+from gateway.http.pages.neuroglancer import neuroglancer_link
+from gateway.http.pages.snippets import TOKEN_PLACEHOLDER, snippets
+from gateway.http.pages.viewer import PUBLIC_NEUROGLANCER, mixed_content_note, viewer_url
 from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, render_image, segment_colors
 from gateway.settings import Settings
 from gateway.sources.catalog import Catalog, Dataset
@@ -548,7 +543,7 @@ def test_a_corrupt_wkw_file_raises_the_storage_error(dataset_copy: Path) -> None
 
 
 def test_the_neuroglancer_url_setting(test_data: WrittenDataset, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings(root=str(test_data.root)).neuroglancer_url == "https://neuroglancer-demo.appspot.com/"
+    assert Settings(root=str(test_data.root)).neuroglancer_url == ""  # the gateway's own viewer, or the public one
     monkeypatch.setenv("ZARR_GATEWAY_NEUROGLANCER_URL", "http://127.0.0.1:9000/v/x/")
     assert Settings(root=str(test_data.root)).neuroglancer_url == "http://127.0.0.1:9000/v/x/"
     for bad in ("ftp://host/", "neuroglancer-demo.appspot.com", "https://host/#!{}"):
@@ -631,3 +626,64 @@ def holds_the_same_voxels(values: np.ndarray, full: np.ndarray) -> bool:
     if squeezed.shape == single.shape and np.array_equal(squeezed, single):
         return True
     return squeezed.shape == single.T.shape and np.array_equal(squeezed, single.T)
+
+
+# --- which viewer the links open -----------------------------------------------------------------------------
+
+
+def test_the_links_open_the_gateways_own_viewer_unless_told_otherwise() -> None:
+    own = viewer_url("", True, "/zarr", "a token/1")
+    assert own == "/zarr/t/a%20token%2F1/neuroglancer/v/gateway/"  # below the root path, the token in the path
+    assert viewer_url("", True, "", None) == "/neuroglancer/v/gateway/"
+    assert viewer_url("", False, "/zarr", None) == PUBLIC_NEUROGLANCER  # without the viewer extra
+    assert viewer_url(NEUROGLANCER, True, "/zarr", "t") == NEUROGLANCER  # the setting wins
+
+
+@pytest.mark.parametrize(
+    ("viewer", "base", "blocked"),
+    [
+        (PUBLIC_NEUROGLANCER, "http://gateway.lan:8080", True),
+        (PUBLIC_NEUROGLANCER, "http://10.0.0.5", True),
+        (PUBLIC_NEUROGLANCER, "https://gateway.lan", False),
+        (PUBLIC_NEUROGLANCER, "http://localhost:8080", False),  # potentially trustworthy: allowed
+        (PUBLIC_NEUROGLANCER, "http://127.0.0.1:8080", False),
+        (PUBLIC_NEUROGLANCER, "http://lab.localhost", False),
+        (PUBLIC_NEUROGLANCER, "http://[::1]:8080", False),
+        ("http://viewer.lan/", "http://gateway.lan", False),
+        ("/neuroglancer/v/gateway/", "http://gateway.lan", False),  # the gateway's own: same origin
+    ],
+)
+def test_the_page_says_when_an_https_viewer_cannot_read_the_gateway(viewer: str, base: str, blocked: bool) -> None:
+    note = mixed_content_note(viewer, base)
+    assert (note is not None) == blocked
+    if note is not None:
+        assert "mixed content" in note and "zarr-gateway[viewer]" in note
+
+
+def test_the_note_and_no_mesh_source_on_the_page(dataset: Dataset) -> None:
+    note = mixed_content_note(PUBLIC_NEUROGLANCER, "http://gateway.lan")
+    page = build_dataset_page(
+        dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False, with_meshes=False, viewer_note=note
+    )
+    document = parse(render_dataset_page(f"/data/zarr/{ORG}/{DATASET}/", dataset_entries(dataset), page))
+    assert "mixed content" in document.one("p", "viewer-note").text()
+    for section in document.all("section", "layer"):
+        link = str(section.one("a", "open-neuroglancer").attrs["href"])
+        state = json.loads(unquote(link.partition("#!")[2]))
+        assert not any("/data/meshes/" in json.dumps(layer["source"]) for layer in state["layers"]), state
+    with_meshes = build_dataset_page(dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False)
+    assert any("/data/meshes/" in unquote(card.neuroglancer_url) for card in with_meshes.layers)
+
+
+def test_every_resource_file_of_the_pages_is_package_data() -> None:
+    """An installed wheel has what the pages read: every file beside the modules matches a package-data glob."""
+    import tomllib
+
+    package = Path(__file__).resolve().parent.parent / "gateway" / "http" / "pages"
+    pyproject = tomllib.loads((package.parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["gateway.http.pages"]
+    resources = [path for path in package.rglob("*") if path.is_file() and path.suffix not in (".py", ".pyc")]
+    assert resources, package
+    for path in resources:
+        name = path.relative_to(package)
+        assert any(name.match(pattern) for pattern in globs), f"{name} is not package data: {globs}"

@@ -37,6 +37,7 @@ from support.viewer import (
     PANEL_RECT_JS,
     AccessLine,
     access_lines,
+    assert_chunks_answered,
     png_pixels,
     settled_screenshot,
     wait_until_drawn,
@@ -185,22 +186,6 @@ def readme_image(screenshot: Path, path: Path) -> Path:
         half = shot.convert("RGB").resize((shot.width // 2, shot.height // 2), Image.Resampling.LANCZOS)
     half.quantize(colors=256).save(path, optimize=True)
     return path
-
-
-def assert_chunks_answered(access: list[AccessLine]) -> None:
-    """Chunks were requested and answered 200/206; a 304 only revalidates a chunk answered 200/206 before.
-
-    (Neuroglancer may fetch a chunk twice in one view; ``Cache-Control: no-cache`` makes the second a
-    conditional request.)
-    """
-    chunks = [line for line in access if line.is_chunk]
-    assert chunks, f"no chunk was requested; access log: {access}"
-    answered: set[str] = set()
-    for line in chunks:
-        if line.status in (200, 206):
-            answered.add(line.path)
-        else:
-            assert line.status == 304 and line.path in answered, line
 
 
 def assert_loaded_from_gateway(view: View) -> None:

@@ -22,10 +22,12 @@ from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
 from ..zarr.shards import ShardPlans
 from .data import Gateway
-from .edge import Endpoint, build_edge, endpoint_routes
-from .errors import HiddenRoots
+from .edge import Endpoint, Handler, build_edge, endpoint_routes
+from .errors import HiddenRoots, json_error
+from .messages import Answer, Request
 from .ops import Ops
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES
+from .pages.viewer import NeuroglancerClient
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX
 
 log = logging.getLogger("gateway")
 
@@ -42,7 +44,13 @@ def create_app(settings: Settings) -> Starlette:
     index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
     meshes = MeshService(store, index_place(store, index_dir), settings.cache_bytes // 4, mesh_limiter)
     roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes, roots)
+    client = NeuroglancerClient.installed()
+    if client is None and not settings.neuroglancer_url:
+        log.warning(
+            "the viewer extra is not installed: pages link to the public https Neuroglancer, which cannot read a "
+            "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
+        )
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes, roots, own_viewer=client is not None)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
@@ -51,9 +59,28 @@ def create_app(settings: Settings) -> Starlette:
     mounts[MESH_PREFIX.rstrip("/")] = Endpoint(gateway.mesh, "mesh")
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(gateway.preview, "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
+    mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, gateway, ops), "viewer")
     paths = {"/": Endpoint(gateway.index, "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     return build_edge(endpoint_routes(paths, mounts), ops, roots)
+
+
+def viewer_route(client: NeuroglancerClient | None, gateway: Gateway, ops: Ops) -> Handler:
+    """``/neuroglancer/...``: the client's files and event stream (:mod:`gateway.http.pages.viewer`)."""
+
+    async def viewer(request: Request) -> Answer:
+        reply = None
+        if client is not None:
+            reply = await client.reply(request.path, request.receive, lambda: ops.draining)
+        if reply is None:
+            missing = "" if client is not None else ": the viewer extra is not installed"
+            return json_error(404, f"nothing at {request.exchange.logged_path}{missing}")
+        if reply.answer is not None:
+            return reply.answer
+        assert reply.resource is not None
+        return await gateway.send(request, reply.resource, reply.cache_control)
+
+    return viewer
 
 
 def create_app_from_env() -> Starlette:

@@ -15,6 +15,7 @@ import anyio
 from gateway_storage import FileChangedError, FileUnsettledError, Store
 from gateway_storage.cache import CacheCounts
 
+from .. import extras
 from ..meshes.service import MeshService
 from ..previews import Previews
 from ..settings import Settings
@@ -37,17 +38,23 @@ from .auth import (
 )
 from .budget import MemoryBudget
 from .errors import HiddenRoots, HttpError
-from .listing import Entry, PublicOrigin, build_dataset_page, render_dataset_page, render_listing
 from .messages import Answer, Request
+from .origin import PublicOrigin
+from .pages.dataset import build_dataset_page, render_dataset_page
+from .pages.landing import HOME_TREE, Landing, dataset_card, render_landing
+from .pages.listing import Entry, render_listing
+from .pages.markup import HTML
+from .pages.viewer import mixed_content_note, viewer_url
 from .responses import Reader, send_resource
 from .urls import DataTarget, Level, parse_data_path, parse_mesh_path, parse_preview_path
 
 log = logging.getLogger("gateway")
 T = TypeVar("T")
-HTML = "text/html; charset=utf-8"
 # Threads that load and list datasets: a bound of their own, so that however long a load takes (a large
 # properties file, a slow volume), chunk reads keep their threads and the event loop keeps answering.
 CATALOG_THREADS = 2
+# The trees ``/`` lists.
+HOME_TREES = tuple(TREES)
 
 
 class Gateway:
@@ -65,6 +72,7 @@ class Gateway:
         previews: Previews,
         meshes: MeshService,
         roots: HiddenRoots,
+        own_viewer: bool = False,
     ) -> None:
         self.settings = settings
         self.roots = roots
@@ -75,6 +83,7 @@ class Gateway:
         self.shards = shards
         self.previews = previews
         self.meshes = meshes
+        self.own_viewer = own_viewer  # the gateway serves Neuroglancer at /neuroglancer/ (the viewer extra)
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.catalog_limiter = anyio.CapacityLimiter(CATALOG_THREADS)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
@@ -155,30 +164,40 @@ class Gateway:
         request.exchange.route = target.route
         return await self.handle(target, request)
 
-    async def index(self, request: Request) -> Answer:
-        """``/``: the trees."""
-        self.token(request)  # open to all, but more than one token is refused here as everywhere
-        return Answer(200, [], index_page(), HTML)
-
     async def handle(self, target: DataTarget, request: Request) -> Answer:
         token = self.token(request)
         grant = await self.authorize(token, target.names[:2])
         if target.level == Level.TREE:
             _check_placed(target)
-            organizations = await self._storage_call(self._organizations, grant)
-            return await self._listing(request, target.base, organizations)
+            readable = await self._readable_datasets(grant)
+            entries = [Entry(organization, True) for organization in readable]
+            page = self._landing(request, token, target.tree.name, readable)
+            return await self._send(request, self._landing_page(target.base, entries, page, target.tree.name))
         organization = target.organization
         if target.level == Level.ORGANIZATION:
             if organization not in await self._storage_call(self.catalog.organizations):
                 raise HttpError(404, f"no organization {organization!r}")
             _check_placed(target)
             datasets = await self._storage_call(self._datasets, grant, organization)
-            return await self._listing(request, target.base, datasets)
+            return await self._send(request, self._page(target.base, datasets))
         dataset = await self._dataset(organization, target.dataset, grant)
         view = await self._view(dataset, target.tree)
-        page_token = token.value if token is not None and token.in_url else None
-        resource = await self._in_dataset(target, view, request, page_token)
+        resource = await self._in_dataset(target, view, request, _page_token(token))
         return await self._send(request, resource)
+
+    async def index(self, request: Request) -> Answer:
+        """``/``: the trees, and the datasets the request's token may read (none without a token, when one is
+        needed: the page itself is open)."""
+        token = self.token(request)
+        entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
+        if token is None and not self.access.open:
+            note = "Open this page with a token (?token=... in its address) to see the datasets it may read."
+            page = Landing({}, note=note)
+        else:
+            page = self._landing(
+                request, token, HOME_TREE, await self._readable_datasets(await self.authorize(token, ()))
+            )
+        return await self._send(request, self._landing_page("/", entries, page, "zarr-gateway"))
 
     async def _dataset(self, organization: str, name: str, grant: Grant | None) -> Dataset:
         """The dataset to serve, 403 unless ``grant`` covers every dataset whose files it reads (checked on
@@ -268,17 +287,45 @@ class Gateway:
             return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.limiter)
 
     async def _send(self, request: Request, resource: Resource) -> Answer:
+        return await self.send(request, resource, self.cache_control)
+
+    async def send(self, request: Request, resource: Resource, cache_control: bytes) -> Answer:
+        """``resource`` with validators, conditional requests and ranges, cached as ``cache_control`` says."""
         reader = Reader(resource, self.limiter, request.context)
-        return await send_resource(request.headers, request.method, resource, self.cache_control, reader)
+        return await send_resource(request.headers, request.method, resource, cache_control, reader)
 
     # --- listings -----------------------------------------------------------------------------
 
-    def _organizations(self, grant: Grant | None) -> list[Entry]:
-        """The organizations where ``grant`` covers at least one dataset (every one when open)."""
-        organizations = self.catalog.organizations()
-        if grant is None:
-            return [Entry(org, True) for org in organizations]
-        return [Entry(org, True) for org in organizations if granted_names(grant, org, self._dataset_names(org))]
+    async def _readable_datasets(self, grant: Grant | None) -> dict[str, list[Dataset | BrokenDataset]]:
+        """The datasets ``grant`` may read by organization, each organization where it may read one (every one
+        when open, empty ones too). Every dataset is loaded, so it runs in a thread, never on the event loop."""
+
+        def readable() -> dict[str, list[Dataset | BrokenDataset]]:
+            found = {}
+            for organization in self.catalog.organizations():
+                datasets = self.catalog.datasets(organization)
+                names = granted_names(grant, organization, [dataset.name for dataset in datasets])
+                if grant is None or names:
+                    found[organization] = [dataset for dataset in datasets if dataset.name in names]
+            return found
+
+        return await self._storage_call(readable)
+
+    def _landing(
+        self, request: Request, token: Token | None, tree: str, readable: dict[str, list[Dataset | BrokenDataset]]
+    ) -> Landing:
+        base, root_path = self.origin.of(request.headers, request.client)
+        page_token = _page_token(token)
+        viewer = viewer_url(self.settings.neuroglancer_url, self.own_viewer, root_path, page_token)
+        meshes = extras.MESHES.available
+        groups = {
+            organization: [dataset_card(d, tree, base, root_path, page_token, viewer, meshes) for d in datasets]
+            for organization, datasets in readable.items()
+        }
+        return Landing(groups, page_token is not None, viewer_note=mixed_content_note(viewer, base))
+
+    def _landing_page(self, base_path: str, entries: list[Entry], landing: Landing, title: str) -> Resource:
+        return bytes_resource(render_landing(base_path, entries, landing, title), HTML)
 
     def _dataset_names(self, organization: str) -> list[str]:
         return self.catalog.dataset_names(organization)  # no dataset is loaded to list or authorize names
@@ -311,23 +358,23 @@ class Gateway:
     ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
         base, root_path = self.origin.of(request.headers, request.client)
+        viewer = viewer_url(self.settings.neuroglancer_url, self.own_viewer, root_path, page_token)
         page = build_dataset_page(
             view.dataset,
             target.tree.name,
             base,
             page_token,
-            self.settings.neuroglancer_url,
+            viewer,
             not self.access.open,
             root_path,
             largest=largest,
+            with_meshes=extras.MESHES.available,
+            viewer_note=mixed_content_note(viewer, base),
         )
         return bytes_resource(render_dataset_page(target.base, entries, page), HTML)
 
     def _page(self, base: str, entries: list[Entry]) -> Resource:
         return bytes_resource(render_listing(base, entries), HTML)
-
-    async def _listing(self, request: Request, base: str, entries: list[Entry]) -> Answer:
-        return await self._send(request, self._page(base, entries))
 
 
 def _check_placed(target: DataTarget) -> None:
@@ -336,8 +383,9 @@ def _check_placed(target: DataTarget) -> None:
         raise NodeNotFound(target.misplaced)
 
 
-def index_page() -> bytes:
-    return render_listing("/", [Entry(f"data/{name}", True) for name in TREES])
+def _page_token(token: Token | None) -> str | None:
+    """The token a page was asked for with in its address: its links carry it on (a header token they cannot)."""
+    return token.value if token is not None and token.in_url else None
 
 
-__all__ = ["HTML", "JSON", "Gateway", "index_page"]
+__all__ = ["HTML", "JSON", "Gateway"]

@@ -22,6 +22,7 @@ from .messages import REDACTED_PATH_TOKEN
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
+VIEWER_PREFIX = "/neuroglancer"  # the Neuroglancer client the gateway serves (gateway.http.pages.viewer)
 MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 
@@ -205,14 +206,19 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
 
     ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same
     decoded. The token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one
-    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/`` or ``/preview/`` path
-    below its token, names nothing: it comes back as a path that no route answers (a 404), with the token
+    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/``, ``/preview/`` or
+    ``/neuroglancer/`` path below its token (the viewer's own files then come with the token, as a proxy that
+    checks every path needs), names nothing: it comes back as a path that no route answers (a 404), with the token
     replaced by ``***``, so that no message and no log line shows it.
     """
     if not path.startswith(TOKEN_PREFIX):
         return None, path
     segment, slash, rest = raw_path[len(TOKEN_PREFIX) :].partition("/")
     below = request_path("/" + rest)
-    if not raw_path.startswith(TOKEN_PREFIX) or not slash or not below.startswith((DATA_PREFIX, PREVIEW_PREFIX)):
+    if (
+        not raw_path.startswith(TOKEN_PREFIX)
+        or not slash
+        or not below.startswith((DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/"))
+    ):
         return None, REDACTED_PATH_TOKEN
     return unquote_to_bytes(segment.encode("latin-1")), below

@@ -98,3 +98,28 @@ def settled_screenshot(page: Page, path: Path, attempts: int = 20) -> Path:
         previous = current
         time.sleep(0.5)
     raise BrowserError(f"the view kept changing over {attempts} screenshots")
+
+
+def assert_chunks_answered(access: list[AccessLine]) -> None:
+    """Chunks were requested and answered 200/206; a 304 only revalidates a chunk answered 200/206 before.
+
+    (Neuroglancer may fetch a chunk twice in one view; ``Cache-Control: no-cache`` makes the second a
+    conditional request.)
+    """
+    chunks = [line for line in access if line.is_chunk]
+    assert chunks, f"no chunk was requested; access log: {access}"
+    answered: set[str] = set()
+    for line in chunks:
+        if line.status in (200, 206):
+            answered.add(line.path)
+        else:
+            assert line.status == 304 and line.path in answered, line
+
+
+def state_sources(state: dict[str, Any]) -> list[str]:
+    """Every source URL of a Neuroglancer state's layers (a layer's source is one URL or a list of them)."""
+    return [
+        source
+        for layer in state["layers"]
+        for source in (layer["source"] if isinstance(layer["source"], list) else [layer["source"]])
+    ]

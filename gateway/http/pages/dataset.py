@@ -1,0 +1,193 @@
+"""The dataset page: its listing, a card per layer (a preview, the facts, a Neuroglancer link) and code to read it
+with each client. Style and script are the package's ``static/pages.css`` and ``static/copy.js``, inlined."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+
+from gateway_storage.geometry import Vec3, mag_name
+
+from ...sources.catalog import Dataset
+from .listing import Entry, listing_items
+from .markup import other_link, path_of, resource, text, with_token
+from .neuroglancer import mesh_source, neuroglancer_layer, neuroglancer_link, neuroglancer_source
+from .snippets import Snippet, snippets
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCard:
+    """Everything a layer's card shows."""
+
+    name: str
+    category: str  # color | segmentation
+    dtype: str  # of one channel, as the arrays declare it
+    channels: int
+    top_left: Vec3  # of the bounding box, in mag-1 voxels
+    size: Vec3
+    voxel_size: tuple[float, float, float]
+    unit: str
+    mags: tuple[str, ...]  # URL names, finest first
+    preview_url: str
+    neuroglancer_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPage:
+    organization: str
+    name: str
+    layers: tuple[LayerCard, ...]
+    snippets: tuple[Snippet, ...]
+    carries_token: bool = False  # the page was asked for with ?token=, and its links carry the token on
+    viewer_note: str | None = None  # why the viewer link may show nothing (an https viewer, an http gateway)
+
+
+def viewer_layers(
+    dataset: Dataset,
+    tree: str,
+    base: str,
+    token: str | None,
+    with_meshes: bool,
+    largest: Mapping[str, Sequence[int]] | None = None,
+) -> list[dict[str, object]]:
+    """Every servable layer of ``dataset`` for one Neuroglancer state: images under segmentations, each
+    segmentation with its meshes (when the gateway serves meshes) and a few of its largest segments selected,
+    so that the 3-D view shows something at once."""
+    servable = sorted(
+        ((name, layer) for name, layer in dataset.layers.items() if layer.mags),
+        key=lambda item: item[1].properties.category == "segmentation",
+    )
+    return [
+        neuroglancer_layer(
+            neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token),
+            name,
+            layer.properties.category,
+            mesh_source(base, dataset.organization, dataset.name, name, token)
+            if with_meshes and layer.properties.dtype.kind in "ui"
+            else None,
+            (largest or {}).get(name, ()),
+        )
+        for name, layer in servable
+    ]
+
+
+def build_dataset_page(
+    dataset: Dataset,
+    tree: str,
+    base: str,
+    token: str | None,
+    neuroglancer_url: str,
+    needs_token: bool,
+    root_path: str = "",
+    largest: Mapping[str, Sequence[int]] | None = None,
+    with_meshes: bool = True,
+    viewer_note: str | None = None,
+) -> DatasetPage:
+    """The page of a dataset as tree ``tree`` lists it.
+
+    ``base`` is the public ``scheme://host`` (see :func:`gateway.http.origin.public_base`) followed by any root
+    path; ``token`` is the one the page was requested with in its address (it goes into image and viewer URLs,
+    which cannot send headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a
+    placeholder); ``largest`` names a few of the largest segments of segmentation layers, for the viewer to
+    select; ``with_meshes`` whether the viewer links carry mesh sources.
+    """
+    scale = dataset.properties.scale
+    layers = viewer_layers(dataset, tree, base, token, with_meshes, largest)
+    cards = []
+    for name, layer in dataset.layers.items():
+        if not layer.mags:
+            continue  # listed with its reason, no card
+        properties = layer.properties
+        bbox = properties.bounding_box
+        preview = f"{root_path}/preview/{path_of(dataset.organization, dataset.name, name)}.png"
+        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token)
+        cards.append(
+            LayerCard(
+                name=name,
+                category=properties.category,
+                dtype=properties.dtype.name,
+                channels=properties.channels,
+                top_left=bbox.top_left,
+                size=bbox.size,
+                voxel_size=scale.factor,
+                unit=scale.unit,
+                mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
+                preview_url=with_token(preview, token),
+                neuroglancer_url=neuroglancer_link(
+                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit, layers
+                ),
+            )
+        )
+    code: tuple[Snippet, ...] = ()
+    if cards:
+        first = cards[0]
+        code = snippets(base, dataset.organization, dataset.name, first.name, first.mags[0], needs_token)
+    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code, token is not None, viewer_note)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _card(card: LayerCard) -> str:
+    top_left = ", ".join(map(str, card.top_left))
+    size = " &times; ".join(map(str, card.size))
+    voxel = " &times; ".join(_number(v) for v in card.voxel_size)
+    facts = [
+        ("Category", escape(card.category)),
+        ("Data type", escape(card.dtype)),
+        ("Channels", str(card.channels)),
+        ("Bounding box", f"top-left ({top_left}), size {size} (mag-1 voxels)"),
+        ("Voxel size", f"{voxel} {escape(card.unit)}"),
+        ("Mags", escape(", ".join(card.mags))),
+    ]
+    rows = "\n".join(f"<dt>{term}</dt><dd>{value}</dd>" for term, value in facts)
+    name = escape(card.name)
+    link = other_link(card.neuroglancer_url, "Open in Neuroglancer", "open-neuroglancer", new_tab=True)
+    return (
+        f'<section class="layer" id="layer-{name}" data-layer="{name}">\n<h2>{name}</h2>\n<div class="card">\n'
+        f'<img class="preview" src="{escape(card.preview_url)}" alt="preview of {name}">\n'
+        f'<div class="about">\n<dl class="facts">\n{rows}\n</dl>\n'
+        f"<p>{link}</p>\n</div>\n</div>\n</section>"
+    )
+
+
+def _snippet(snippet: Snippet) -> str:
+    client = escape(snippet.client)
+    return (
+        f'<div class="snippet-box"><h3>{escape(snippet.title)}</h3>'
+        f'<button type="button" class="copy" data-copies="snippet-{client}">Copy</button>\n'
+        f'<pre class="snippet" id="snippet-{client}" data-client="{client}">{text(snippet.code)}</pre></div>'
+    )
+
+
+def viewer_note_markup(note: str | None) -> str:
+    return "" if note is None else f'<p class="viewer-note" role="note">{text(note)}</p>\n'
+
+
+def page_head(title: str) -> str:
+    """The start of every styled page, up to and with ``<body>``."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>{title}</title>\n<style>{resource('static/pages.css')}</style></head>\n<body>\n"
+    )
+
+
+def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage) -> bytes:
+    """The dataset's listing (the same links as ``render_listing``) with its layer cards and snippets."""
+    title = escape(f"{page.organization}/{page.name}")
+    cards = "\n".join(_card(card) for card in page.layers)
+    code = ""
+    if page.snippets:
+        code = (
+            '<section class="snippets">\n<h2>Read it from code</h2>\n'
+            + "\n".join(_snippet(snippet) for snippet in page.snippets)
+            + "\n</section>\n"
+        )
+    return (
+        page_head(title) + f"<h1>{title}<small>Index of {text(base_path)}</small></h1>\n"
+        f"{resource('static/token-note.html') if page.carries_token else ''}{viewer_note_markup(page.viewer_note)}"
+        '<ul class="children">\n' + "\n".join(listing_items(base_path, entries)) + "\n</ul>\n"
+        f"{cards}\n{code}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
+    ).encode()

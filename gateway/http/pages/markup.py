@@ -1,0 +1,36 @@
+"""What every page writes the same way: escaped text, path segments, links that are not children, resources."""
+
+import functools
+from html import escape
+from importlib import resources
+from urllib.parse import quote
+
+HTML = "text/html; charset=utf-8"
+
+
+def text(value: str) -> str:
+    """Escaped text in which no absolute URL is literal (``//`` as references): fsspec must not see children."""
+    return escape(value).replace("/", "&#47;")
+
+
+def path_of(*segments: str) -> str:
+    """Segments joined by "/", each percent-encoded whole."""
+    return "/".join(quote(segment, safe="") for segment in segments)
+
+
+def with_token(url: str, token: str | None) -> str:
+    return url if token is None else f"{url}?token={quote(token, safe='')}"
+
+
+def other_link(href: str, label: str, css_class: str, new_tab: bool = False) -> str:
+    """A link that is not a child of the page: ``href = "..."`` (spaces around "=", the same attribute to HTML)
+    is not what fsspec's listing parser takes for a child, whatever the URL; ``href`` is a path or an
+    absolute URL already escaped where it needs to be, ``label`` markup."""
+    target = ' target="_blank" rel="noopener noreferrer"' if new_tab else ""
+    return f'<a class="{css_class}" href = "{escape(href)}"{target}>{label}</a>'
+
+
+@functools.cache
+def resource(name: str) -> str:
+    """A text file shipped in this package (``static/``, ``snippets/``): read once per process."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
