@@ -37,6 +37,7 @@ HTTPS = Extra("https", ("obstore",))
 GRANIAN = Extra("granian", ("granian",))
 SAMPLE = Extra("sample", ("rich",))
 MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"))
+PRECOMPUTED = Extra("precomputed", ("compressed_segmentation",))  # else segmentations are served raw
 
 # By name, as gateway_storage.STORE_KINDS names the extra of each store.
-EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES)}
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, PRECOMPUTED)}

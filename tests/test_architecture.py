@@ -20,7 +20,7 @@ LAYERS = [
     ),  # leaves: import nothing of the project
     (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),
-    (3, ("gateway.zarr", "gateway.meshes")),  # protocols over the sources, side by side
+    (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
@@ -146,3 +146,28 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
     found = imports(planted, tmp_path)
     assert "gateway.http.data" in found
     assert layer_of("gateway.http.data") > layer_of(module_name(planted, tmp_path))
+
+
+# What the precomputed tree may use of its neighbours: the sources, the mesh service it delegates to, and the
+# protocol-neutral pieces of the Zarr layer (resources and ETags, key and node errors), nothing of Zarr's own.
+PRECOMPUTED_USES = (
+    "gateway.precomputed",
+    "gateway.sources",
+    "gateway.meshes.service",
+    "gateway.meshes.errors",
+    "gateway.zarr.resource",
+    "gateway.zarr.keys",
+    "gateway.zarr.trees",
+    "gateway.extras",
+    "gateway_storage",
+)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("gateway.precomputed")))
+def test_the_precomputed_tree_keeps_to_its_boundary(module: str) -> None:
+    assert not _outside(module, PRECOMPUTED_USES), f"{module} imports {_outside(module, PRECOMPUTED_USES)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith(("gateway.zarr", "gateway.meshes"))))
+def test_the_other_protocols_do_not_use_the_precomputed_tree(module: str) -> None:
+    assert not [t for t in graph()[module] if t.startswith("gateway.precomputed")], module

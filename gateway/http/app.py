@@ -12,14 +12,16 @@ from gateway_storage import open_store, read_headers_file
 
 from ..logs import configure_logging
 from ..meshes.service import MeshService
+from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
+from ..zarr.resource import Resource, bytes_resource
 from ..zarr.shards import ShardPlans
-from .data import Gateway
+from .data import HTML, Gateway
 from .edge import Edge
-from .listing import meters_per_unit
+from .listing import Entry, meters_per_unit, render_listing
 from .ops import Ops
 
 log = logging.getLogger("gateway")
@@ -34,7 +36,8 @@ def create_app(settings: Settings) -> Edge:
     shards = ShardPlans(settings.cache_bytes // 2)
     previews = Previews(settings.cache_bytes // 16)
     meshes = MeshService(store, settings.segment_index_dir, settings.cache_bytes // 4, meters_per_unit)
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes)
+    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    gateway = Gateway(settings, store, catalog, shards, previews, meshes, precomputed)
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     return Edge(gateway, Ops(gateway))  # Ops: /healthz, /readyz, /metrics, /auth; draining on SIGTERM
@@ -45,3 +48,8 @@ def create_app_from_env() -> Edge:
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging
     return create_app(settings)
+
+
+def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
+    """A listing page of the precomputed tree, rendered as every tree's listings are."""
+    return bytes_resource(render_listing(base, [Entry(*row) for row in rows]), HTML)

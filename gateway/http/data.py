@@ -16,6 +16,7 @@ from gateway_storage import FileChangedError, FileUnsettledError, Store
 from gateway_storage.cache import CacheCounts
 
 from ..meshes.service import MeshService
+from ..precomputed.tree import PrecomputedTarget, PrecomputedTree
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
@@ -50,6 +51,7 @@ class Gateway:
         shards: ShardPlans,
         previews: Previews,
         meshes: MeshService,
+        precomputed: PrecomputedTree,
     ) -> None:
         self.settings = settings
         hide_roots(settings.root, settings.extra_roots)
@@ -60,6 +62,7 @@ class Gateway:
         self.shards = shards
         self.previews = previews
         self.meshes = meshes
+        self.precomputed_tree = precomputed
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
         self.options = ServeOptions(settings.codec, settings.chunk_edge, sharded=settings.v3_layout == "sharded")
@@ -129,6 +132,15 @@ class Gateway:
         resource = await self._in_dataset(target, view, request, page_token)
         return await self._send(request, resource)
 
+    async def _above_datasets(self, request: Request, names: tuple[str, ...], base: str, grant: Grant | None) -> Answer:
+        """A precomputed tree's root (its organizations) or an organization (its datasets), as ``grant`` may
+        see them."""
+        if not names:
+            return await self._listing(request, base, await self._storage_call(self._organizations, grant))
+        if names[0] not in await self._storage_call(self.catalog.organizations):
+            raise HttpError(404, f"no organization {names[0]!r}")
+        return await self._listing(request, base, await self._storage_call(self._datasets, grant, names[0]))
+
     async def _dataset(self, organization: str, name: str) -> Dataset:
         dataset = await self._storage_call(self.catalog.dataset, organization, name)
         if dataset is None:
@@ -161,6 +173,21 @@ class Gateway:
             self.meshes.file, dataset, target.layer, target.kind, target.file, limiter=self.limiter
         )
         return await self._send(request, bytes_resource(found.body, found.media_type))
+
+    async def precomputed(self, target: PrecomputedTarget, request: Request) -> Answer:
+        """``/data/precomputed/...``: the Neuroglancer precomputed tree (:mod:`gateway.precomputed`), made in a
+        thread below the dataset level."""
+        grant = await self.authorize(self.token(request), target.names[:2])
+        if len(target.names) < 2:
+            return await self._above_datasets(request, target.names, target.base, grant)
+        dataset = await self._dataset(target.names[0], target.names[1])
+        accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
+        found = await anyio.to_thread.run_sync(
+            self.precomputed_tree.answer, dataset, target, accept, limiter=self.limiter
+        )
+        answer = await self._send(request, found.resource)
+        answer.headers += found.headers
+        return answer
 
     async def _in_dataset(
         self, target: DataTarget, view: DatasetView, request: Request, page_token: str | None

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from ..logs import access_log
 from ..metrics import STATS
+from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from .data import HTML, Gateway, index_page
 from .errors import error_answer, json_error
 from .messages import Answer, Message, Receive, Request, Scope, Send
@@ -109,6 +110,10 @@ class Edge:
             if path.startswith(MESH_PREFIX):
                 route = "mesh"
                 return route, await self.gateway.mesh(request)
+            if path.startswith(PRECOMPUTED_PREFIX):
+                precomputed = parse_precomputed_path(path)
+                route = precomputed.route
+                return route, await self.gateway.precomputed(precomputed, request)
             if path.startswith(DATA_PREFIX):
                 target = parse_data_path(path)
                 route = target.route
