@@ -213,7 +213,7 @@ def test_bad_keys(open_gateway: Server, key: str, status: int, words: tuple[str,
     assert_no_unexpected_errors(open_gateway)
 
 
-def test_a_storage_fault_is_a_server_error(
+def test_absent_chunks_are_404_and_a_storage_fault_is_a_server_error(
     test_data: WrittenDataset, tmp_path: Path, server_factory: Callable[..., Server]
 ) -> None:
     root = tmp_path / "root"
@@ -221,7 +221,13 @@ def test_a_storage_fault_is_a_server_error(
     shutil.copytree(test_data.root / ORG / test_data.dataset, corrupt)
     with open(corrupt / "color_u8" / "1" / "z0" / "y0" / "x0.wkw", "r+b") as f:
         f.write(b"XKW")  # bad magic
+    (corrupt / "color_u16" / "1" / "z0" / "y0" / "x0.wkw").unlink()  # absent: nothing stored there
     server = server_factory(root)
+    absent = f"{server.url}{TREE}/{ORG}/corrupt/color_u16"
+    assert_reason(requests.get(f"{absent}/1/37-69_21-53_5-37"), 404, "no stored data")
+    with pytest.raises(EmptyVolumeException):
+        volume(absent)[37:69, 21:53, 5:37]
+    assert not volume(absent, fill_missing=True)[37:69, 21:53, 5:37].any()
     url = f"{server.url}{TREE}/{ORG}/corrupt/color_u8"
     response = requests.get(f"{url}/1/37-69_21-53_5-37")
     assert response.status_code >= 500, (response.status_code, response.text[:300])
