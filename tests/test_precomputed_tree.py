@@ -3,23 +3,29 @@ segments, and the tree answers validators, ranges, gzip, tokens, listings, bad k
 trees do."""
 
 import gzip
+import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pytest
 import requests
 from cloudvolume import CloudVolume
 from cloudvolume.exceptions import EmptyVolumeException
+from support import viewer
+from support.browser import Browser
 from support.datasets import LAYERS, MAGS, ORG, OTHER_TOKEN, TOKEN, WrittenDataset, bbox_at_mag, mag_name
-from support.sample import sample_labels
+from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 from support.zarr_datasets import WK_DATASET, ZARR_ORG, served_arrays
 
 from gateway.sample import DATASET as SAMPLE_DATASET
 from gateway.sample import ORGANIZATION as SAMPLE_ORG
+from gateway.sample import VOXEL_SIZE_NM
 
 TREE = "/data/precomputed"
 DATASET = f"{TREE}/{ORG}/wk_dataset"
@@ -236,3 +242,152 @@ def test_absent_chunks_are_404_and_a_storage_fault_is_a_server_error(
     with pytest.raises(Exception) as raised:  # CloudVolume never turns the fault into zeros
         volume(url, fill_missing=True)[lo[0] : lo[0] + 8, lo[1] : lo[1] + 8, lo[2] : lo[2] + 8]
     assert not isinstance(raised.value, EmptyVolumeException)
+
+
+# --- Neuroglancer in headless Chromium: one precomputed:// source per layer ---------------------------------
+
+
+def _open_view(browser: Browser, client: str, server: Server, view: dict[str, Any], shot: Path) -> tuple[Any, Any]:
+    """The layers' load states, the data panel's pixels and the gateway's access lines of one view."""
+    start = len(server.log())
+    with browser.page() as page:
+        page.navigate(client + "#!" + quote(json.dumps(view), safe=""))
+        page.wait_for("typeof window.viewer === 'object'", timeout=60)
+        layers = viewer.wait_until_drawn(page)["layers"]
+        time.sleep(2)  # meshes and late chunks: give them a moment, then settle again
+        viewer.wait_until_drawn(page)
+        viewer.settled_screenshot(page, shot)
+        left, top, right, bottom = page.evaluate(viewer.PANEL_RECT_JS)
+    time.sleep(0.5)  # access lines are written once per event-loop turn
+    panel = viewer.png_pixels(shot)[top:bottom, left:right]
+    return (layers, viewer.access_lines(server, start)), panel
+
+
+def _sample_view(layers: list[dict[str, Any]], **view: Any) -> dict[str, Any]:
+    centre = [float(v) for v in (VOLUME_LO + VOLUME_HI) / 2]
+    return {
+        "dimensions": {axis: [size * 1e-9, "m"] for axis, size in zip("xyz", VOXEL_SIZE_NM)},
+        "position": [centre[0], centre[1], centre[2] + 0.5],
+        "showAxisLines": False,
+        "showScaleBar": False,
+        "showDefaultAnnotations": False,
+        "layers": layers,
+        **view,
+    }
+
+
+def _assert_loaded(layers: Any, access: list[viewer.AccessLine]) -> None:
+    for layer in layers:
+        for source in layer["sources"]:
+            assert source["state"] == "loaded", (layer["name"], source)
+    assert [line for line in access if line.path.startswith(TREE)], "nothing was read from the precomputed tree"
+    assert not [line for line in access if line.status >= 400], [line for line in access if line.status >= 400]
+
+
+CROSS_SECTION_SCALE = 0.45  # voxels per screen pixel: the whole volume fills the panel, drawn at mag 1
+HALF = 180  # the pixels compared: a square of 2 * HALF about the panel's centre, inside the volume
+
+
+def _voxels_under(panel: np.ndarray[Any, Any], labels: np.ndarray[Any, Any], z: int) -> np.ndarray[Any, Any]:
+    """The voxels of slice ``z`` under the middle square of the panel (rows y, columns x), by the view's
+    geometry: the panel's centre shows the view's position, each pixel ``CROSS_SECTION_SCALE`` voxels."""
+    centre = (VOLUME_LO + VOLUME_HI) / 2
+    rows, columns = panel.shape[:2]
+    offsets = np.arange(-HALF, HALF) + 0.5
+    xs = np.floor(centre[0] + (offsets + columns // 2 - columns / 2) * CROSS_SECTION_SCALE).astype(int)
+    ys = np.floor(centre[1] + (offsets + rows // 2 - rows / 2) * CROSS_SECTION_SCALE).astype(int)
+    return labels[np.ix_(xs, ys, [z])][:, :, 0].T
+
+
+def _middle(panel: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    y, x = panel.shape[0] // 2, panel.shape[1] // 2
+    return panel[y - HALF : y + HALF, x - HALF : x + HALF].astype(int)
+
+
+def _label_agreement(panel: np.ndarray[Any, Any], labels: np.ndarray[Any, Any]) -> float:
+    """The share of pixels drawn in the colour most pixels of their segment have (1.0: the panel's colours
+    are a function of ``labels``)."""
+    agree = 0
+    for segment in np.unique(labels):
+        colours = panel[labels == segment].reshape(-1, 3)
+        values, counts = np.unique(colours, axis=0, return_counts=True)
+        agree += int((np.abs(colours - values[np.argmax(counts)]).max(axis=-1) <= 8).sum())
+    return agree / labels.size
+
+
+def _sample_volume(sample_root: Path, layer: str) -> np.ndarray[Any, Any]:
+    import wkw
+
+    with wkw.Dataset.open(str(sample_root / SAMPLE_ORG / SAMPLE_DATASET / layer / "1")) as ds:
+        data: np.ndarray[Any, Any] = ds.read((0, 0, 0), tuple(int(v) for v in VOLUME_HI))[0]
+    return data
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("layer", ["color", "segmentation"])
+def test_neuroglancer_draws_each_layer_from_its_precomputed_source(
+    sample_root: Path,
+    server_factory: Callable[..., Server],
+    browser: Browser,
+    neuroglancer_url: str,
+    tmp_path: Path,
+    layer: str,
+) -> None:
+    """The panel shows the slice the view is at, pixel by pixel: the image's grey values follow the voxels (and
+    not those of the neighbouring slices), the segmentation's colours follow the labels."""
+    server = server_factory(sample_root)
+    if layer == "color":  # a fixed contrast range: the pixels then depend on the voxels alone
+        shown: dict[str, Any] = {"type": "image", "shaderControls": {"normalized": {"range": [0, 255]}}}
+    else:
+        shown = {"type": "segmentation", "selectedAlpha": 1}
+    source = f"precomputed://{server.url}{TREE}/{SAMPLE_ORG}/{SAMPLE_DATASET}/{layer}"
+    view = _sample_view(
+        [{**shown, "name": layer, "source": source}], crossSectionScale=CROSS_SECTION_SCALE, layout="xy"
+    )
+    (states, access), panel = _open_view(browser, neuroglancer_url, server, view, tmp_path / f"{layer}.png")
+    _assert_loaded(states, access)
+    assert any(line.path.endswith(f"/{layer}/info") for line in access)
+    middle = _middle(panel)
+    assert (middle.max(axis=-1) == 0).mean() < 0.005, "chunks left black"
+    voxels = _sample_volume(sample_root, layer)
+    z = int((VOLUME_LO[2] + VOLUME_HI[2]) // 2)  # the view's position is half a voxel into this slice
+    if layer == "color":
+        grey = middle.mean(axis=-1).ravel()
+        fits = {k: float(np.corrcoef(grey, _voxels_under(panel, voxels, k).ravel())[0, 1]) for k in (z - 1, z, z + 1)}
+        print(f"{layer}: correlation of the panel with slices {fits}")
+        assert fits[z] > 0.98 and fits[z] > max(fits[z - 1], fits[z + 1]), fits
+    else:
+        fits = {k: _label_agreement(middle, _voxels_under(panel, voxels, k)) for k in (z - 1, z, z + 1)}
+        print(f"{layer}: pixels coloured as their segment, by slice {fits}")
+        assert fits[z] > 0.97 and fits[z] > max(fits[z - 1], fits[z + 1]), fits
+
+
+@pytest.mark.browser
+def test_neuroglancer_draws_meshes_from_the_segmentation_source(
+    sample_root: Path, server_factory: Callable[..., Server], browser: Browser, neuroglancer_url: str, tmp_path: Path
+) -> None:
+    server = server_factory(sample_root)
+    labels = sample_labels(sample_root)
+    ids, counts = np.unique(labels[labels != 0], return_counts=True)
+    segment = int(ids[np.argmax(counts)])
+    source = f"precomputed://{server.url}{TREE}/{SAMPLE_ORG}/{SAMPLE_DATASET}/segmentation"
+    layer = {
+        "type": "segmentation",
+        "name": "segmentation",
+        "source": source,
+        "segments": [str(segment)],
+        "segmentColors": {str(segment): "#ffffff"},
+        "objectAlpha": 1,
+    }
+    view = _sample_view(
+        [layer], projectionScale=400, layout={"type": "3d", "orthographicProjection": True}, showSlices=False
+    )
+    (states, access), panel = _open_view(browser, neuroglancer_url, server, view, tmp_path / "meshes.png")
+    _assert_loaded(states, access)
+    mesh = f"/segmentation/mesh/{segment}"
+    assert any(line.path.endswith(f"{mesh}.index") and line.status == 200 for line in access), access
+    assert any(line.path.endswith(mesh) and line.status == 206 for line in access), access
+    drawn = (panel.astype(int).sum(axis=-1) > 60).mean()
+    where = np.argwhere(labels == segment)
+    print(f"segment {segment}: {len(where)} voxels, {drawn:.1%} of the 3-D panel drawn")
+    assert drawn > 0.01
