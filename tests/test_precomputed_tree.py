@@ -179,6 +179,9 @@ def test_tokens(gateway: Server, test_data: WrittenDataset) -> None:
     read = cloudvolume_read(f"{gateway.url}/t/{TOKEN}{DATASET}/color_u8", 0, lo, (lo[0] + 40, lo[1] + 40, hi[2]))
     truth = test_data.expected("color_u8", MAGS[0])
     np.testing.assert_array_equal(read, truth[:, lo[0] : lo[0] + 40, lo[1] : lo[1] + 40, lo[2] : hi[2]])
+    for token, status in ((TOKEN, 204), (OTHER_TOKEN, 403)):  # a proxy's /auth decides on the same names
+        uri = {"X-Original-URI": f"{DATASET}/color_u8/1/37-69_21-53_5-37", "X-Auth-Token": token}
+        assert requests.get(f"{gateway.url}/auth", headers=uri).status_code == status
     listing = requests.get(f"{gateway.url}{TREE}/", headers={"X-Auth-Token": OTHER_TOKEN}).text
     assert "other_org" in listing and ORG not in listing
 
