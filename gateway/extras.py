@@ -61,6 +61,9 @@ GRANIAN = Extra("granian", ("granian",), "server=granian")
 SAMPLE = Extra("sample", ("rich",), "zarr-gateway make-sample")
 MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"), "segment meshes and zarr-gateway index-segments")
 VIEWER = Extra("viewer", ("neuroglancer",), "the Neuroglancer client served at /neuroglancer/")
+PRECOMPUTED = Extra(
+    "precomputed", ("compressed_segmentation",), "compressed_segmentation chunks of the precomputed tree (else raw)"
+)
 
 # By name, as gateway_storage.STORE_KINDS names the extra of each store; ``all`` in pyproject.toml names each.
-EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, VIEWER)}
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, VIEWER, PRECOMPUTED)}

@@ -20,7 +20,7 @@ LAYERS = [
     ),  # leaves: import nothing of the project
     (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),
-    (3, ("gateway.zarr", "gateway.meshes")),  # protocols over the sources, side by side
+    (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
     (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
@@ -249,3 +249,30 @@ def test_the_framework_check_sees_a_planted_import(tmp_path: Path) -> None:
     assert _imports_starlette(planted)
     planted.write_text("from .starlette import x\nimport starlet\n")
     assert not _imports_starlette(planted)
+
+
+# What the precomputed tree may use of its neighbours: the sources, the mesh service it delegates to (and the
+# names of its files), and the protocol-neutral pieces of the Zarr layer (resources and ETags, key and node
+# errors), nothing of Zarr's own.
+PRECOMPUTED_USES = (
+    "gateway.precomputed",
+    "gateway.sources",
+    "gateway.meshes.service",
+    "gateway.meshes.errors",
+    "gateway.meshes.formats",
+    "gateway.zarr.resource",
+    "gateway.zarr.keys",
+    "gateway.zarr.trees",
+    "gateway.extras",
+    "gateway_storage",
+)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("gateway.precomputed")))
+def test_the_precomputed_tree_keeps_to_its_boundary(module: str) -> None:
+    assert not _outside(module, PRECOMPUTED_USES), f"{module} imports {_outside(module, PRECOMPUTED_USES)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith(("gateway.zarr", "gateway.meshes"))))
+def test_the_other_protocols_do_not_use_the_precomputed_tree(module: str) -> None:
+    assert not [t for t in graph()[module] if t.startswith("gateway.precomputed")], module

@@ -16,16 +16,22 @@ from gateway_storage import open_store, read_headers_file
 from ..logs import configure_logging
 from ..meshes.segments import index_place
 from ..meshes.service import MeshService
+from ..precomputed.tree import TREES as PRECOMPUTED_TREES
+from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
+from ..sources.units import meters_per_unit
+from ..zarr.resource import Resource, bytes_resource
 from ..zarr.shards import ShardPlans
 from .data import Gateway
 from .edge import Endpoint, Handler, build_edge, endpoint_routes
 from .errors import HiddenRoots, json_error
 from .messages import Answer, Request
 from .ops import Ops
+from .pages.listing import Entry, render_listing
+from .pages.markup import HTML
 from .pages.viewer import NeuroglancerClient
 from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX
 
@@ -50,12 +56,16 @@ def create_app(settings: Settings) -> Starlette:
             "the viewer extra is not installed: pages link to the public https Neuroglancer, which cannot read a "
             "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
         )
-    gateway = Gateway(settings, store, catalog, shards, previews, meshes, roots, own_viewer=client is not None)
+    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    gateway = Gateway(
+        settings, store, catalog, shards, previews, meshes, roots, precomputed, own_viewer=client is not None
+    )
     if gateway.access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
     trees = Endpoint(gateway.tree, None)  # the label (chunk, metadata, listing) is the parsed target's
     mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
+    mounts |= {f"{DATA_PREFIX}{name}": Endpoint(gateway.precomputed, None) for name in PRECOMPUTED_TREES}
     mounts[MESH_PREFIX.rstrip("/")] = Endpoint(gateway.mesh, "mesh")
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(gateway.preview, "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
@@ -88,3 +98,8 @@ def create_app_from_env() -> Starlette:
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging
     return create_app(settings)
+
+
+def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
+    """A listing page of the precomputed tree, rendered as every tree's listings are."""
+    return bytes_resource(render_listing(base, [Entry(*row) for row in rows]), HTML)

@@ -17,6 +17,7 @@ from gateway_storage.cache import CacheCounts
 
 from .. import extras
 from ..meshes.service import MeshService
+from ..precomputed.tree import PrecomputedTree, parse_precomputed_path
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
@@ -72,6 +73,7 @@ class Gateway:
         previews: Previews,
         meshes: MeshService,
         roots: HiddenRoots,
+        precomputed: PrecomputedTree,
         own_viewer: bool = False,
     ) -> None:
         self.settings = settings
@@ -84,6 +86,7 @@ class Gateway:
         self.previews = previews
         self.meshes = meshes
         self.own_viewer = own_viewer  # the gateway serves Neuroglancer at /neuroglancer/ (the viewer extra)
+        self.precomputed_tree = precomputed
         self.limiter = anyio.CapacityLimiter(settings.threads)
         self.catalog_limiter = anyio.CapacityLimiter(CATALOG_THREADS)
         self.chunk_memory = MemoryBudget(settings.chunk_memory_bytes)
@@ -199,6 +202,15 @@ class Gateway:
             )
         return await self._send(request, self._landing_page("/", entries, page, "zarr-gateway"))
 
+    async def _above_datasets(self, request: Request, names: tuple[str, ...], base: str, grant: Grant | None) -> Answer:
+        """A precomputed tree's root (its organizations) or an organization (its datasets), as ``grant`` may
+        see them: the listings fsspec reads, as in the Zarr trees."""
+        if not names:
+            return await self._send(request, self._page(base, await self._storage_call(self._organizations, grant)))
+        if names[0] not in await self._storage_call(self.catalog.organizations):
+            raise HttpError(404, f"no organization {names[0]!r}")
+        return await self._send(request, self._page(base, await self._storage_call(self._datasets, grant, names[0])))
+
     async def _dataset(self, organization: str, name: str, grant: Grant | None) -> Dataset:
         """The dataset to serve, 403 unless ``grant`` covers every dataset whose files it reads (checked on
         the very dataset served: one loaded again since :meth:`authorize` is checked again)."""
@@ -231,6 +243,23 @@ class Gateway:
         dataset = await self._dataset(target.organization, target.dataset, grant)
         found = await self.meshes.answer(dataset, target.layer, target.kind, target.file)
         return await self._send(request, bytes_resource(found.body, found.media_type))
+
+    async def precomputed(self, request: Request) -> Answer:
+        """``/data/precomputed/...``: the Neuroglancer precomputed tree (:mod:`gateway.precomputed`), made in a
+        thread below the dataset level."""
+        target = parse_precomputed_path(request.path)
+        request.exchange.route = target.route
+        grant = await self.authorize(self.token(request), target.names[:2])
+        if len(target.names) < 2:
+            return await self._above_datasets(request, target.names, target.base, grant)
+        dataset = await self._dataset(target.names[0], target.names[1], grant)
+        accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
+        found = await anyio.to_thread.run_sync(
+            self.precomputed_tree.answer, dataset, target, accept, limiter=self.limiter
+        )
+        answer = await self._send(request, found.resource)
+        answer.headers += found.headers
+        return answer
 
     async def _in_dataset(
         self, target: DataTarget, view: DatasetView, request: Request, page_token: str | None
@@ -326,6 +355,13 @@ class Gateway:
 
     def _landing_page(self, base_path: str, entries: list[Entry], landing: Landing, title: str) -> Resource:
         return bytes_resource(render_landing(base_path, entries, landing, title), HTML)
+
+    def _organizations(self, grant: Grant | None) -> list[Entry]:
+        """The organizations where ``grant`` covers at least one dataset (every one when open), by names alone."""
+        organizations = self.catalog.organizations()
+        if grant is None:
+            return [Entry(org, True) for org in organizations]
+        return [Entry(org, True) for org in organizations if granted_names(grant, org, self._dataset_names(org))]
 
     def _dataset_names(self, organization: str) -> list[str]:
         return self.catalog.dataset_names(organization)  # no dataset is loaded to list or authorize names

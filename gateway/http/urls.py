@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_to_bytes
 
+from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .errors import HttpError
@@ -192,6 +193,8 @@ def access_names(path: str) -> tuple[str, ...]:
     if path.startswith(MESH_PREFIX):
         mesh = parse_mesh_path(path)
         return mesh.organization, mesh.dataset
+    if path.startswith(PRECOMPUTED_PREFIX):
+        return parse_precomputed_path(path).names[:2]
     if path.startswith(DATA_PREFIX):
         return parse_data_path(path).names[:2]
     if path.startswith(PREVIEW_PREFIX):

@@ -1,0 +1,276 @@
+"""The precomputed tree: ``/data/precomputed/{organization}/{dataset}/{layer}/`` is a Neuroglancer precomputed
+volume (``info``, ``{scale key}/{chunk key}``), with the layer's meshes and segment properties beside it.
+
+``/data/precomputed_raw/...`` is the same tree with every chunk ``raw`` (segmentations included), for clients
+that cannot decode ``compressed_segmentation``. ``mesh/`` and ``segment_properties/`` are the mesh service's
+multi-resolution source (:mod:`gateway.meshes`), delegated to, not made again. Everything here may read
+storage: callers run :meth:`PrecomputedTree.answer` in a thread.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gateway_storage.geometry import mag_name
+
+from ..extras import MESHES, MissingExtraError
+from ..meshes.errors import MeshInputError, MeshNotFound
+from ..meshes.formats import PROPERTIES_DIRECTORY, PROPERTIES_INFO
+from ..meshes.service import MeshService
+from ..sources.catalog import Dataset, Layer
+from ..sources.mag import ChunkNotFound, MagSource
+from ..sources.paths import is_safe_segment
+from ..zarr.keys import MalformedKey
+from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
+from ..zarr.trees import NodeNotFound
+from .encodings import GZIP_CODING, ChunkEncoding, accepts_gzip, encoding_for, gzip_body, has_compressed_segmentation
+from .info import Scale, VolumeInfo, render_info
+from .keys import chunk_box
+
+PRECOMPUTED_PREFIX = "/data/precomputed"  # both trees below /data/ start so: routed before the Zarr trees
+TREES = {"precomputed": False, "precomputed_raw": True}  # tree name: whether every chunk is raw
+INFO = "info"
+MESH_DIRECTORY = "mesh"
+MESH_KIND = "multires"  # the mesh service's source that the precomputed ``mesh`` directory is
+# The data types of the format (Neuroglancer's precomputed volume spec).
+DATA_TYPES = frozenset(("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32"))
+VARY = (b"vary", b"Accept-Encoding")
+
+ListingRow = tuple[str, bool, str | None]  # name, is a directory, why it cannot be served
+RenderListing = Callable[[str, list[ListingRow]], Resource]
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputedTarget:
+    """What a path of the tree names: a node (organization, dataset, layer: as far as given) and the path below."""
+
+    tree_name: str
+    names: tuple[str, ...]
+    below: tuple[str, ...] = ()
+
+    @property
+    def raw_only(self) -> bool:
+        return TREES[self.tree_name]
+
+    @property
+    def base(self) -> str:
+        """The node's own path, ending in "/": what its listing's links start with."""
+        return "/data/" + "/".join((self.tree_name, *self.names, *self.below)) + "/"
+
+    @property
+    def route(self) -> str:
+        """The kind of resource, a bounded metric label."""
+        if len(self.names) < 3 or not self.below:
+            return "listing"
+        if self.below[0] in (MESH_DIRECTORY, PROPERTIES_DIRECTORY):
+            return "mesh"
+        return "metadata" if self.below == (INFO,) else "chunk"
+
+
+def parse_precomputed_path(path: str) -> PrecomputedTarget:
+    """The target of a path below ``/data/precomputed``; :class:`NodeNotFound` for another tree's name."""
+    tree_name, _, rest = path.removeprefix("/data/").partition("/")
+    if tree_name not in TREES:
+        raise NodeNotFound(f"unknown tree {tree_name!r}; the precomputed trees are {', '.join(TREES)}")
+    segments = [s for s in rest.split("/") if s]
+    if not all(is_safe_segment(s) for s in segments):
+        raise MalformedKey("path segments '.' and '..', backslashes and NUL are not allowed")
+    return PrecomputedTarget(tree_name, tuple(segments[:3]), tuple(segments[3:]))
+
+
+@dataclass(frozen=True, slots=True)
+class ServedScale:
+    scale: Scale
+    source: MagSource
+    fingerprint: str  # changes with the source and with how it is served
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    """A layer as one precomputed volume (its ``info`` without the mesh fields, which are looked up per request)."""
+
+    dataset: Dataset
+    layer: Layer
+    info: VolumeInfo
+    scales: dict[str, ServedScale] = field(default_factory=dict)
+
+    def scale(self, key: str) -> ServedScale:
+        found = self.scales.get(key)
+        if found is None:
+            raise NodeNotFound(
+                f"no scale {key!r} in layer {self.layer.properties.name!r}; there are {', '.join(self.scales)}"
+            )
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An answer of the tree: its resource and the headers it adds (content coding, Vary)."""
+
+    resource: Resource
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class PrecomputedTree:
+    """Both precomputed trees over the catalog's datasets; holds caches only."""
+
+    def __init__(
+        self,
+        meshes: MeshService,
+        meters_per_unit: Callable[[str], float],
+        chunk_edge: int,
+        render_listing: RenderListing,
+    ) -> None:
+        self.meshes = meshes
+        self.meters_per_unit = meters_per_unit
+        self.chunk_edge = chunk_edge
+        self.render_listing = render_listing
+        self.compresses = has_compressed_segmentation()
+        self._volumes: dict[tuple[str, str, str, bool], Volume] = {}
+
+    # --- the one entry point ------------------------------------------------------------------
+
+    def answer(self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str) -> Found:
+        """What ``target`` (a dataset or below, its dataset found and the access decided) answers."""
+        if len(target.names) == 2:
+            return Found(self.render_listing(target.base, self.layer_rows(dataset)))
+        volume = self.volume(dataset, target.names[2], target.raw_only)
+        below = target.below
+        if not below:
+            return Found(self.render_listing(target.base, self._volume_rows(volume)))
+        first, rest = below[0], "/".join(below[1:])
+        if first == MESH_DIRECTORY:
+            if not rest:
+                return Found(self.render_listing(target.base, [(INFO, False, None)]))
+            return self._mesh_file(volume, rest)
+        if first == PROPERTIES_DIRECTORY:
+            if not rest:
+                return Found(self.render_listing(target.base, [(INFO, False, None)]))
+            return self._mesh_file(volume, PROPERTIES_INFO if rest == INFO else f"{PROPERTIES_DIRECTORY}/{rest}")
+        gzip = accepts_gzip(accept_encoding)
+        if below == (INFO,):
+            return _coded(bytes_resource(render_info(self._full_info(volume)), JSON), gzip)
+        served = volume.scale(first)
+        if len(below) == 1:
+            return Found(self.render_listing(target.base, []))  # chunks are not listed, as in the Zarr trees
+        if len(below) > 2:
+            raise MalformedKey(f"{rest!r} is not a chunk key: they are x0-x1_y0-y1_z0-z1, directly below the scale")
+        return _coded(self._chunk(served, below[1]), gzip)
+
+    # --- volumes ------------------------------------------------------------------------------
+
+    def layer_rows(self, dataset: Dataset) -> list[ListingRow]:
+        """The dataset's layers, each a directory, or listed with the reason it cannot be served."""
+        rows: list[ListingRow] = []
+        for name, layer in dataset.layers.items():
+            reason = unusable_reason(layer)
+            rows.append((name, reason is None, reason))
+        return rows
+
+    def volume(self, dataset: Dataset, name: str, raw_only: bool) -> Volume:
+        layer = dataset.layers.get(name)
+        if layer is None:
+            raise NodeNotFound(
+                f"no layer {name!r} in {dataset.organization}/{dataset.name}; there are {', '.join(dataset.layers)}"
+            )
+        reason = unusable_reason(layer)
+        if reason is not None:
+            raise NodeNotFound(f"no servable layer {name!r} in {dataset.organization}/{dataset.name}: {reason}")
+        key = (dataset.organization, dataset.name, name, raw_only)
+        found = self._volumes.get(key)
+        if found is None or found.dataset is not dataset:
+            found = self._volumes[key] = self._build(dataset, layer, raw_only)
+        return found
+
+    def _build(self, dataset: Dataset, layer: Layer, raw_only: bool) -> Volume:
+        properties = layer.properties
+        scale = dataset.properties.scale
+        nm = self.meters_per_unit(scale.unit) / 1e-9
+        encoding = encoding_for(properties.category, properties.dtype, raw_only, self.compresses)
+        edge = (self.chunk_edge,) * 3
+        served: dict[str, ServedScale] = {}
+        for mag, source in sorted(layer.mags.items(), key=lambda item: (max(item[0]), item[0])):
+            lo, hi = source.bbox.lo, source.bbox.hi
+            resolution = (scale.factor[0] * nm * mag[0], scale.factor[1] * nm * mag[1], scale.factor[2] * nm * mag[2])
+            size = (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
+            entry = Scale(mag_name(mag), size, lo, resolution, edge, encoding)
+            fingerprint = make_etag(
+                "precomputed", source.kind, source.location_key, entry.key, lo, size, edge, encoding.name
+            )
+            served[entry.key] = ServedScale(entry, source, fingerprint)
+        channels = next(iter(layer.mags.values())).channels
+        kind = "segmentation" if properties.category == "segmentation" else "image"
+        info = VolumeInfo(kind, properties.dtype.name, channels, tuple(s.scale for s in served.values()))
+        return Volume(dataset, layer, info, served)
+
+    def _volume_rows(self, volume: Volume) -> list[ListingRow]:
+        info = self._full_info(volume)
+        rows: list[ListingRow] = [(INFO, False, None)]
+        rows += [(scale.key, True, None) for scale in info.scales]
+        rows += [(name, True, None) for name in (info.mesh, info.segment_properties) if name is not None]
+        return rows
+
+    def _full_info(self, volume: Volume) -> VolumeInfo:
+        """The volume's info with ``mesh`` and ``segment_properties`` where the mesh service has them now."""
+        if volume.layer.properties.category != "segmentation":
+            return volume.info
+        try:
+            MESHES.require("meshes")
+            meshes = self.meshes.layer(volume.dataset, volume.layer.properties.name)
+        except (MeshInputError, MeshNotFound, MissingExtraError):
+            return volume.info  # a layer without meshes by nature (its data type), or without the extra
+        properties = PROPERTIES_DIRECTORY if self.meshes.segments.can_list(meshes) else None
+        return replace(volume.info, mesh=MESH_DIRECTORY, segment_properties=properties)
+
+    # --- files --------------------------------------------------------------------------------
+
+    def _mesh_file(self, volume: Volume, name: str) -> Found:
+        found = self.meshes.file(volume.dataset, volume.layer.properties.name, MESH_KIND, name)
+        return Found(bytes_resource(found.body, found.media_type))  # never gzipped: fragments are read by range
+
+    @staticmethod
+    def _chunk(served: ServedScale, key: str) -> Resource:
+        """One chunk, read from the mag and encoded; absent where the source stores nothing (clients fill those)."""
+        scale, source = served.scale, served.source
+        lo, hi = chunk_box(key, scale.voxel_offset, scale.end, scale.chunk_size)
+        if not source.holds_data(lo, hi):
+            raise ChunkNotFound(
+                "no stored data lies in this chunk: it reads as the fill value (CloudVolume: fill_missing=True)"
+            )
+        region = source.read_box(lo, hi)
+        body = scale.encoding.encode(region.data)
+        if region.sources is None:
+            return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, key, body))
+        mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
+        etag = make_etag(served.fingerprint, key, [(source.relative(p), i) for p, i in region.sources])
+        return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))
+
+
+def unusable_reason(layer: Layer) -> str | None:
+    """Why a layer cannot be a precomputed volume, or None."""
+    if not layer.mags:
+        return "; ".join(layer.problems) or "it has no servable mag"
+    dtype: np.dtype = layer.properties.dtype
+    if dtype.name not in DATA_TYPES:
+        return f"its data type {dtype.name} is none of the precomputed format's ({', '.join(sorted(DATA_TYPES))})"
+    return None
+
+
+def _coded(resource: Resource, gzip: bool) -> Found:
+    """``resource`` gzipped when the client takes gzip (its own ETag: one ETag, one body), always with Vary."""
+    if not gzip:
+        return Found(resource, [VARY])
+    body = gzip_body(resource.body or b"")
+    coded = bytes_resource(body, resource.media_type, make_etag(resource.etag, GZIP_CODING), resource.last_modified)
+    return Found(coded, [VARY, (b"content-encoding", b"gzip")])
+
+
+__all__ = [
+    "PRECOMPUTED_PREFIX",
+    "ChunkEncoding",
+    "Found",
+    "PrecomputedTarget",
+    "PrecomputedTree",
+    "parse_precomputed_path",
+]
