@@ -8,6 +8,7 @@ its segment, the mesh's bounding box the segment's, the surface of an interior s
 """
 
 import json
+import re
 import os
 import shutil
 import struct
@@ -609,7 +610,7 @@ def test_the_neuroglancer_link_opens_image_and_segmentation_with_meshes(server: 
     assert get(server, mesh_base() + "segment_properties/info").status_code == 200  # scans the sample
     # the token in the query alone, as a browser opens the page: a header as well would be two tokens (400)
     page = requests.get(f"{server.url}/data/zarr3/{ORGANIZATION}/{DATASET}/?token={MESH_TOKEN}", timeout=60).text
-    links = [unquote(unescape(part.split('"')[0])) for part in page.split('class="open-neuroglancer" href="')[1:]]
+    links = [unquote(unescape(link)) for link in re.findall(r'class="open-neuroglancer" href = "([^"]+)"', page)]
     assert links
     state = json.loads(unescape(links[0]).split("#!", 1)[1])
     layers = {layer["name"]: layer for layer in state["layers"]}
