@@ -8,8 +8,8 @@ its segment, the mesh's bounding box the segment's, the surface of an interior s
 """
 
 import json
-import re
 import os
+import re
 import shutil
 import struct
 import subprocess
