@@ -39,6 +39,10 @@ class IndexPlace(ABC):
     def location(self, dataset: Dataset, layer: str) -> str:
         """Where ``index-segments`` writes the layer's index and the gateway reads it."""
 
+    def holds_indexes(self) -> bool:
+        """Whether any index can be there: a directory of indexes that no run has made yet holds none."""
+        return True
+
 
 class BesideLayers(IndexPlace):
     """``<dataset>/<layer>.segment-index.npz`` in the data root itself (a writable root)."""
@@ -59,6 +63,9 @@ class InDirectory(IndexPlace):
     def location(self, dataset: Dataset, layer: str) -> str:
         return self.store.join(self.store.root, dataset.organization, dataset.name, f"{layer}{INDEX_SUFFIX}")
 
+    def holds_indexes(self) -> bool:
+        return self.store.is_directory(self.store.root)
+
 
 def index_place(storage: Store, index_dir: str | None) -> IndexPlace:
     """The place of the ``segment_index_dir`` setting: that directory, or beside the layers when unset."""
@@ -78,6 +85,8 @@ class Segments:
 
     def _read_index(self, meshes: LayerMeshes) -> SegmentIndex | None:
         store = self.place.store
+        if not self.place.holds_indexes():
+            return None
         path = self.place.location(meshes.dataset, meshes.name)
         identity = store.identity(path)
         if identity is None:
