@@ -18,12 +18,14 @@ import pytest
 import requests
 from support import viewer
 from support.browser import Browser, Page, chromium_path
+from support.proxy import address, start_proxy
 from support.servers import Server
 
 from gateway.http.pages import viewer as own_viewer
 from gateway.sample import DATASET, ORGANIZATION
 
 TOKEN = "own-viewer+token~1.x"  # characters that a path and a query encode differently
+PROXY_TOKEN = "own-viewer-proxy-token"  # the compose proxy takes path and query tokens that need no encoding
 HOST = "gateway.test"  # not localhost: an https page could not read it over http
 
 
@@ -33,7 +35,7 @@ def gateway(
 ) -> Server:
     """A gateway with tokens and no ``neuroglancer_url``: its pages link to its own viewer."""
     tokens = tmp_path_factory.mktemp("own-viewer") / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": {TOKEN: [f"{ORGANIZATION}/*"]}}))
+    tokens.write_text(json.dumps({"tokens": {TOKEN: [f"{ORGANIZATION}/*"], PROXY_TOKEN: [f"{ORGANIZATION}/*"]}}))
     return server_factory(sample_root, tokens_file=tokens)
 
 
@@ -160,8 +162,30 @@ def panel_pixels(page: Page, path: Path) -> np.ndarray:
 def test_the_dataset_page_link_opens_the_gateways_own_viewer(
     lan_browser: Browser, gateway: Server, tmp_path: Path
 ) -> None:
-    base = lan_url(gateway)
-    encoded = quote(TOKEN, safe="")
+    follow_the_page_link(lan_browser, gateway, lan_url(gateway), TOKEN, tmp_path)
+
+
+@pytest.mark.browser
+@pytest.mark.nginx
+def test_the_viewer_works_through_the_compose_proxy(lan_browser: Browser, gateway: Server, tmp_path: Path) -> None:
+    """The same path through deploy/nginx.conf: the client passes unchecked, every data request is checked,
+    and the page's links name the port the browser reached the proxy at."""
+    proxy = start_proxy(tmp_path / "nginx", [address(gateway)])
+    try:
+        bare = requests.get(proxy.url + "/data/zarr/", timeout=30)
+        assert bare.status_code == 401, "data without a token is refused at the proxy"
+        client = requests.get(proxy.url + own_viewer.PAGE, timeout=30)
+        assert client.status_code == 200 and "main." in client.text, "the viewer's code passes without a token"
+        follow_the_page_link(lan_browser, gateway, proxy.url.replace("127.0.0.1", HOST), PROXY_TOKEN, tmp_path)
+    finally:
+        proxy.stop()
+
+
+def follow_the_page_link(lan_browser: Browser, gateway: Server, base: str, token: str, tmp_path: Path) -> None:
+    """From the dataset page at ``base`` (the gateway or a proxy in front of it), over plain http on a LAN
+    host name with a token: the page's viewer link opens the gateway's own Neuroglancer, which draws the
+    image, the segmentation and its meshes."""
+    encoded = quote(token, safe="")
     scan = (
         f"{gateway.url}/t/{encoded}/data/meshes/{ORGANIZATION}/{DATASET}/segmentation/multires/segment_properties/info"
     )

@@ -560,7 +560,7 @@ def test_a_crafted_chunk_key_separator_makes_the_array_unusable(
         document["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": separator}}
     (directory / name).write_text(json.dumps(document))
     box = BoundingBox.model_validate({"topLeft": [0, 0, 0], "width": 8, "height": 8, "depth": 8})
-    with pytest.raises(SourceError, match=r"separator .* is neither"):
+    with pytest.raises(SourceError, match=r"separator"):
         ZarrMagSource((1, 1, 1), LocalStore(str(tmp_path)), str(directory), box, None, ByteLRU(1 << 20))
 
 

@@ -59,7 +59,8 @@ def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
     with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_until_answering(url + "/", process, 30, lambda: f"gateway: {log_path.read_text()}", interval=0.1)
+    # /healthz, not /: the landing page loads every dataset, which a test may want to see loaded first itself
+    wait_until_answering(url + "/healthz", process, 30, lambda: f"gateway: {log_path.read_text()}", interval=0.1)
     return Server(url, process, log_path)
 
 
