@@ -142,10 +142,10 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
     """The rule can fail: a type-only import of the HTTP layer from a source module is caught."""
     planted = tmp_path / "gateway" / "sources" / "bad.py"
     planted.parent.mkdir(parents=True)
-    planted.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..http.data import Gateway\n")
+    planted.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..http.app import create_app\n")
     found = imports(planted, tmp_path)
-    assert "gateway.http.data" in found
-    assert layer_of("gateway.http.data") > layer_of(module_name(planted, tmp_path))
+    assert "gateway.http.app" in found
+    assert layer_of("gateway.http.app") > layer_of(module_name(planted, tmp_path))
 
 
 def test_the_scripts_import_nothing_of_the_tests() -> None:
@@ -276,3 +276,47 @@ def test_the_precomputed_tree_keeps_to_its_boundary(module: str) -> None:
 @pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith(("gateway.zarr", "gateway.meshes"))))
 def test_the_other_protocols_do_not_use_the_precomputed_tree(module: str) -> None:
     assert not [t for t in graph()[module] if t.startswith("gateway.precomputed")], module
+
+
+# The HTTP layer is rooms of one concept each: one handler per resource (gateway/http/handlers/), small shared
+# collaborators, dispatch by level through a table. A class with more public methods than this does more than one
+# thing (the hub it replaced, Gateway, had eleven).
+MAX_PUBLIC_METHODS = 6
+
+
+def public_methods(path: Path) -> dict[str, list[str]]:
+    """Each class of ``path`` with its public methods (properties included)."""
+    return {
+        node.name: [
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")
+        ]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "gateway" / "http").rglob("*.py")), ids=str)
+def test_no_class_of_the_http_layer_is_a_hub(path: Path) -> None:
+    hubs = {name: methods for name, methods in public_methods(path).items() if len(methods) > MAX_PUBLIC_METHODS}
+    assert not hubs, f"{path.relative_to(ROOT)}: classes of more than {MAX_PUBLIC_METHODS} public methods: {hubs}"
+
+
+def test_the_hub_check_sees_a_planted_hub(tmp_path: Path) -> None:
+    planted = tmp_path / "hub.py"
+    methods = "".join(f"    def m{i}(self) -> None: ...\n" for i in range(MAX_PUBLIC_METHODS + 1))
+    planted.write_text(f"class Hub:\n{methods}    def _private(self) -> None: ...\n")
+    assert len(public_methods(planted)["Hub"]) == MAX_PUBLIC_METHODS + 1
+
+
+def test_the_data_routes_are_dispatched_by_a_table_not_a_ladder() -> None:
+    """No module of the HTTP layer compares a target's level: each level's handler is looked up in one table."""
+    ladders = []
+    for path in sorted((ROOT / "gateway" / "http").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Attribute) and side.attr == "level" for side in (node.left, *node.comparators)
+            ):
+                ladders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not ladders, f"levels compared (dispatch through the table of gateway/http/app.py): {ladders}"

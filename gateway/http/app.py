@@ -1,5 +1,6 @@
-"""The composition root: the store, the source formats, the catalog, the caches, the gateway, its
-operations endpoints, the routes and the edge in front of them, wired in one place.
+"""The composition root: the store, the source formats, the catalog, the caches, the handlers of each
+resource and what they share, the operations endpoints, the routes and the edge in front of them, wired
+in one place.
 
 The cache budget (``cache_bytes``) is split here: half for the source formats' caches (shared
 equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and on
@@ -12,6 +13,7 @@ import anyio
 from starlette.applications import Starlette
 
 from gateway_storage import open_store, read_headers_file
+from gateway_storage.cache import CacheCounts
 
 from ..logs import configure_logging
 from ..meshes.segments import index_place
@@ -23,17 +25,39 @@ from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
 from ..sources.units import meters_per_unit
-from ..zarr.resource import Resource, bytes_resource
+from ..zarr.codecs import Codec
+from ..zarr.resource import Resource
 from ..zarr.shards import ShardPlans
-from .data import Gateway
+from ..zarr.trees import ServeOptions
+from .auth import Access
+from .budget import MemoryBudget
 from .edge import Endpoint, Handler, build_edge, endpoint_routes
 from .errors import HiddenRoots, json_error
+from .handlers.access import Authorizer
+from .handlers.chunks import Chunks
+from .handlers.datasets import Datasets
+from .handlers.index import IndexHandler
+from .handlers.listings import Listings
+from .handlers.meshes import MeshHandler
+from .handlers.pages import Pages, listing
+from .handlers.precomputed import PrecomputedHandler
+from .handlers.previews import PreviewHandler
+from .handlers.sender import Sender
+from .handlers.trees import (
+    ArrayLevel,
+    DatasetLevel,
+    GroupLevel,
+    LevelHandler,
+    OrganizationListing,
+    TreeHandler,
+    TreeRoot,
+)
 from .messages import Answer, Request
 from .ops import Ops
-from .pages.listing import Entry, render_listing
-from .pages.markup import HTML
+from .origin import PublicOrigin
+from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX, Level
 
 log = logging.getLogger("gateway")
 
@@ -57,25 +81,47 @@ def create_app(settings: Settings) -> Starlette:
             "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
         )
     precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page)
-    gateway = Gateway(
-        settings, store, catalog, shards, previews, meshes, roots, precomputed, own_viewer=client is not None
-    )
-    if gateway.access.open:
+    chunk_threads = anyio.CapacityLimiter(settings.threads)
+    options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
+    datasets = Datasets(catalog, options, shards, chunk_threads)
+    listings = Listings(datasets, roots)
+    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds), datasets)
+    if access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
-    ops = Ops(gateway)  # /healthz, /readyz, /metrics, /auth; draining on SIGTERM
-    trees = Endpoint(gateway.tree, None)  # the label (chunk, metadata, listing) is the parsed target's
+    sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
+    origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
+    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
+    chunks = Chunks(chunk_threads, MemoryBudget(settings.chunk_memory_bytes))
+    levels: dict[Level, LevelHandler] = {
+        Level.TREE: TreeRoot(listings, pages, sender),
+        Level.ORGANIZATION: OrganizationListing(listings, sender),
+        Level.DATASET: DatasetLevel(datasets, sender, pages, meshes, roots, chunk_threads),
+        Level.GROUP: GroupLevel(datasets, sender),
+        Level.ARRAY: ArrayLevel(datasets, sender, chunks),
+    }
+
+    def caches_by_name() -> dict[str, CacheCounts]:
+        """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
+        indexes), shard plans, previews, meshes."""
+        return {**catalog.formats.caches, "shards": shards.lru, "previews": previews.cache, "meshes": meshes.cache}
+
+    ops = Ops(settings, store, roots, access, caches_by_name)  # /healthz, /readyz, /metrics, /auth; draining
+    trees = Endpoint(TreeHandler(access, levels), None)  # the label (chunk, metadata, listing) is the target's
     mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
-    mounts |= {f"{DATA_PREFIX}{name}": Endpoint(gateway.precomputed, None) for name in PRECOMPUTED_TREES}
-    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(gateway.mesh, "mesh")
-    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(gateway.preview, "preview")
+    precomputed_trees = Endpoint(
+        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads), None
+    )
+    mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
+    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender), "mesh")
+    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
-    mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, gateway, ops), "viewer")
-    paths = {"/": Endpoint(gateway.index, "index")}
+    mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
+    paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     return build_edge(endpoint_routes(paths, mounts), ops, roots)
 
 
-def viewer_route(client: NeuroglancerClient | None, gateway: Gateway, ops: Ops) -> Handler:
+def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:
     """``/neuroglancer/...``: the client's files and event stream (:mod:`gateway.http.pages.viewer`)."""
 
     async def viewer(request: Request) -> Answer:
@@ -88,7 +134,7 @@ def viewer_route(client: NeuroglancerClient | None, gateway: Gateway, ops: Ops) 
         if reply.answer is not None:
             return reply.answer
         assert reply.resource is not None
-        return await gateway.send(request, reply.resource, reply.cache_control)
+        return await sender.send(request, reply.resource, reply.cache_control)
 
     return viewer
 
@@ -102,4 +148,4 @@ def create_app_from_env() -> Starlette:
 
 def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
     """A listing page of the precomputed tree, rendered as every tree's listings are."""
-    return bytes_resource(render_listing(base, [Entry(*row) for row in rows]), HTML)
+    return listing(base, [Entry(*row) for row in rows])

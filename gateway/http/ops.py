@@ -27,11 +27,15 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from gateway_storage import Store
+from gateway_storage.cache import CacheCounts
+
 from .. import metrics
+from ..settings import Settings
 from ..zarr.trees import NodeNotFound
 from .auth import TOKEN_HEADER, read_token
-from .data import Gateway
-from .errors import HttpError, json_error
+from .errors import HiddenRoots, HttpError, json_error
+from .handlers.access import Authorizer
 from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
 from .urls import access_names, request_path, split_path_token
 
@@ -59,11 +63,20 @@ def _original_uri(request: Request) -> str | None:
 class Ops:
     """The operations endpoints of one app, and its draining state."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.settings = gateway.settings
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Store,
+        roots: HiddenRoots,
+        access: Authorizer,
+        caches_by_name: Callable[[], dict[str, CacheCounts]],
+    ) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.roots = roots
+        self.access = access
         self.draining = False
-        self.watch = metrics.CacheWatch(gateway.caches_by_name)
+        self.watch = metrics.CacheWatch(caches_by_name)
 
     def routes(self) -> dict[str, Callable[[Request], Awaitable[Answer]]]:
         return {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics, "/auth": self.auth}
@@ -85,7 +98,7 @@ class Ops:
     async def _root_problem(self) -> str | None:
         """Why the data root cannot be read, if it cannot; named "the data root", never by its location."""
         root = self.settings.root
-        storage = self.gateway.storage
+        storage = self.storage
 
         def probe() -> str | None:
             if not storage.is_local:  # object storage: one small listing must answer
@@ -103,7 +116,7 @@ class Ops:
 
         with anyio.move_on_after(5):
             problem = await anyio.to_thread.run_sync(probe, abandon_on_cancel=True)
-            return None if problem is None else self.gateway.roots.relative(problem)
+            return None if problem is None else self.roots.relative(problem)
         return "the data root did not answer within 5 s"
 
     async def metrics(self, request: Request) -> Answer:
@@ -122,7 +135,7 @@ class Ops:
         204 (and the compose proxy 401/403), so a 202, which decided nothing about the token, is never
         reused for another request.
         """
-        if self.gateway.access.open:
+        if self.access.open:
             return Answer(204, [])  # no tokens file: every dataset is readable
         original = _original_uri(request)
         if original is None:
@@ -137,7 +150,7 @@ class Ops:
             if path == REDACTED_PATH_TOKEN:  # a /t/ path that names nothing: the routes' 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
             token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"), path_token)
-            await self.gateway.authorize(token, access_names(path))
+            await self.access.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):
                 return json_error(exc.status, exc.message, NO_STORE)

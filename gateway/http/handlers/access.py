@@ -1,0 +1,48 @@
+"""The one access decision of the data routes, the previews, the meshes and the proxy's ``/auth``."""
+
+from ...sources.catalog import Dataset
+from ..auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_files, check_organization, read_token
+from ..messages import Request
+from .datasets import Datasets
+
+
+class Authorizer:
+    """Reads a request's one token and decides what it may read, on the datasets of the catalog."""
+
+    def __init__(self, access: Access, datasets: Datasets) -> None:
+        self.access = access
+        self.datasets = datasets
+
+    @property
+    def open(self) -> bool:
+        """No tokens file: every dataset is readable without a token."""
+        return self.access.open
+
+    @staticmethod
+    def token(request: Request) -> Token | None:
+        """The request's one token (400 for more): every route that reads a token reads it here."""
+        return read_token(request.header_lines(TOKEN_HEADER), request.query_string, request.path_token)
+
+    async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
+        """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
+        point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
+        None when the gateway is open."""
+        grant = self.access.grant(token)
+        if len(names) >= 2:
+            check_dataset(grant, names[0], names[1])
+            if grant is not None:
+                found = await self.datasets.lookup(names[0], names[1])
+                check_files(grant, names[0], names[1], set() if found is None else found.owners)
+        elif names and grant is not None:
+            # names alone: no dataset is loaded to authorize an organization
+            names_there = await self.datasets.call(self.datasets.catalog.dataset_names, names[0])
+            check_organization(grant, names[0], names_there)
+        return grant
+
+    async def request_grant(self, request: Request, names: tuple[str, ...]) -> Grant | None:
+        """:meth:`authorize` for the token ``request`` carries."""
+        return await self.authorize(self.token(request), names)
+
+    async def readable_dataset(self, request: Request, organization: str, name: str) -> Dataset:
+        """The dataset ``request``'s token may read, after the one decision (the previews', the meshes')."""
+        return await self.datasets.served(organization, name, await self.request_grant(request, (organization, name)))

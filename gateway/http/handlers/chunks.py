@@ -1,0 +1,45 @@
+"""Chunks and shards: cheap ones on the event loop, the rest in a chunk thread within the memory budget."""
+
+from dataclasses import dataclass
+
+import anyio
+
+from gateway_storage import FileChangedError, FileUnsettledError
+
+from ...zarr.nodes import ArrayNode
+from ...zarr.resource import Resource
+from ...zarr.trees import Tree
+from ..budget import MemoryBudget
+from ..messages import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """Makes the chunk a key names; a file rewritten mid-read is tried once more the same way (then the
+    error map answers 503)."""
+
+    chunk_threads: anyio.CapacityLimiter
+    memory: MemoryBudget
+
+    async def answer(self, tree: Tree, node: ArrayNode, key: str, request: Request) -> Resource:
+        index = tree.parse_key(key, node.rank)
+        for attempt in (1, 2):
+            try:
+                cheap = node.cheap_chunk(index)
+                if cheap is not None:
+                    return cheap
+                if self.memory.would_wait(node.working_bytes) or self.chunk_threads.available_tokens < 1:
+                    # It will wait in line: if its client leaves meanwhile, it is skipped. (Watching costs
+                    # about as much as a thread hand-off, so a chunk that starts at once is not watched.)
+                    return await request.unless_client_leaves(lambda: self._costly(node, index))
+                return await self._costly(node, index)
+            except FileUnsettledError:
+                raise  # trying again at once cannot help: the file must first be quiet for settle_seconds
+            except FileChangedError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _costly(self, node: ArrayNode, index: tuple[int, ...]) -> Resource:
+        async with self.memory.hold(node.working_bytes):
+            return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.chunk_threads)

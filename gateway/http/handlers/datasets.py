@@ -1,0 +1,85 @@
+"""The catalog as the handlers use it: loads and listings in threads of their own bound, never on the
+event loop; the tree views of a dataset and their documents, built once and off the loop."""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from ...sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
+from ...zarr.resource import Resource
+from ...zarr.shards import ShardPlans
+from ...zarr.trees import DatasetView, ServeOptions, Tree
+from ..auth import Grant, check_files
+from ..errors import HttpError
+
+T = TypeVar("T")
+# Threads that load and list datasets: a bound of their own, so that however long a load takes (a large
+# properties file, a slow volume), chunk reads keep their threads and the event loop keeps answering.
+CATALOG_THREADS = 2
+
+
+class Datasets:
+    """The catalog and its views; holds caches only, so replicas answer alike."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        options: ServeOptions,
+        shards: ShardPlans,
+        chunk_threads: anyio.CapacityLimiter,
+    ) -> None:
+        self.catalog = catalog
+        self.options = options
+        self.shards = shards
+        self.chunk_threads = chunk_threads
+        self.catalog_threads = anyio.CapacityLimiter(CATALOG_THREADS)
+        self._views: dict[tuple[str, str, str], DatasetView] = {}
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """Catalog work (loading, listing): in a thread of its own bound, never on the event loop."""
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.catalog_threads)
+
+    async def lookup(self, organization: str, name: str) -> Dataset | BrokenDataset | None:
+        """A dataset of the catalog: as loaded, when it was looked at less than a second ago; as loaded, after
+        a stat in a chunk thread, when it still holds (so loads that fill the catalog threads hold up no
+        other dataset); else from a catalog thread."""
+        fresh = self.catalog.fresh(organization, name)
+        if fresh is not None:
+            return fresh
+        held = await anyio.to_thread.run_sync(self.catalog.unchanged, organization, name, limiter=self.chunk_threads)
+        return held if held is not None else await self.call(self.catalog.dataset, organization, name)
+
+    async def served(self, organization: str, name: str, grant: Grant | None) -> Dataset:
+        """The dataset to serve, 403 unless ``grant`` covers every dataset whose files it reads (checked on
+        the very dataset served: one loaded again since the request was authorized is checked again)."""
+        dataset = await self.lookup(organization, name)
+        if dataset is not None:
+            check_files(grant, organization, name, dataset.owners)
+        if dataset is None:
+            raise HttpError(404, f"no dataset {organization}/{name}")
+        if isinstance(dataset, BrokenDataset):
+            raise DatasetUnusable(f"dataset {organization}/{name} cannot be served: {dataset.reason}")
+        return dataset
+
+    # --- views and their documents --------------------------------------------------------------
+
+    def view(self, dataset: Dataset, tree: Tree) -> DatasetView:
+        key = (dataset.organization, dataset.name, tree.name)
+        view = self._views.get(key)
+        if view is None or view.dataset is not dataset:
+            view = self._views[key] = tree.build(dataset, self.options, self.shards)
+        return view
+
+    async def view_off_loop(self, dataset: Dataset, tree: Tree) -> DatasetView:
+        """:meth:`view`; one not built yet is built in a catalog thread (a dataset of many layers takes long)."""
+        view = self._views.get((dataset.organization, dataset.name, tree.name))
+        if view is not None and view.dataset is dataset:
+            return view
+        return await self.call(self.view, dataset, tree)
+
+    async def document(self, view: DatasetView, key: tuple[str, ...], make: Callable[[], Any]) -> Resource:
+        """A dataset's metadata document; one not rendered yet is rendered in a catalog thread (the
+        consolidated metadata of many layers takes long)."""
+        found = view.documents.get(key)
+        return found if found is not None else await self.call(view.document, key, make)

@@ -1,0 +1,36 @@
+"""``/``: the trees, and the datasets the request's token may read."""
+
+from dataclasses import dataclass
+
+from ...zarr.trees import TREES
+from ..messages import Answer, Request
+from ..pages.landing import HOME_TREE, Landing
+from ..pages.listing import Entry
+from .access import Authorizer
+from .listings import Listings
+from .pages import Pages
+from .sender import Sender
+
+# The trees ``/`` lists.
+HOME_TREES = tuple(TREES)
+NO_TOKEN_NOTE = "Open this page with a token (?token=... in its address) to see the datasets it may read."
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHandler:
+    """The landing page (none of the datasets without a token, when one is needed: the page itself is open)."""
+
+    access: Authorizer
+    listings: Listings
+    pages: Pages
+    sender: Sender
+
+    async def __call__(self, request: Request) -> Answer:
+        token = self.access.token(request)
+        entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
+        if token is None and not self.access.open:
+            page = Landing({}, note=NO_TOKEN_NOTE)
+        else:
+            readable = await self.listings.readable(await self.access.authorize(token, ()))
+            page = self.pages.landing(request, token, HOME_TREE, readable)
+        return await self.sender.send(request, self.pages.landing_page("/", entries, page, "zarr-gateway"))

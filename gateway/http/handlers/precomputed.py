@@ -1,0 +1,46 @@
+"""``/data/precomputed/...``: the Neuroglancer precomputed tree (:mod:`gateway.precomputed`), made in a chunk
+thread below the dataset level; above it the organizations and datasets a grant may see."""
+
+from dataclasses import dataclass
+
+import anyio
+
+from ...precomputed.tree import PrecomputedTree, parse_precomputed_path
+from ..messages import Answer, Request
+from .access import Authorizer
+from .datasets import Datasets
+from .listings import Listings
+from .pages import listing
+from .sender import Sender
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputedHandler:
+    """The precomputed trees, access decided as for every tree (tokens in headers, queries and paths)."""
+
+    access: Authorizer
+    datasets: Datasets
+    listings: Listings
+    tree: PrecomputedTree
+    sender: Sender
+    chunk_threads: anyio.CapacityLimiter
+
+    async def __call__(self, request: Request) -> Answer:
+        target = parse_precomputed_path(request.path)
+        request.exchange.route = target.route
+        names = target.names
+        grant = await self.access.request_grant(request, names[:2])
+        if not names:
+            return await self.sender.send(
+                request, listing(target.base, await self.listings.organization_entries(grant))
+            )
+        if len(names) < 2:
+            await self.listings.check_organization(names[0])
+            entries = await self.listings.dataset_entries(grant, names[0])
+            return await self.sender.send(request, listing(target.base, entries))
+        dataset = await self.datasets.served(names[0], names[1], grant)
+        accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
+        found = await anyio.to_thread.run_sync(self.tree.answer, dataset, target, accept, limiter=self.chunk_threads)
+        answer = await self.sender.send(request, found.resource)
+        answer.headers += found.headers
+        return answer

@@ -1,0 +1,27 @@
+"""``/preview/{organization}/{dataset}/{layer}.png``: a small image of a layer for its dataset page."""
+
+from dataclasses import dataclass
+
+from ...previews import Previews
+from ..errors import HttpError
+from ..messages import Answer, Request
+from ..urls import parse_preview_path
+from .access import Authorizer
+from .sender import Sender
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewHandler:
+    """A layer's preview, after the same access decision as its data."""
+
+    access: Authorizer
+    previews: Previews
+    sender: Sender
+
+    async def __call__(self, request: Request) -> Answer:
+        target = parse_preview_path(request.path)
+        dataset = await self.access.readable_dataset(request, target.organization, target.dataset)
+        layer = dataset.layers.get(target.layer)
+        if layer is None or not layer.mags:
+            raise HttpError(404, f"no servable layer {target.layer!r}; there are {', '.join(dataset.layers)}")
+        return await self.sender.send(request, await self.previews.answer(layer.mags, layer.properties.category))

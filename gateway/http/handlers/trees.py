@@ -1,0 +1,176 @@
+"""``/data/{tree}/...``: a listing, a metadata document or a chunk of one of the Zarr trees.
+
+The path is parsed once (:func:`~gateway.http.urls.parse_data_path`), the token checked for what it names,
+and the target handed to the handler of its level: a table from :class:`~gateway.http.urls.Level` to
+handler, built by the composition root.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+
+from ...meshes.service import MeshService
+from ...sources.catalog import Dataset
+from ...zarr.resource import Resource
+from ...zarr.trees import DatasetView, NodeNotFound
+from ..auth import Grant, Token
+from ..errors import HiddenRoots
+from ..messages import Answer, Request
+from ..pages.listing import Entry
+from ..urls import DataTarget, Level, parse_data_path
+from .access import Authorizer
+from .chunks import Chunks
+from .datasets import Datasets
+from .listings import Listings
+from .pages import Pages, listing, page_token
+from .sender import Sender
+
+
+class LevelHandler(Protocol):
+    """Answers a target of one level, once its token has been checked for what the target names."""
+
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+        """The listing, document or chunk ``target`` names."""
+        ...
+
+
+class TreeHandler:
+    """The trees' one endpoint: parse, check the token, dispatch by level."""
+
+    def __init__(self, access: Authorizer, levels: Mapping[Level, LevelHandler]) -> None:
+        assert set(levels) == set(Level), "every level has its handler"
+        self.access = access
+        self.levels = levels
+
+    async def __call__(self, request: Request) -> Answer:
+        target = parse_data_path(request.path)
+        request.exchange.route = target.route
+        token = self.access.token(request)
+        grant = await self.access.authorize(token, target.names[:2])
+        return await self.levels[target.level].answer(target, request, token, grant)
+
+
+def check_placed(target: DataTarget) -> None:
+    """A misplaced metadata name is a 404, raised once the nodes above it are known to exist."""
+    if target.misplaced is not None:
+        raise NodeNotFound(target.misplaced)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRoot:
+    """A tree's root: its organizations, as the landing page of the datasets ``grant`` may read."""
+
+    listings: Listings
+    pages: Pages
+    sender: Sender
+
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+        check_placed(target)
+        readable = await self.listings.readable(grant)
+        entries = [Entry(organization, True) for organization in readable]
+        page = self.pages.landing(request, token, target.tree.name, readable)
+        return await self.sender.send(request, self.pages.landing_page(target.base, entries, page, target.tree.name))
+
+
+@dataclass(frozen=True, slots=True)
+class OrganizationListing:
+    """An organization: the datasets ``grant`` may read there."""
+
+    listings: Listings
+    sender: Sender
+
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+        await self.listings.check_organization(target.organization)
+        check_placed(target)
+        entries = await self.listings.dataset_entries(grant, target.organization)
+        return await self.sender.send(request, listing(target.base, entries))
+
+
+@dataclass(frozen=True, slots=True)
+class InDataset:
+    """A level inside a dataset: the served dataset's view in the target's tree, then this level's resource."""
+
+    datasets: Datasets
+    sender: Sender
+
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+        dataset = await self.datasets.served(target.organization, target.dataset, grant)
+        view = await self.datasets.view_off_loop(dataset, target.tree)
+        return await self.sender.send(request, await self.resource(target, view, request, page_token(token)))
+
+    async def resource(
+        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
+    ) -> Resource:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetLevel(InDataset):
+    """A dataset: its metadata documents, or its page (a listing with a card per layer)."""
+
+    pages: Pages
+    meshes: MeshService
+    roots: HiddenRoots
+    chunk_threads: anyio.CapacityLimiter
+
+    async def resource(
+        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
+    ) -> Resource:
+        tree, file = target.tree, target.file
+        check_placed(target)
+        if file is not None:
+            return await self.datasets.document(view, (file,), lambda: tree.dataset_document(view, file))
+        entries = [Entry(f, False) for f in tree.dataset_files]
+        entries += [Entry(name, True) for name in view.groups]
+        entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
+        largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.chunk_threads)
+        page = self.pages.dataset_page
+        return await self.datasets.call(page, target.base, view, tree.name, request, entries, link_token, largest)
+
+    def _largest_segments(self, dataset: Dataset) -> dict[str, list[int]]:
+        """A few of the largest segments of each segmentation layer, for the viewer link (from its index or a scan)."""
+        return {
+            name: self.meshes.largest_segments(dataset, name)
+            for name, layer in dataset.layers.items()
+            if layer.properties.category == "segmentation" and layer.mags
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLevel(InDataset):
+    """A group (a layer, or the xarray tree's mag): its documents, or a listing of its arrays."""
+
+    async def resource(
+        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
+    ) -> Resource:
+        tree, file = target.tree, target.file
+        group = view.group(target.names[2])
+        check_placed(target)
+        if file is not None:
+            return view.document((group.name, file), lambda: tree.group_document(view, group, file))
+        return listing(
+            target.base, [Entry(f, False) for f in tree.group_files] + [Entry(a, True) for a in group.arrays]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayLevel(InDataset):
+    """An array: its documents, a listing of them, or one of its chunks."""
+
+    chunks: Chunks
+
+    async def resource(
+        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
+    ) -> Resource:
+        tree, file = target.tree, target.file
+        group = view.group(target.names[2])
+        array_name = target.names[3]
+        node = view.array(group, array_name)
+        check_placed(target)
+        if file is not None:
+            return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
+        if target.key is None:
+            return listing(target.base, [Entry(f, False) for f in tree.array_files])
+        return await self.chunks.answer(tree, node, target.key, request)
