@@ -113,7 +113,7 @@ def build_dataset_page(
                 mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
                 preview_url=with_token(preview, token),
                 neuroglancer_url=neuroglancer_link(
-                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit, layers
+                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit, layers, bbox.box
                 ),
             )
         )

@@ -62,7 +62,10 @@ def dataset_card(
     scale = dataset.properties.scale
     first, first_layer = servable[0]
     source = str(layers[0]["source"]) if layers else ""
-    link = neuroglancer_link(viewer, source, first, first_layer.properties.category, scale.factor, scale.unit, layers)
+    box = first_layer.properties.bounding_box.box
+    link = neuroglancer_link(
+        viewer, source, first, first_layer.properties.category, scale.factor, scale.unit, layers, box
+    )
     categories = tuple((name, layer.properties.category) for name, layer in servable)
     return DatasetCard(dataset.organization, dataset.name, page_url, link, thumbnail, categories)
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
+from gateway_storage.geometry import Box
+
 from ...sources.units import meters_per_unit
 from ..urls import TOKEN_PREFIX
 from .markup import path_of
@@ -61,18 +63,23 @@ def neuroglancer_link(
     voxel_size: tuple[float, float, float],
     unit: str,
     layers: Sequence[dict[str, Any]] = (),
+    box: Box | None = None,
 ) -> str:
     """A link that opens Neuroglancer on ``layers`` (by default the one layer), ``layer_name`` selected, its
-    x, y, z dimensions the dataset's voxel size.
+    x, y, z dimensions the dataset's voxel size, centred on ``box`` (mag-1 voxels).
 
     Neuroglancer's state holds scales in meters; giving them keeps anisotropic data from looking squashed.
+    The position is given, not left to Neuroglancer: it centres the view on the bounds of whichever source
+    answers first, and a mesh source, which has none, would put it at the origin's corner.
     """
     meters = meters_per_unit(unit)
-    state = {
+    state: dict[str, Any] = {
         "dimensions": {axis: [float(f"{size * meters:.12g}"), "m"] for axis, size in zip("xyz", voxel_size)},
         "layers": list(layers) or [neuroglancer_layer(source_url, layer_name, category)],
         "selectedLayer": {"layer": layer_name},
         "layout": "4panel",
     }
+    if box is not None:
+        state["position"] = [(low + high) / 2 for low, high in zip(box.lo, box.hi)]
     fragment = quote(json.dumps(state, separators=(",", ":")), safe="")
     return f"{neuroglancer_url.split('#')[0]}#!{fragment}"
