@@ -10,6 +10,7 @@ and the settings of deploy/.env.example, and real clients read through the publi
 """
 
 import contextlib
+import html
 import json
 import os
 import random
@@ -484,6 +485,21 @@ def test_the_image_serves_the_sample_it_made_with_meshes_through_the_proxy(stack
     for container in stack.containers("gateway"):
         off = [line for line in stack.logs(container) if "feature off" in line]
         assert off == [], off
+
+
+def test_the_image_serves_its_own_viewer_through_the_proxy(stack: Stack) -> None:
+    """The image's Neuroglancer client (the viewer extra) loads through the compose proxy without a token,
+    and the dataset page links to it, not to an https viewer that could not read this http stack."""
+    page = requests.get(f"{stack.url}/neuroglancer/v/gateway/", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), page.text[:300]
+    scripts = [name for name in page.text.split('"') if name.startswith("main.") and name.endswith(".js")]
+    assert scripts, page.text[:500]
+    client = requests.get(f"{stack.url}/neuroglancer/v/gateway/{scripts[0]}", timeout=30)
+    assert client.status_code == 200 and len(client.content) > 100_000
+    dataset = requests.get(f"{stack.url}/data/zarr3/{SAMPLE_ORG}/{SAMPLE_DATASET}/?token={TOKEN}", timeout=30)
+    assert dataset.status_code == 200
+    links = re.findall(r'class="open-neuroglancer" href = "([^"]+)"', dataset.text)
+    assert links and all(f"/t/{TOKEN}/neuroglancer/v/gateway/#!" in html.unescape(link) for link in links), links
 
 
 def test_a_replaced_tokens_file_is_seen_without_a_restart(stack: Stack) -> None:
