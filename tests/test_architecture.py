@@ -320,3 +320,31 @@ def test_the_data_routes_are_dispatched_by_a_table_not_a_ladder() -> None:
             ):
                 ladders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not ladders, f"levels compared (dispatch through the table of gateway/http/app.py): {ladders}"
+
+
+# The rooms of the HTML pages and of proxy trust: pages render what they are given (datasets, URLs, the
+# viewer's files) and know nothing of the handlers, the edge or the composition root; proxy trust is a leaf.
+PAGES_MAY_USE = (
+    "gateway.http.pages",
+    "gateway.http.urls",
+    "gateway.http.messages",
+    "gateway.sources.catalog",
+    "gateway.sources.units",
+    "gateway.zarr.resource",
+    "gateway.extras",
+    "gateway_storage",
+)
+
+
+@pytest.mark.parametrize("module", sorted(name for name in modules() if name.startswith("gateway.http.pages")))
+def test_the_pages_use_only_what_they_render(module: str) -> None:
+    outside = sorted(
+        target
+        for target in graph()[module]
+        if not any(target == allowed or target.startswith(allowed + ".") for allowed in PAGES_MAY_USE)
+    )
+    assert not outside, f"{module} imports {outside}: pages get what they render from the handlers"
+
+
+def test_proxy_trust_is_a_leaf() -> None:
+    assert graph()["gateway.http.origin"] == set(), "origin.py decides from headers and settings alone"
