@@ -145,7 +145,7 @@ def start_engine() -> Engine:
     if os.geteuid() != 0:
         pytest.fail("the container tests run Docker's engine and debootstrap, which need root")
     directory = Path(tempfile.mkdtemp(prefix="zg-docker-", dir="/tmp"))  # short: the socket path is bounded
-    name = directory.name
+    name = f"zg-docker-{uuid.uuid4().hex[:8]}"  # a containerd namespace: mkdtemp's "_" or "-" runs are refused
     socket_path = directory / "docker.sock"
     command = [
         _tool("dockerd"),
