@@ -3,8 +3,8 @@
 A lab member writes a dataset whose properties file asks for as much work as the gateway allows (the
 most layers a dataset may have, one of them broken), one that asks for more (more layers, more mags,
 more bytes: refused with the reason before any of it is validated or opened), and one whose properties
-are not JSON. While these are requested and listed, ``/healthz`` must keep answering within 100 ms:
-loads and listings run in threads of their own bound, off the event loop. And a dataset whose load
+are not JSON. While these are requested and listed, ``/healthz`` must keep answering in a small fraction
+of the time those loads take: loads and listings run in threads of their own bound, off the event loop. And a dataset whose load
 found problems is not loaded again until something that load looked at changes.
 """
 
@@ -29,11 +29,13 @@ from gateway_storage import LocalStore
 
 ORG = "bombs"
 EDGE = 32
-# /healthz latency while the bombs are requested and listed. A 2-core machine shared with other work can
-# delay any one answer (scheduling, a collection), so most answers, the 95th percentile, must be within
-# 100 ms and the slowest within a second; a load on the event loop stalls it for seconds.
-HEALTHZ_P95_SECONDS = 0.1
-HEALTHZ_MAX_SECONDS = 1.0
+# /healthz latency while the bombs are requested and listed. A load on the event loop stalls it for
+# seconds; answered beside the loads, the median is a few milliseconds. A 2-core machine whose cores this
+# test's own requests keep busy delays some answers (scheduling, a collection: CI once saw a p95 of 102 ms
+# with a median of 4 ms), so the bounds sit between the two: most answers, the 95th percentile, within
+# 250 ms, and the slowest within two seconds.
+HEALTHZ_P95_SECONDS = 0.25
+HEALTHZ_MAX_SECONDS = 2.0
 POLL_SECONDS = 0.02
 HEAVY = ("heavy", "heavy1", "heavy2", "heavy3")
 
