@@ -21,7 +21,7 @@ LAYERS = [
     (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
-    (4, ("gateway.previews", "gateway.settings", "gateway.sample")),
+    (4, ("gateway.previews", "gateway.settings", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
 ]

@@ -1,0 +1,49 @@
+"""What a block task is: the contract between the runner and the work it runs (index, meshes).
+
+A task splits a layer into blocks, makes one block's output from the data alone (on any worker, in any
+order, any number of times), and combines every block's output into the finished result. The runner keeps
+each output under the block's key and the task's data version, so a run that is started again after a
+crash or a killed worker redoes only the blocks without an output, and a result is finished (marked
+complete) only when every block has one.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway_storage.geometry import Vec3
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Block:
+    """A box of the layer in the voxels of its finest mag, ``[lo, hi)``; the task reads what overlap it needs."""
+
+    key: str  # unique within the task and safe as a file name, e.g. its grid position "3_0_7"
+    lo: Vec3
+    hi: Vec3
+
+
+class BlockTask(Protocol):
+    """Work the runner can split, ship to workers (it is pickled: it holds descriptions, not open files) and
+    finish. ``run`` may be called on a worker process; ``finish`` runs where the run was started."""
+
+    @property
+    def name(self) -> str:
+        """What the outputs are, e.g. ``segment-index`` or ``meshes``: part of where outputs are kept."""
+
+    def version(self) -> str:
+        """The data version the outputs are made from (a stamp of the layer's files): outputs of another
+        version are never combined with these."""
+
+    def blocks(self) -> Sequence[Block]:
+        """Every block of the layer, each once."""
+
+    def memory_bytes(self) -> int:
+        """The most memory one block's ``run`` holds at once (stated to the user, given to the scheduler)."""
+
+    def run(self, block: Block) -> bytes:
+        """The output of one block; raises with the block and the reason when its data cannot be read."""
+
+    def finish(self, outputs: Callable[[Block], bytes]) -> str:
+        """Combine every block's output (``outputs(block)`` reads one back) into the result, written so that
+        it is marked complete last; returns where it was written."""
