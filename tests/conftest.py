@@ -1,7 +1,10 @@
 """Shared fixtures: the session's datasets and real gateway servers. Everything else lives in ``support``."""
 
+import fcntl
 import json
+import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +25,27 @@ def test_data(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
     return write_test_root(tmp_path_factory.mktemp("root"))
 
 
+@pytest.fixture(scope="session")
+def pristine_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample dataset written once per run (about 10 s of CPU), by whichever xdist worker asks first."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # workers' temps share a parent
+    root, complete = shared / "pristine-sample", shared / "pristine-sample.complete"
+    with open(shared / "pristine-sample.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for the first one's sample
+        if not complete.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            make_sample(root, progress=False)
+            complete.touch()
+    return root
+
+
 @pytest.fixture(scope="module")
-def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample dataset that ``scripts/serve-sample`` serves, written once for each module that asks."""
+def sample_root(pristine_sample: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample dataset that ``scripts/serve-sample`` serves: a copy for each module that asks, which it
+    may change (indexes, rewritten files) without another module seeing it."""
     root = tmp_path_factory.mktemp("sample")
-    make_sample(root, progress=False)
+    shutil.copytree(pristine_sample, root, dirs_exist_ok=True)
     return root
 
 

@@ -4,8 +4,8 @@ A lab member writes a dataset whose properties file asks for as much work as the
 most layers a dataset may have, one of them broken), one that asks for more (more layers, more mags,
 more bytes: refused with the reason before any of it is validated or opened), and one whose properties
 are not JSON. While these are requested and listed, ``/healthz`` must keep answering in a small fraction
-of the time those loads take: loads and listings run in threads of their own bound, off the event loop. And a dataset whose load
-found problems is not loaded again until something that load looked at changes.
+of the time those loads take: loads and listings run in threads of their own bound, off the event loop.
+And a dataset whose load found problems is not loaded again until something that load looked at changes.
 """
 
 import statistics
@@ -26,6 +26,8 @@ from gateway.sources import catalog as catalog_module
 from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES, BrokenDataset, Catalog, Dataset
 from gateway.sources.registry import SourceFormats
 from gateway_storage import LocalStore
+
+pytestmark = pytest.mark.serial  # /healthz latency while the bombs load: measured alone
 
 ORG = "bombs"
 EDGE = 32

@@ -26,6 +26,8 @@ from gateway.meshes.budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MeshBudget, su
 from gateway.meshes.errors import MeshTooLarge, MeshTooSlow
 from gateway.previews import MAX_CHUNKS, MAX_DECODED_BYTES
 
+pytestmark = pytest.mark.serial  # CPU seconds of refusals and chunk latency while meshing: measured alone
+
 ORG = "bounded_work"
 CHECKER = 130  # voxels per edge: 2.2 M voxels, as the multi-resolution mesh that once took 211 s
 BLOBS = (256, 256, 128)
