@@ -70,7 +70,8 @@ def pair(test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[
 
 @pytest.fixture(scope="module")
 def proxy(pair: list[Server], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair])
+    # These tests count what reaches the gateways: no answer cache (tests/test_proxy_cache.py tests it).
+    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair], PROXY_ANSWER_CACHE_TIME="0")
     yield started
     started.stop()
 
@@ -174,7 +175,8 @@ def _data_and_auth(servers: list[Server], marker: str) -> tuple[int, int]:
 
 @pytest.mark.nginx
 def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: Path) -> None:
-    fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
+    # the shipped defaults, an empty cache, no answer cache (each path is asked for twice)
+    fresh = start_proxy(tmp_path, [address(s) for s in pair], PROXY_ANSWER_CACHE_TIME="0")
     cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
     paths = v2_chunk_paths(DATASET, ("color_u8", "rgb"))
     started = time.monotonic()
@@ -269,7 +271,7 @@ def test_cached_token_checks_follow_the_tokens_file(
 
 @pytest.mark.nginx
 def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_path: Path) -> None:
-    uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0")
+    uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0", PROXY_ANSWER_CACHE_TIME="0")
     try:
         for number in range(5):
             headers = {**HEADERS, "X-Request-Id": f"uncached-{number}"}
@@ -637,6 +639,7 @@ def _nginx_command(values: dict[str, str], directory: Path) -> list[str]:
         "PROXY_LISTEN": f"127.0.0.1:{free_port()}",
         "PROXY_UPSTREAM_SERVERS": "server 127.0.0.1:9;",  # the image resolves the service name; here a literal
         "PROXY_AUTH_CACHE_DIR": str(directory / "auth-cache"),
+        "PROXY_ANSWER_CACHE_DIR": str(directory / "answer-cache"),
     }
     write_proxy_config(directory, values)
     return [tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]

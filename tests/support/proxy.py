@@ -57,6 +57,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
         PROXY_LISTEN=f"127.0.0.1:{port}",
         PROXY_UPSTREAM_SERVERS=" ".join(f"server {address};" for address in upstreams),
         PROXY_AUTH_CACHE_DIR=str(auth_cache),
+        PROXY_ANSWER_CACHE_DIR=str(directory / "answer-cache"),
         **overrides,
     )
     unset = write_proxy_config(directory, values)
