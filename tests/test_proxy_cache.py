@@ -8,24 +8,29 @@ empty. What reached a gateway is read from the gateway's access log, what the ca
 
 import functools
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import numpy as np
 import pytest
 import requests
 import wkw
+import yaml
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.layers import layer_entry, write_properties
 from support.processes import raw_exchange, wait_until
 from support.proxy import Proxy, address, start_proxy, tool
 from support.servers import Server
 
-from deploy.render import TEMPLATE, compose_defaults, render
+from deploy.render import AUTH_SCOPE, TEMPLATE, compose_defaults, render
 
 pytestmark = pytest.mark.nginx
 
@@ -461,3 +466,156 @@ def test_the_cache_s_place_size_and_window_are_rendered_from_the_settings() -> N
     assert " max_size=7g " in path_line
     assert "proxy_cache_valid 200 404 3s;" in rendered, "200 and 404 alone, for the window"
     assert compose_defaults()["PROXY_ANSWER_CACHE_DIR"] != compose_defaults()["PROXY_AUTH_CACHE_DIR"]
+
+
+# --- Kubernetes: the same proxy as a Deployment in front of the gateways (components/proxy-cache) -------------
+
+KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+COMPONENT = KUBERNETES / "components" / "proxy-cache"
+PROXY_DOC = Path(__file__).resolve().parent.parent / "docs" / "deploy-proxy-cache.md"
+
+
+@pytest.fixture(scope="module")
+def cached_overlay(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The shared-filesystem overlay with the component, rendered by kubectl's kustomize from a copy of the tree
+    with what an operator adds: the tokens file, and the proxy's templates copied into the component."""
+    copy = tmp_path_factory.mktemp("kubernetes") / "kubernetes"
+    shutil.copytree(
+        KUBERNETES, copy, ignore=shutil.ignore_patterns("tokens.json", "*.env", "nginx.conf", "auth-scope.conf")
+    )
+    (copy / "overlays" / "shared-filesystem" / "tokens.json").write_text(json.dumps({"tokens": {TOKEN: [f"{ORG}/*"]}}))
+    for template in (TEMPLATE, AUTH_SCOPE):
+        shutil.copy(template, copy / "components" / "proxy-cache" / template.name)
+    overlay = copy / "overlays" / "cached"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../shared-filesystem"],
+                "components": ["../../components/proxy-cache"],
+            }
+        )
+    )
+    kubectl = Path(sys.executable).parent / "kubectl"
+    built = subprocess.run([str(kubectl), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
+
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The object of ``kind`` named ``name``, or ``name`` and the hash kustomize adds to a generated one."""
+    [found] = [
+        doc
+        for doc in docs
+        if doc["kind"] == kind and re.fullmatch(re.escape(name) + r"(-[a-z0-9]{10})?", doc["metadata"]["name"])
+    ]
+    return found
+
+
+def test_the_kubernetes_proxy_is_valid_for_current_kubernetes(cached_overlay: list[dict[str, Any]]) -> None:
+    for version in ("1.30.0", kubernetes_validate.latest_version()):
+        for doc in cached_overlay:
+            kubernetes_validate.validate(doc, version, strict=True)
+    namespaces = {doc["metadata"].get("namespace") for doc in cached_overlay if doc["kind"] != "Namespace"}
+    assert namespaces == {"zarr-gateway"}, "the proxy's objects sit in the gateways' namespace"
+
+
+def test_the_kubernetes_proxy_runs_the_compose_templates_in_front_of_the_gateways(
+    cached_overlay: list[dict[str, Any]],
+) -> None:
+    templates = _named(cached_overlay, "ConfigMap", "zarr-gateway-proxy-templates")["data"]
+    assert templates == {
+        "default.conf.template": TEMPLATE.read_text(),
+        "auth-scope.conf.template": AUTH_SCOPE.read_text(),
+    }
+    settings = _named(cached_overlay, "ConfigMap", "zarr-gateway-proxy-settings")["data"]
+    named = {name for text in templates.values() for name in re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)\}?", text)}
+    assert named == {name for name in settings if name.startswith("PROXY_")}, "every name the templates use, no other"
+    gateways = _named(cached_overlay, "Service", "zarr-gateway")
+    assert settings["PROXY_UPSTREAM_SERVERS"] == (
+        f"server {gateways['metadata']['name']}.{gateways['metadata']['namespace']}.svc.cluster.local:"
+        f"{gateways['spec']['ports'][0]['port']};"
+    )
+    proxy_service = _named(cached_overlay, "Service", "zarr-gateway-proxy")
+    ingress = _named(cached_overlay, "Ingress", "zarr-gateway")
+    backends = {path["backend"]["service"]["name"] for path in ingress["spec"]["rules"][0]["http"]["paths"]}
+    assert backends == {proxy_service["metadata"]["name"]}, "every routed path goes through the proxy"
+    pod = _named(cached_overlay, "Deployment", "zarr-gateway-proxy")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes[mounts[settings["PROXY_AUTH_CACHE_DIR"]]]["emptyDir"]["medium"] == "Memory", "token keys in memory"
+    assert mounts[settings["PROXY_ANSWER_CACHE_DIR"]] in volumes
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not [
+        mount for mount in container["volumeMounts"] if not mount.get("readOnly") and mount["name"] == "templates"
+    ]
+    # the gateways' policy lets the proxy's pods in
+    policy = _named(cached_overlay, "NetworkPolicy", "zarr-gateway")["spec"]
+    pod_labels = _named(cached_overlay, "Deployment", "zarr-gateway-proxy")["spec"]["template"]["metadata"]["labels"]
+    peers = [peer.get("podSelector", {}).get("matchLabels") for rule in policy["ingress"] for peer in rule["from"]]
+    assert pod_labels in peers
+
+
+def test_the_kubernetes_proxy_s_settings_serve_from_the_cache(
+    cached_overlay: list[dict[str, Any]], upstream: Server, tmp_path: Path
+) -> None:
+    """The settings ConfigMap as the pod's environment, with the pod's places and the Service's name swapped for
+    this machine's: a real nginx from them caches as the compose proxy does."""
+    settings = _named(cached_overlay, "ConfigMap", "zarr-gateway-proxy-settings")["data"]
+    pod_values = {name: value for name, value in settings.items() if name.startswith("PROXY_")}
+    for local in ("PROXY_LISTEN", "PROXY_UPSTREAM_SERVERS", "PROXY_AUTH_CACHE_DIR", "PROXY_ANSWER_CACHE_DIR"):
+        pod_values.pop(local)  # start_proxy's: a loopback port, the test gateway, temporary directories
+    proxy = proxy_for(upstream, tmp_path / "nginx", **pod_values)
+    marks = Marks(proxy, upstream, "pod")
+    try:
+        first = marks.get(CHUNK)
+        again = marks.get(CHUNK, SECOND_TOKEN)
+        assert first.status_code == again.status_code == 200 and first.content == again.content
+        assert marks.verdicts()[0] == "MISS" and marks.verdicts()[1] in ("HIT", "REVALIDATED")
+        assert marks.get(CHUNK, OTHER_TOKEN).status_code == 403
+    finally:
+        proxy.stop()
+
+
+def _accepted_checks() -> dict[str, str]:
+    """The checkov checks docs/deploy-proxy-cache.md accepts for the component, with the reason given for each."""
+    rows = re.findall(r"^\| `(CKV\w+)` \| [^|]+ \| ([^|]+) \|$", PROXY_DOC.read_text(), re.MULTILINE)
+    return {check: reason.strip() for check, reason in rows}
+
+
+@pytest.mark.checkov
+def test_checkov_fails_no_check_on_the_kubernetes_proxy_but_those_its_doc_accepts(
+    cached_overlay: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    (tmp_path / "proxy.yaml").write_text(
+        yaml.safe_dump_all([doc for doc in cached_overlay if doc["metadata"]["name"].startswith("zarr-gateway-proxy")])
+    )
+    installed = subprocess.run(
+        [str(KUBERNETES.parent.parent / "scripts" / "security-tools")], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    checkov = installed.stdout.strip().splitlines()[-1]
+    command = [
+        checkov,
+        "-d",
+        str(tmp_path),
+        "--framework",
+        "kubernetes",
+        "--skip-download",
+        "--output",
+        "json",
+        "--quiet",
+    ]
+    run = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"}, timeout=600
+    )
+    assert run.returncode in (0, 1), run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["summary"]["passed"] > 50, "checkov ran hardly any check"
+    failed = {check["check_id"] for check in report["results"]["failed_checks"]}
+    accepted = _accepted_checks()
+    assert all(accepted.values()), "every accepted check needs its reason"
+    assert failed == set(accepted), f"failed {sorted(failed)}, accepted {sorted(accepted)}"
