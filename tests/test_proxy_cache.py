@@ -6,7 +6,6 @@ empty. What reached a gateway is read from the gateway's access log, what the ca
 ("cache": HIT, MISS, REVALIDATED, EXPIRED, BYPASS).
 """
 
-import functools
 import json
 import os
 import re
@@ -27,7 +26,7 @@ import yaml
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.layers import layer_entry, write_properties
 from support.processes import raw_exchange, wait_until
-from support.proxy import Proxy, address, start_proxy, tool
+from support.proxy import Proxy, address, nginx_version, start_proxy
 from support.servers import Server
 
 from deploy.render import AUTH_SCOPE, TEMPLATE, compose_defaults, render
@@ -127,14 +126,6 @@ def cache_keys(proxy: Proxy) -> set[str]:
     return keys
 
 
-@functools.cache
-def nginx_version() -> tuple[int, ...]:
-    banner = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True).stderr
-    version = re.search(r"nginx/(\d+)\.(\d+)", banner)
-    assert version, banner
-    return tuple(map(int, version.groups()))
-
-
 # --- the key holds no token --------------------------------------------------------------------------------
 
 
@@ -145,16 +136,16 @@ def test_one_token_warms_the_cache_for_every_token_granted_the_dataset(proxy: Pr
     assert marks.verdict(marks.last()) == "MISS" and len(marks.reached(marks.last())) == 1
     warmed = marks.last()
     # another token granted the dataset, in each way a token is carried: answered from the cache
-    for token, carried in (
-        (SECOND_TOKEN, lambda: marks.get(CHUNK, SECOND_TOKEN)),
-        (SECOND_TOKEN, lambda: marks.get(f"{CHUNK}?token={SECOND_TOKEN}", None)),
-        (SECOND_TOKEN, lambda: marks.get(f"/t/{SECOND_TOKEN}{CHUNK}", None)),
-        (TOKEN, lambda: marks.get(f"{CHUNK}?token={TOKEN}", None)),
+    for path, header_token in (
+        (CHUNK, SECOND_TOKEN),
+        (f"{CHUNK}?token={SECOND_TOKEN}", None),
+        (f"/t/{SECOND_TOKEN}{CHUNK}", None),
+        (f"{CHUNK}?token={TOKEN}", None),
     ):
-        answer = carried()
-        assert (answer.status_code, answer.content) == (200, first.content), token
+        answer = marks.get(path, header_token)
+        assert (answer.status_code, answer.content) == (200, first.content), path
         assert answer.headers["ETag"] == first.headers["ETag"]
-        assert marks.verdict(marks.last()) == "HIT", token
+        assert marks.verdict(marks.last()) == "HIT", path
         assert marks.reached(marks.last(), settle=0) == [], "a hit reaches no gateway's data route"
     time.sleep(0.3)
     data_lines = [
@@ -163,9 +154,9 @@ def test_one_token_warms_the_cache_for_every_token_granted_the_dataset(proxy: Pr
     assert [line["request_id"] for line in data_lines] == [warmed], "one gateway request made the chunk"
     # what nginx keys the answer by: the method and the path, no token in any spelling
     assert f"GET {CHUNK}" in cache_keys(proxy)
-    for path in cache_files(proxy):
-        content = path.read_bytes()
-        assert TOKEN.encode() not in content and SECOND_TOKEN.encode() not in content, path
+    for cached in cache_files(proxy):
+        content = cached.read_bytes()
+        assert TOKEN.encode() not in content and SECOND_TOKEN.encode() not in content, cached
 
 
 def test_metadata_and_heads_are_cached_each_under_their_own_method(proxy: Proxy, upstream: Server) -> None:
@@ -215,9 +206,9 @@ def test_a_token_not_granted_never_reads_a_cached_answer(proxy: Proxy, upstream:
         # the first line it sees is no token) to a gateway, which refuses it; never the cached answer
         for query, lines in ((f"?token={TOKEN}", [OTHER_TOKEN]), ("", ["decoy", TOKEN]), ("", ["", TOKEN])):
             request_id = marks.next()
-            answer = _raw_get(proxy, path + query, lines, request_id)
-            assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), answer[:200]
-            assert body not in answer
+            raw = _raw_get(proxy, path + query, lines, request_id)
+            assert raw.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), raw[:200]
+            assert body not in raw
             assert marks.verdict(request_id) in ("", "BYPASS"), (query, lines)
 
 
@@ -421,9 +412,9 @@ def test_pages_listings_errors_and_odd_requests_are_not_cached(proxy: Proxy, ups
             assert len(marks.reached(marks.last(), settle=0.1)) == 1, f"{path}: asked of a gateway each time"
     page = marks.get(f"/t/{TOKEN}{DATASET}/", None)
     assert TOKEN in page.text, "the page's links do carry the token"
-    for path in cache_files(proxy):
-        assert TOKEN.encode() not in path.read_bytes(), path
-        assert b"text/html" not in path.read_bytes().partition(b"\r\n\r\n")[0], path
+    for cached in cache_files(proxy):
+        assert TOKEN.encode() not in cached.read_bytes(), cached
+        assert b"text/html" not in cached.read_bytes().partition(b"\r\n\r\n")[0], cached
     # a 404 is cached (for the window): every granted token gets the same 404, and a refused token none
     missing = f"{DATASET}/color_u8/1/0.90.90.90"
     assert marks.get(missing).status_code == 404
