@@ -145,6 +145,7 @@ def test_one_token_warms_the_cache_for_every_token_granted_the_dataset(proxy: Pr
         answer = marks.get(path, header_token)
         assert (answer.status_code, answer.content) == (200, first.content), path
         assert answer.headers["ETag"] == first.headers["ETag"]
+        assert answer.headers["X-Request-Id"] == marks.last(), "a cached answer carries its own request's id"
         assert marks.verdict(marks.last()) == "HIT", path
         assert marks.reached(marks.last(), settle=0) == [], "a hit reaches no gateway's data route"
     time.sleep(0.3)
@@ -173,6 +174,11 @@ def test_metadata_and_heads_are_cached_each_under_their_own_method(proxy: Proxy,
     head_again = marks.get(CHUNK, SECOND_TOKEN, method="HEAD")
     assert head_again.headers["ETag"] == head.headers["ETag"] and marks.verdict(marks.last()) == "HIT"
     assert {f"HEAD {CHUNK}", f"GET {ZARRAY}"} <= cache_keys(proxy)
+    # a client's own validators are answered from the cache too
+    unchanged = marks.get(ZARRAY, SECOND_TOKEN, **{"If-None-Match": again.headers["ETag"]})
+    assert (unchanged.status_code, unchanged.content, marks.verdict(marks.last())) == (304, b"", "HIT")
+    other = marks.get(ZARRAY, SECOND_TOKEN, **{"If-None-Match": '"another-version"'})
+    assert (other.status_code, other.content) == (200, document.content)
 
 
 # --- a token not granted never reads it --------------------------------------------------------------------
