@@ -4,6 +4,7 @@ The values are docker-compose.yml's. The tests run the rendered proxy in front o
 benchmark measures it; both render it here, the one way the image does.
 """
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 
 # What the nginx image's /etc/nginx/nginx.conf does, with paths in a directory of one's own ({dir}).
 WRAPPER = """# What the nginx image's /etc/nginx/nginx.conf does, with paths in a temporary directory.
+{user}
 daemon off;
 worker_processes 2;
 pid {dir}/nginx.pid;
@@ -36,6 +38,12 @@ http {{
     include {dir}/conf.d/*.conf;
 }}
 """
+
+
+def _worker_user() -> str:
+    """The image's workers run as its own user; run as root here, they would drop to nobody, who cannot enter
+    the private temporary directory that holds the answer cache: then they stay root."""
+    return "user root;" if os.geteuid() == 0 else ""
 
 
 def render(template: str, values: dict[str, str]) -> str:
@@ -80,5 +88,5 @@ def write_proxy_config(directory: Path, values: dict[str, str]) -> list[str]:
         unset += unset_names(rendered)
         (directory / "conf.d" / name).parent.mkdir(exist_ok=True)
         (directory / "conf.d" / name).write_text(rendered)
-    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory))
+    (directory / "nginx.conf").write_text(WRAPPER.format(dir=directory, user=_worker_user()))
     return unset

@@ -6,7 +6,6 @@ scripts/install-system-packages) in front of two gateway processes on loopback. 
 validated by Debian's docker-compose, which needs no engine.
 """
 
-import functools
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from support.datasets import (
     v2_chunk_paths,
 )
 from support.processes import free_port, raw_exchange, wait_until
-from support.proxy import TMPFS, Proxy, address, start_proxy, tool
+from support.proxy import TMPFS, Proxy, address, nginx_version, start_proxy, tool
 from support.servers import Server
 
 from deploy.render import (
@@ -70,7 +69,8 @@ def pair(test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[
 
 @pytest.fixture(scope="module")
 def proxy(pair: list[Server], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair])
+    # These tests count what reaches the gateways: no answer cache (tests/test_proxy_cache.py tests it).
+    started = start_proxy(tmp_path_factory.mktemp("nginx"), [address(s) for s in pair], PROXY_ANSWER_CACHE_TIME="0")
     yield started
     started.stop()
 
@@ -174,7 +174,8 @@ def _data_and_auth(servers: list[Server], marker: str) -> tuple[int, int]:
 
 @pytest.mark.nginx
 def test_a_data_request_costs_one_gateway_request(pair: list[Server], tmp_path: Path) -> None:
-    fresh = start_proxy(tmp_path, [address(s) for s in pair])  # the shipped defaults, an empty cache
+    # the shipped defaults, an empty cache, no answer cache (each path is asked for twice)
+    fresh = start_proxy(tmp_path, [address(s) for s in pair], PROXY_ANSWER_CACHE_TIME="0")
     cache_seconds = int(compose_defaults()["PROXY_AUTH_CACHE_TIME"].removesuffix("s"))
     paths = v2_chunk_paths(DATASET, ("color_u8", "rgb"))
     started = time.monotonic()
@@ -269,7 +270,7 @@ def test_cached_token_checks_follow_the_tokens_file(
 
 @pytest.mark.nginx
 def test_token_checks_can_be_switched_off(proxy: Proxy, pair: list[Server], tmp_path: Path) -> None:
-    uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0")
+    uncached = start_proxy(tmp_path, [address(s) for s in pair], PROXY_AUTH_CACHE_TIME="0", PROXY_ANSWER_CACHE_TIME="0")
     try:
         for number in range(5):
             headers = {**HEADERS, "X-Request-Id": f"uncached-{number}"}
@@ -637,6 +638,7 @@ def _nginx_command(values: dict[str, str], directory: Path) -> list[str]:
         "PROXY_LISTEN": f"127.0.0.1:{free_port()}",
         "PROXY_UPSTREAM_SERVERS": "server 127.0.0.1:9;",  # the image resolves the service name; here a literal
         "PROXY_AUTH_CACHE_DIR": str(directory / "auth-cache"),
+        "PROXY_ANSWER_CACHE_DIR": str(directory / "answer-cache"),
     }
     write_proxy_config(directory, values)
     return [tool("nginx"), "-c", str(directory / "nginx.conf"), "-p", str(directory)]
@@ -816,14 +818,6 @@ def test_the_health_probe_of_the_image(pair: list[Server]) -> None:
 # --- a token is one token, and nothing the client says sets the page's host (issue 16) ------------------
 
 
-@functools.cache
-def _nginx_version() -> tuple[int, ...]:
-    banner = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True).stderr
-    version = re.search(r"nginx/(\d+)\.(\d+)", banner)
-    assert version, banner
-    return tuple(map(int, version.groups()))
-
-
 @pytest.mark.nginx
 @pytest.mark.parametrize(("query", "tokens"), REPEATED_TOKENS)
 def test_more_than_one_token_is_a_400_at_the_proxy(
@@ -836,7 +830,7 @@ def test_more_than_one_token_is_a_400_at_the_proxy(
     lines = "".join(f"X-Auth-Token: {token}\r\n" for token in tokens)
     head = f"GET {path}{query} HTTP/1.1\r\nHost: x\r\n{lines}X-Request-Id: {marker}\r\nConnection: close\r\n\r\n"
     answer = _raw_exchange(proxy.url, head)
-    if len(tokens) > 1 and _nginx_version() < (1, 23):
+    if len(tokens) > 1 and nginx_version() < (1, 23):
         # This nginx sees only the first of two header lines: the request is refused with that token's
         # (cached) answer, or, when that one grants, by the gateway's own 400. It is never served.
         assert answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 401 ")), answer[:300]
@@ -1040,7 +1034,7 @@ def status_of(answer: bytes) -> int:
 def _refused_by_the_gateway_only(spelling: Spelling) -> bool:
     """Repeated header lines, of which nginx before 1.23 sees only the first: it counts and checks that one,
     and the gateways refuse the request (400) if nginx lets it through."""
-    return len(spelling.lines) > 1 and _nginx_version() < (1, 23)
+    return len(spelling.lines) > 1 and nginx_version() < (1, 23)
 
 
 @pytest.mark.nginx

@@ -87,6 +87,7 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
     values.update(
         PROXY_LISTEN=f"127.0.0.1:{port}",
         PROXY_UPSTREAM_SERVERS=f"server 127.0.0.1:{upstream_port};",
+        PROXY_ANSWER_CACHE_DIR=str(directory / "answer-cache"),  # each proxy's own, empty: cold means cold
         **PROXY_UNLIMITED,
     )
     if tls is not None:

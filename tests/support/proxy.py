@@ -1,6 +1,8 @@
 """deploy/nginx.conf run by a real nginx in front of test gateways: what test_deploy and test_failover share."""
 
+import functools
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +28,15 @@ def tool(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} is missing: run scripts/install-system-packages (scripts/test does)")
     return path
+
+
+@functools.cache
+def nginx_version() -> tuple[int, ...]:
+    """(major, minor) of the nginx the tests run: before 1.23 it reads only the first of repeated header lines."""
+    banner = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True).stderr
+    version = re.search(r"nginx/(\d+)\.(\d+)", banner)
+    assert version, banner
+    return tuple(map(int, version.groups()))
 
 
 @dataclass
@@ -57,6 +68,7 @@ def start_proxy(directory: Path, upstreams: list[str], **overrides: str) -> Prox
         PROXY_LISTEN=f"127.0.0.1:{port}",
         PROXY_UPSTREAM_SERVERS=" ".join(f"server {address};" for address in upstreams),
         PROXY_AUTH_CACHE_DIR=str(auth_cache),
+        PROXY_ANSWER_CACHE_DIR=str(directory / "answer-cache"),
         **overrides,
     )
     unset = write_proxy_config(directory, values)
