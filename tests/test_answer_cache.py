@@ -387,3 +387,27 @@ def test_with_the_budget_0_nothing_is_kept_and_answers_are_the_same(
     assert answers(samples, "hit") == answers(samples, "miss") == 0
     assert value(samples, "zarr_gateway_cache_bytes", cache="answers") == 0
     assert answers(scrape(cached), "hit") == len(LAYERS) * len(CHUNKS_32)  # the second round, from the cache
+
+
+def test_a_file_swapped_for_a_link_into_another_dataset_is_refused_however_warm(
+    tmp_path: Path, serve: Callable[..., Server]
+) -> None:
+    """The very file a kept answer was made from, moved into another organization's dataset (the same inode)
+    and linked back: the cache's version check is the kernel's lookup, which refuses it, so the chunk is
+    the storage fault (500) and never the kept voxels."""
+    write_dataset(tmp_path, first_versions())
+    server = serve(tmp_path)
+    listed = chunks(server, "lz4_u8", CHUNKS_32, 32)
+    kept = {chunk.url: [requests.get(chunk.url) for _ in range(2)][1] for chunk in listed}
+    path = data_file(tmp_path, "lz4_u8")
+    elsewhere = tmp_path / "other_org" / "secret" / "x0.wkw"
+    elsewhere.parent.mkdir(parents=True)
+    path.rename(elsewhere)
+    path.symlink_to(elsewhere)
+    before = scrape(server)
+    for chunk in listed:
+        response = requests.get(chunk.url)
+        assert response.status_code == 500, (chunk.url, response.status_code)
+        assert "outside its dataset's directory" in response.json()["error"]
+        assert kept[chunk.url].content not in response.content
+    assert counted(server, before) == (0, len(listed))

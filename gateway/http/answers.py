@@ -10,7 +10,7 @@ the settle rule when the answer was made, and a file rewritten since has another
 The key holds no token: authorization is decided before a chunk is looked up, on every request.
 """
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 
@@ -26,8 +26,7 @@ LARGEST_SHARE = 16
 ENTRY_BYTES = 512
 
 
-@dataclass(frozen=True, slots=True)
-class AnswerKey:
+class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chunk request
     """What a chunk URL means: the tree, the array's names, what the array is made as, the chunk's index.
 
     ``made_as`` is the array's fingerprint (its layout, codec and source location): a dataset loaded again
