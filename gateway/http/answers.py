@@ -21,9 +21,10 @@ from ..zarr.resource import Resource
 # No answer larger than this share of the budget is kept, so that a few large chunks cannot flush the many
 # small ones a viewer asks for again.
 LARGEST_SHARE = 16
-# What an entry holds beside its body (the key, the resource, the files' names and versions), counted
-# against the budget with it.
+# What an entry holds beside its body, counted against the budget with it: the key and the resource, and
+# per file it was made from its path and identity.
 ENTRY_BYTES = 512
+FILE_BYTES = 256
 
 
 class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chunk request
@@ -87,6 +88,6 @@ class AnswerCache:
         body = answer.body
         if body is None or answer.made_from is None:
             return  # a reader (a virtual shard streams) or a body whose files are unknown
-        size = len(body) + ENTRY_BYTES
+        size = len(body) + ENTRY_BYTES + FILE_BYTES * len(answer.made_from.files)
         if size <= self.largest:
             self._kept.put(key, answer, size)
