@@ -21,6 +21,7 @@ import wkw
 from support.datasets import OTHER_TOKEN, TOKEN
 from support.metrics import Samples, delta, scrape, value
 from support.processes import wait_until
+from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
 from support.servers import Server
 
 ORG, DATASET = "test_org", "cached"
@@ -51,7 +52,7 @@ def serve(server_factory: Callable[..., Server]) -> Iterator[Callable[..., Serve
     """Gateways for one test, stopped when it ends (each holds its own cache)."""
     started: list[Server] = []
 
-    def make(root: Path, **settings: object) -> Server:
+    def make(root: Path | str, **settings: object) -> Server:
         started.append(server_factory(root, **settings))
         return started[-1]
 
@@ -411,3 +412,44 @@ def test_a_file_swapped_for_a_link_into_another_dataset_is_refused_however_warm(
         assert "outside its dataset's directory" in response.json()["error"]
         assert kept[chunk.url].content not in response.content
     assert counted(server, before) == (0, len(listed))
+
+
+def test_answers_from_an_object_store_are_checked_by_the_object_s_version(
+    tmp_path: Path, serve: Callable[..., Server]
+) -> None:
+    """On S3 (moto) a kept chunk is checked with a HEAD in a chunk thread, never read again; an object
+    uploaded anew has another version, and its chunks are made from it."""
+    local = tmp_path / "local"
+    write_dataset(local, first_versions())
+    moto = start_moto(tmp_path / "moto.log")
+    proxy = CountingProxy(moto.endpoint)
+    try:
+        client = moto.client()
+        client.create_bucket(Bucket="answers")
+        upload_tree(client, local, "answers", "root")
+        proxy.start()
+        with aws_environment(proxy.endpoint):
+            server = serve("s3://answers/root")
+        listed = chunks(server, "lz4_u8", CHUNKS_32, 32)
+        made = {chunk.url: requests.get(chunk.url, timeout=60) for chunk in listed}
+        before = scrape(server)
+        proxy.take()
+        for chunk in listed:
+            kept = requests.get(chunk.url, timeout=60)
+            assert kept.content == made[chunk.url].content and kept.headers["ETag"] == made[chunk.url].headers["ETag"]
+        assert {fetch.method for fetch in proxy.take()} == {"HEAD"}  # checked, not read
+        assert counted(server, before) == (len(listed), 0)
+
+        with wkw.Dataset.open(str(local / ORG / DATASET / "lz4_u8" / "1")) as ds:
+            ds.write((0, 0, 0), random_data("uint8", 21, high=5))
+        path = data_file(local, "lz4_u8")
+        client.upload_file(str(path), "answers", f"root/{path.relative_to(local).as_posix()}")
+        before = scrape(server)
+        for chunk in listed:
+            response = requests.get(chunk.url, timeout=60)
+            np.testing.assert_array_equal(voxels(response, "lz4_u8", 32), expected(local, "lz4_u8", chunk))
+            assert response.headers["ETag"] != made[chunk.url].headers["ETag"]
+        assert counted(server, before) == (0, len(listed))
+    finally:
+        proxy.stop()
+        moto.stop()
