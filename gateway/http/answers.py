@@ -28,7 +28,7 @@ FILE_BYTES = 256
 
 
 class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chunk request
-    """What a chunk URL means: the tree, the array's names, what the array is made as, the chunk's index.
+    """What a chunk URL means: the tree, the array's names, what the array is made as, the chunk's grid index.
 
     ``made_as`` is the array's fingerprint (its layout, codec and source location): a dataset loaded again
     with another layout or other mag paths gets other keys, while the same one keeps its answers.
@@ -37,7 +37,7 @@ class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chun
     tree: str
     names: tuple[str, ...]  # organization, dataset, group, array
     made_as: str
-    index: tuple[int, ...]
+    chunk: tuple[int, ...]  # the grid index
 
 
 class AnswerCache:
