@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     chunk_edge: int = Field(default=32, description="edge of served chunks in voxels")
     v3_layout: Literal["plain", "sharded"] = Field(default="plain", description="v3 arrays: plain chunks or shards")
     cache_bytes: int = Field(default=256 << 20, ge=0, description="bound of the header/jump-table/shard cache")
+    answer_cache_bytes: int = Field(
+        default=256 << 20,
+        ge=0,
+        description="bound of the chunk answers each worker keeps while the files they were made from are "
+        "unchanged (0: none are kept)",
+    )
     cache_control: str = Field(default="no-cache", description="Cache-Control of every data response")
     threads: int = Field(
         default_factory=lambda: max(4, 2 * (os.cpu_count() or 1)),

@@ -170,7 +170,8 @@ def heavy(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[...
     # a uint64 layer of which nothing is stored: its chunks are 128 MiB of zeros if made
     write_properties(root / "big" / "empty", [wkw_layer("ids", "uint64", [0, 0, 0], edge)])
     write_header(root / "big" / "empty" / "ids" / "1", WkwHeader.create("uint64", 1, BlockType.LZ4, 32, 8))
-    server = server_factory(root, chunk_edge=HEAVY_EDGE, threads=8, chunk_memory_bytes=BUDGET)
+    # No answer cache: every request makes its heavy chunk, which is the load these tests put on the worker.
+    server = server_factory(root, chunk_edge=HEAVY_EDGE, threads=8, chunk_memory_bytes=BUDGET, answer_cache_bytes=0)
     return Root(server, root)
 
 

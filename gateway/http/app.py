@@ -4,7 +4,8 @@ in one place.
 
 The cache budget (``cache_bytes``) is split here: half for the source formats' caches (shared
 equally between the formats of :mod:`gateway.sources.registry`), half for virtual shard plans, and on
-top a sixteenth for preview images and a quarter for segment meshes.
+top a sixteenth for preview images and a quarter for segment meshes. Chunk answers have a budget of
+their own (``answer_cache_bytes``).
 """
 
 import logging
@@ -29,6 +30,7 @@ from ..zarr.codecs import Codec
 from ..zarr.resource import Resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import ServeOptions
+from .answers import AnswerCache
 from .auth import Access
 from .budget import MemoryBudget
 from .edge import Endpoint, Handler, build_edge, endpoint_routes
@@ -91,7 +93,8 @@ def create_app(settings: Settings) -> Starlette:
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
-    chunks = Chunks(chunk_threads, MemoryBudget(settings.chunk_memory_bytes))
+    answers = AnswerCache(settings.answer_cache_bytes)
+    chunks = Chunks(chunk_threads, MemoryBudget(settings.chunk_memory_bytes), answers)
     levels: dict[Level, LevelHandler] = {
         Level.TREE: TreeRoot(listings, pages, sender),
         Level.ORGANIZATION: OrganizationListing(listings, sender),
@@ -102,8 +105,14 @@ def create_app(settings: Settings) -> Starlette:
 
     def caches_by_name() -> dict[str, CacheCounts]:
         """The bounded caches, for the metrics: each source format's (WKW headers and jump tables, Zarr shard
-        indexes), shard plans, previews, meshes."""
-        return {**catalog.formats.caches, "shards": shards.lru, "previews": previews.cache, "meshes": meshes.cache}
+        indexes), shard plans, previews, meshes, chunk answers."""
+        return {
+            **catalog.formats.caches,
+            "shards": shards.lru,
+            "previews": previews.cache,
+            "meshes": meshes.cache,
+            "answers": answers,
+        }
 
     ops = Ops(settings, store, roots, access, caches_by_name)  # /healthz, /readyz, /metrics, /auth; draining
     trees = Endpoint(TreeHandler(access, levels), None)  # the label (chunk, metadata, listing) is the target's

@@ -41,6 +41,7 @@ class StoredChunk:
     uncompressed_size: int
     origin: str  # where it lies, relative to the data root (the same on every replica)
     identity: FileIdentity | None
+    path: str | None = None  # the file in the store, where a keeper of the answer may look its version up again
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,7 +159,7 @@ class N5MagSource(MagSource):
             return None  # tensorstore reads (or refuses) it
         payload = data[header:]
         self._check_size(payload, path)
-        return StoredChunk(payload, StoredEncoding.NATIVE, self._block_bytes, self.relative(path), identity)
+        return StoredChunk(payload, StoredEncoding.NATIVE, self._block_bytes, self.relative(path), identity, path)
 
     def _check_size(self, payload: bytes, path: str) -> None:
         """Refuse a payload whose length cannot be right: a raw block must hold every voxel, a Blosc one says how

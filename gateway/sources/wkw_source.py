@@ -97,7 +97,9 @@ class WkwMagSource(MagSource):
             return None
         stored = self.wkw.files.stored_block(wkw_file, block)
         origin = self.relative(wkw_file.path)
-        return StoredChunk(stored.data, self._encoding, stored.header.block_bytes, origin, wkw_file.identity)
+        return StoredChunk(
+            stored.data, self._encoding, stored.header.block_bytes, origin, wkw_file.identity, wkw_file.path
+        )
 
     @property
     def file_cube_edge(self) -> int:

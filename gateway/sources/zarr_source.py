@@ -114,7 +114,7 @@ class ZarrMagSource(MagSource):
         if found is None:
             raise self.absent()
         data, origin, identity = found
-        return StoredChunk(data, StoredEncoding.NATIVE, self._chunk_bytes, origin, identity)
+        return StoredChunk(data, StoredEncoding.NATIVE, self._chunk_bytes, origin, identity, self._file_of(coords))
 
     def decoded_bytes(self, shape: Vec3) -> int:
         """Every (inner) chunk of the source that a grid-aligned box touches is decoded whole."""
@@ -155,6 +155,10 @@ class ZarrMagSource(MagSource):
         inner["codecs"] = sharding["codecs"]
         return "zarr.json", json.dumps(inner).encode()
 
+    def _file_of(self, coords: tuple[int, ...]) -> str:
+        """The file (inner) chunk ``coords`` is stored in: its own, or its shard."""
+        return self._key(coords) if self.sharding is None else self._shard_of(coords)
+
     def _shard_of(self, coords: tuple[int, ...]) -> str:
         assert self.sharding is not None
         return self._key(tuple(c // n for c, n in zip(coords, self.sharding.chunks_per_shard)))
@@ -166,14 +170,13 @@ class ZarrMagSource(MagSource):
 
         ``shards`` holds the identities of shards already looked up for the same read.
         """
+        path = self._file_of(coords)
         if self.sharding is None:
-            path = self._key(coords)
             found = self.storage.read_whole(path, limit=self._stored_limit)
             if found is None:
                 return None
             return self._checked(found[0], self.relative(path)), self.relative(path), found[1]
         cps = self.sharding.chunks_per_shard
-        path = self._shard_of(coords)
         identity = shards[path] if shards is not None and path in shards else self.storage.identity(path)
         if identity is None:
             return None

@@ -17,7 +17,7 @@ from .codecs import encode
 from .framing import framing_for
 from .layout import ArrayLayout
 from .native import encode_native
-from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag, stored_etag
+from .resource import OCTET_STREAM, FileVersions, Resource, bytes_resource, make_etag, stored_etag
 
 __all__ = ["ChunkNotFound", "ServedMag", "encoded_chunk", "passthrough_chunk", "plain_chunk", "served_mag"]
 
@@ -78,6 +78,7 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
     if stored is None:
         return None
     identity = stored.identity
+    made_from = None
     if identity is None:
         etag, mtime, verdict_key = make_etag(served.fingerprint, index, stored.origin, stored.data), None, None
     else:
@@ -86,8 +87,10 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
             identity.mtime,
         )
         verdict_key = (stored.origin, identity.version, index)
+        if stored.path is not None:
+            made_from = FileVersions(served.source.storage, ((stored.path, identity),))
     body = framing_for(stored.encoding).frame(stored.data, stored.uncompressed_size, verdict_key)
-    return bytes_resource(body, OCTET_STREAM, etag, mtime)
+    return bytes_resource(body, OCTET_STREAM, etag, mtime, made_from)
 
 
 def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
@@ -112,4 +115,5 @@ def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
         return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
     etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
-    return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))
+    made_from = FileVersions(served.source.storage, tuple(region.sources))
+    return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None), made_from)

@@ -31,6 +31,12 @@ class ArrayNode(ABC):
     def rank(self) -> int:
         return len(self.dimension_names)
 
+    @property
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """What its chunks are made as (layout and source, not the files' versions): the same for two arrays
+        only if the same stored files make the same chunks of them. Every ETag of its chunks starts from it."""
+
     @abstractmethod
     def zarr_json(self) -> documents.ArrayZarrJson:
         """The array's ``zarr.json`` (Zarr v3)."""
@@ -93,6 +99,10 @@ class SourceArray(ArrayNode):
         stored_bytes = None if stored is None else int(np.prod(stored)) * served.layout.dtype.itemsize
         self._passes_inline = self._local and stored_bytes is not None and stored_bytes <= INLINE_ENCODE_BYTES
 
+    @property
+    def fingerprint(self) -> str:
+        return self.served.fingerprint
+
     def zarr_json(self) -> documents.ArrayZarrJson:
         return array_zarr_json(self.layout, self.dimension_names, self.attributes)
 
@@ -145,6 +155,11 @@ class CoordinateArray(ArrayNode):
         self.step = float(step)
         self.chunk = max(1, min(size, COORDINATE_CHUNK))
         self._etag_parts = ("coordinate", name, size, self.step)
+        self._fingerprint = make_etag(*self._etag_parts)
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
 
     def zarr_json(self) -> documents.ArrayZarrJson:
         codecs = [documents.bytes_codec("little")]

@@ -4,6 +4,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway_storage import FileSource, Store
+
 JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 
@@ -23,6 +25,21 @@ def stored_etag(fingerprint: str, index: tuple[int, ...], origin: str, size: int
     return f'"{hashlib.blake2b(text.encode(), digest_size=16).hexdigest()}"'
 
 
+@dataclass(frozen=True, slots=True)
+class FileVersions:
+    """The stored files an answer was made from and the versions read (None: the file was absent), so
+    that whoever keeps the answer can tell whether making it again could give other bytes."""
+
+    store: Store
+    files: tuple[FileSource, ...]
+
+    def current(self) -> bool:
+        """Whether every file is still the version read: the check the answer's ETag relies on (a stat each
+        for local files; their settle rule was applied when they were read)."""
+        identity = self.store.identity
+        return all(identity(path) == read for path, read in self.files)
+
+
 @dataclass(slots=True)  # not frozen: one is built per request, and frozen construction is slower
 class Resource:
     """An object of ``size`` bytes: held in ``body``, or produced on demand by ``reader(start, end)``.
@@ -30,7 +47,8 @@ class Resource:
     A reader produces only the bytes asked for. It may do I/O, so callers run it off the event loop,
     unless ``local_reads`` says its reads are positioned reads of local files: then a range that
     decodes little (``decoded_bytes(start, end)``, by default the range's length) costs less than the
-    hand-off to a thread and the caller may read it in place. A body is sliced in place.
+    hand-off to a thread and the caller may read it in place. A body is sliced in place. ``made_from``
+    names the stored files a body was made from, where the producer knows them all.
     """
 
     size: int
@@ -41,6 +59,7 @@ class Resource:
     last_modified: float | None = None
     local_reads: bool = False
     decoded_bytes: Callable[[int, int], int] | None = None
+    made_from: FileVersions | None = None
 
     def work(self, start: int, end: int) -> int:
         """The bytes that producing ``[start, end)`` decodes or reads: what decides event loop or thread."""
@@ -48,6 +67,12 @@ class Resource:
 
 
 def bytes_resource(
-    body: bytes, media_type: str, etag: str | None = None, last_modified: float | None = None
+    body: bytes,
+    media_type: str,
+    etag: str | None = None,
+    last_modified: float | None = None,
+    made_from: FileVersions | None = None,
 ) -> Resource:
-    return Resource(len(body), etag or make_etag(body), media_type, body=body, last_modified=last_modified)
+    return Resource(
+        len(body), etag or make_etag(body), media_type, body=body, last_modified=last_modified, made_from=made_from
+    )

@@ -1,4 +1,5 @@
-"""Chunks and shards: cheap ones on the event loop, the rest in a chunk thread within the memory budget."""
+"""Chunks and shards: kept answers while their files are unchanged, cheap ones on the event loop, the rest in a
+chunk thread within the memory budget."""
 
 from dataclasses import dataclass
 
@@ -8,21 +9,35 @@ from gateway_storage import FileChangedError, FileUnsettledError
 
 from ...zarr.nodes import ArrayNode
 from ...zarr.resource import Resource
-from ...zarr.trees import Tree
+from ..answers import AnswerCache, AnswerKey
 from ..budget import MemoryBudget
 from ..messages import Request
+from ..urls import DataTarget
 
 
 @dataclass(frozen=True, slots=True)
 class Chunks:
-    """Makes the chunk a key names; a file rewritten mid-read is tried once more the same way (then the
-    error map answers 503)."""
+    """Answers the chunk a target names: from the answer cache while every file it was made from is unchanged,
+    else made (and kept); a file rewritten mid-read is tried once more the same way (then the error map
+    answers 503)."""
 
     chunk_threads: anyio.CapacityLimiter
     memory: MemoryBudget
+    answers: AnswerCache
 
-    async def answer(self, tree: Tree, node: ArrayNode, key: str, request: Request) -> Resource:
-        index = tree.parse_key(key, node.rank)
+    async def answer(self, target: DataTarget, node: ArrayNode, key: str, request: Request) -> Resource:
+        index = target.tree.parse_key(key, node.rank)
+        if not self.answers.enabled:
+            return await self._made(node, index, request)
+        place = AnswerKey(target.tree.name, target.names, node.fingerprint, index)
+        kept = await self.answers.current(place, self.chunk_threads)
+        if kept is not None:
+            return kept
+        made = await self._made(node, index, request)
+        self.answers.keep(place, made)
+        return made
+
+    async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:
         for attempt in (1, 2):
             try:
                 cheap = node.cheap_chunk(index)
