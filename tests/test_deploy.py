@@ -505,9 +505,10 @@ def test_request_smuggling_is_refused_at_the_proxy(proxy: Proxy, pair: list[Serv
     assert wait_until(lambda: any(line["request_id"] == request_id for s in pair for line in s.access_lines()))
     time.sleep(0.2)
     reached = [line for s in pair for line in s.access_lines() if line["request_id"] in (request_id, "smuggled")]
-    assert [line["path"] for line in reached] == [f"{DATASET}/.zgroup"], (
-        "only the well-formed request reached a gateway"
-    )
+    # the well-formed request's token check reaches a gateway too unless a check within the cache's time did
+    data = [line["path"] for line in reached if line["path"] != "/auth"]
+    assert data == [f"{DATASET}/.zgroup"], "only the well-formed request reached a gateway"
+    assert not [line for line in reached if line["request_id"] == "smuggled"], "nothing smuggled reached a gateway"
 
 
 def _hammer(url: str, headers: list[dict[str, str]], at_least: int = 10) -> list[int]:
