@@ -7,6 +7,7 @@ the same rendering the deployment tests run), in front of a gateway on loopback.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
     """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``.
 
     ``tls``: also its TLS and HTTP/2 listener, on that port with ``tls.crt`` and ``tls.key`` of that directory.
+    Every proxy starts with empty caches: the cache directories the settings name are its own, and any
+    other ``proxy_cache_path`` of the rendered configuration is emptied first.
     """
     binary = _required_nginx()
     port = free_port()
@@ -89,10 +92,16 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
         PROXY_UPSTREAM_SERVERS=f"server 127.0.0.1:{upstream_port};",
         **PROXY_UNLIMITED,
     )
+    for name in [n for n in values if n.endswith(("_CACHE_DIR", "_CACHE_PATH"))]:
+        values[name] = str(directory / "cache" / name.lower())
+        (directory / "cache").mkdir(parents=True, exist_ok=True)  # nginx makes only the last part
     if tls is not None:
         values.update(PROXY_TLS="on", PROXY_TLS_LISTEN=f"127.0.0.1:{tls[0]}", PROXY_TLS_DIR=str(tls[1]))
     unset = write_proxy_config(directory, values)
     if unset:
         raise RuntimeError(f"{unset}: names of deploy/'s templates that docker-compose.yml does not set")
+    for conf in (directory / "conf.d").rglob("*.conf"):
+        for cache in re.findall(r"^\s*proxy_cache_path\s+(\S+)", conf.read_text(), re.MULTILINE):
+            shutil.rmtree(cache, ignore_errors=True)
     args = [binary, "-c", str(directory / "nginx.conf"), "-p", str(directory)]
     return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env())
