@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="CI mode: a few seconds per case, small workloads")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out", help="results directory (default bench-out)")
     parser.add_argument("--work", type=Path, help="data and scratch directory (default OUT/work)")
-    parser.add_argument("--workers", type=int, default=2, help="workers of every Python server (default 2)")
+    parser.add_argument("--workers", type=int, help="workers of every Python server (default: 1 short, 2 full)")
     parser.add_argument("--duration", type=int, help="seconds measured per case and round (default: 2 short, 6 full)")
     parser.add_argument("--profile", type=int, help="seconds of py-spy sampling of the gateway (0: off)")
     parser.add_argument("--rss-requests", type=int, help="requests of the long RSS run (default: 10⁶ in full mode)")
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     work = (args.work or out / "work").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    run = Run(mode, out, work, args.workers, mode.profile if args.profile is None else args.profile)
+    workers = args.workers or mode.workers
+    run = Run(mode, out, work, workers, mode.profile if args.profile is None else args.profile)
     run.logs.mkdir(parents=True, exist_ok=True)
     tools = (("wrk", wrk_binary()), ("nginx", nginx_binary()), ("h2load", h2load_binary()))
     missing = [tool for tool, found in tools if not found]

@@ -46,7 +46,8 @@ class Mode:
     rss_segment: int  # seconds per wrk run of the long run (RSS is sampled between runs)
     rss_cap: int  # seconds the long run may last at most
     profile: int  # default seconds of py-spy sampling (0: off)
-    zipf_draws: int  # length of each Zipf sequence of chunk keys (the viewer's workload)
+    zipf_draws: int = 0  # length of each Zipf sequence of chunk keys (the viewer's workload)
+    workers: int = 2  # default worker processes of every Python server (short: one, which starts in half the time)
 
 
 SHORT = Mode(
@@ -64,6 +65,7 @@ SHORT = Mode(
     rss_cap=2,
     profile=0,
     zipf_draws=5_000,
+    workers=1,
 )
 FULL = Mode(
     name="full",
@@ -80,6 +82,7 @@ FULL = Mode(
     rss_cap=600,
     profile=15,
     zipf_draws=200_000,
+    workers=2,
 )
 
 

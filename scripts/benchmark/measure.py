@@ -175,6 +175,7 @@ def run_groups(
     """
     for keyset in KEYSETS:
         targets = _start_group(run, keyset, sequences, gateways, peers)
+        log(f"[{keyset}] {len(targets)} cases ready")
         rounds: dict[Case, list[dict[str, Any]]] = {case: [] for case in targets}
         broken: dict[Case, str] = {}
         try:

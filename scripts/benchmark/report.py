@@ -289,7 +289,7 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     viewer = run.extras.get("viewer", {})
     if "error" in viewer:
         lines.append(f"- Neuroglancer's view: {viewer['error']}.")
-    elif viewer:
+    elif viewer and all("first" in v for v in viewer.values()):
         times = "; ".join(
             f"{name} {v['first']['seconds']:.2f} s first, {v['reload']['seconds']:.2f} s reload"
             for name, v in viewer.items()
