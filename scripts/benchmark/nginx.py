@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from deploy.render import compose_defaults, write_proxy_config
@@ -75,16 +76,19 @@ http {{
     return Server("nginx", args, port, logs / f"nginx-{port}.log", clean_env())
 
 
-def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path] | None = None) -> Server:
+def start_proxy(upstream_port: int, logs: Path, tls: tuple[int, Path] | None = None) -> Server:
     """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``.
 
     ``tls``: also its TLS and HTTP/2 listener, on that port with ``tls.crt`` and ``tls.key`` of that directory.
-    Every proxy starts with empty caches: the cache directories the settings name are its own, and any
-    other ``proxy_cache_path`` of the rendered configuration is emptied first.
+    Its configuration, temporary files and caches are in a directory of its own that nginx's workers can
+    enter (they run as another user when nginx starts as root, and the work tree may be private), removed
+    when it stops. So every proxy starts with empty caches; any other ``proxy_cache_path`` of the
+    rendered configuration is emptied first.
     """
     binary = _required_nginx()
     port = free_port()
-    directory = work / f"proxy-{port}"
+    directory = Path(tempfile.mkdtemp(prefix=f"bench-proxy-{port}-"))
+    directory.chmod(0o755)
     values = compose_defaults()
     values.pop("NGINX_ENVSUBST_FILTER")
     values.update(
@@ -94,7 +98,7 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
     )
     for name in [n for n in values if n.endswith(("_CACHE_DIR", "_CACHE_PATH"))]:
         values[name] = str(directory / "cache" / name.lower())
-        (directory / "cache").mkdir(parents=True, exist_ok=True)  # nginx makes only the last part
+    (directory / "cache").mkdir()  # nginx makes only the last part of a cache's path
     if tls is not None:
         values.update(PROXY_TLS="on", PROXY_TLS_LISTEN=f"127.0.0.1:{tls[0]}", PROXY_TLS_DIR=str(tls[1]))
     unset = write_proxy_config(directory, values)
@@ -104,4 +108,4 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
         for cache in re.findall(r"^\s*proxy_cache_path\s+(\S+)", conf.read_text(), re.MULTILINE):
             shutil.rmtree(cache, ignore_errors=True)
     args = [binary, "-c", str(directory / "nginx.conf"), "-p", str(directory)]
-    return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env())
+    return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env(), scratch=directory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,10 +85,13 @@ def status_kib(pid: int, name: str) -> int | None:
 class Server:
     """A server process group we started; stopped by its own process-group id."""
 
-    def __init__(self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str], scratch: Path | None = None
+    ) -> None:
         self.name = name
         self.port = port
         self.log_path = log_path
+        self.scratch = scratch  # a directory of the server's own, removed when it stops
         self.log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             args, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -158,6 +162,8 @@ class Server:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
         self.log_file.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def stop_all(servers: Iterable[Server]) -> None:

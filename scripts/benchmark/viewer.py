@@ -115,7 +115,7 @@ def _setups(run: Run, stack: ExitStack) -> dict[str, tuple[str, Server]]:
             servers[name] = (gateway.url, gateway)
             continue
         tls_port = free_port() if "TLS" in name else None
-        proxy = start_proxy(gateway.port, run.work, run.logs, tls=(tls_port, spki_dir) if tls_port else None)
+        proxy = start_proxy(gateway.port, run.logs, tls=(tls_port, spki_dir) if tls_port else None)
         started.append(proxy)
         proxies.append(proxy)
         servers[name] = (f"https://127.0.0.1:{tls_port}" if tls_port else proxy.url, gateway)

@@ -53,7 +53,7 @@ def _start_routes(run: Run, config: str, stack: ExitStack) -> dict[str, Route]:
         entry, h2_base = gateway, None
         if kind != "gateway":
             tls_port = free_port() if kind == "proxy-h2" else None
-            entry = start_proxy(gateway.port, run.work, run.logs, tls=(tls_port, tls_dir) if tls_port else None)
+            entry = start_proxy(gateway.port, run.logs, tls=(tls_port, tls_dir) if tls_port else None)
             servers.append(entry)
             h2_base = f"https://127.0.0.1:{tls_port}" if tls_port else None
         routes[kind] = Route(kind, gateway, entry, h2_base)
