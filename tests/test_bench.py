@@ -3,7 +3,8 @@
 Not a timed test: it checks that the benchmark (``scripts/bench --short``, which installs the project
 and then runs ``python -m benchmark`` from scripts/) completes (wrk, nginx, Granian and xpublish must
 be installed; a missing one fails the run rather than skipping a case), reports every case and puts
-its table into a README between the bench markers. The interpreter running the tests runs it.
+its table into a README between the bench markers. The interpreter running the tests runs it; Tiled
+runs from a venv of its own (scripts/tiled-venv, made on first use), the HTTP/2 rows need h2load.
 """
 
 import json
@@ -21,19 +22,22 @@ SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from benchmark.config import CASES, HTTP_SERVERS, KEYSETS  # noqa: E402
+from benchmark.config import CASES, HTTP_SERVERS, KEYSETS, PEER_COMPARED, ZIPF_CASES, ZIPF_KEYSETS  # noqa: E402
 from benchmark.report import README_END, README_START  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HEADER = "| case | chunks | req/s | MB/s | p50 ms | p99 ms | x nginx | x floor | x bare | server CPU µs/req |"
 
 
-def _table_rows(markdown: str) -> list[list[str]]:
-    """The rows of the first Markdown table (the results), as cells."""
+def _table_rows(markdown: str, header: str = "| case |", skip: int = 0) -> list[list[str]]:
+    """The rows of the first Markdown table (after ``skip`` others) whose header starts so, as cells."""
     rows = []
     in_table = False
     for line in markdown.splitlines():
-        if line.startswith("| case |"):
+        if line.startswith(header) and not in_table and skip:
+            skip -= 1
+            continue
+        if line.startswith(header):
             in_table = True
             continue
         if in_table:
@@ -68,7 +72,21 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
         assert not row[2].startswith("failed"), row
         assert float(row[2].replace(",", "")) > 0, row  # requests/s
         assert row[7] != "—" and row[8] != "—", f"every row has its ratio to both floors: {row}"
+    # The viewer's workload: every Zipf row, cold and warm by each route, with its ratio to cold direct.
+    zipf_rows = _table_rows(markdown, skip=1)
+    assert [(row[0], row[1]) for row in zipf_rows] == [(c.name, ZIPF_KEYSETS[c.keyset].label) for c in ZIPF_CASES]
+    for row in zipf_rows:
+        assert not row[2].startswith("failed"), row
+        assert float(row[2].replace(",", "")) > 0 and row[6] != "—", row
+    # The peers on the same keys: the gateway's ratio to xpublish and to Tiled on each row they serve.
+    peer_rows = _table_rows(markdown, header="| chunks | gateway row |")
+    assert [row[1] for row in peer_rows] == list(PEER_COMPARED.values())
+    for row in peer_rows:
+        assert "—" not in row, row
+    assert "webKnossos' own published benchmark: about 811 requests/s and 149 MB/s per core" in markdown
+    assert "first load" in markdown and "s reload" in markdown
     assert "| target | measured | met |" in markdown
+    assert "| Zipf 32³, warm, through the proxy ≥ 2.0 x the gateway direct, cold |" in markdown
     for http in HTTP_SERVERS:
         assert f"pass-through u8 LZ4HC ≥ 1.0 x floor ({http}) |" in markdown
     assert "through the proxy ≥ 0.8 x direct" in markdown
@@ -87,3 +105,4 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     servers = {result["server"] for result in document["results"]}
     assert {f"gateway:main@{http}" for http in HTTP_SERVERS} <= servers
     assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian", "rsgi@granian"} <= servers
+    assert {"tiled@uvicorn", "xpublish@uvicorn", "proxy-h2:zipf32@uvicorn", "gateway:zipf64@uvicorn"} <= servers

@@ -13,6 +13,7 @@ import numpy as np
 from gateway_storage.geometry import Box, Vec3
 
 from ..sources.mag import ChunkNotFound, MagSource
+from .blosc import ENCODING_GENERATION
 from .codecs import encode
 from .framing import framing_for
 from .layout import ArrayLayout
@@ -37,7 +38,9 @@ class ServedMag:
 
 
 def served_mag(source: MagSource, layout: ArrayLayout) -> ServedMag:
-    fingerprint = make_etag(layout, source.kind, source.location_key, source.bbox.lo, source.bbox.hi)
+    fingerprint = make_etag(
+        layout, ENCODING_GENERATION, source.kind, source.location_key, source.bbox.lo, source.bbox.hi
+    )
     passes = layout.native is not None or (
         layout.codec.is_blosc and layout.shard_shape is None and layout.chunk_shape == source.stored_chunk_shape
     )

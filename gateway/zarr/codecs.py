@@ -14,6 +14,7 @@ import numpy as np
 from numcodecs.abc import Codec as NumcodecsCodec
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from .blosc import encode_blosc
 from .documents import CodecDocument
 
 numcodecs.blosc.use_threads = False  # encoding already runs in a thread pool
@@ -77,6 +78,8 @@ def encode(codec: Codec, data: np.ndarray) -> bytes:
     flat = raw.reshape(-1, order="F")
     if encoder is None:
         return flat.tobytes()
+    if codec.is_blosc:
+        return encode_blosc(flat, encoder)
     return bytes(encoder.encode(flat))
 
 

@@ -11,33 +11,29 @@ from pathlib import Path
 from typing import Any
 
 from . import __doc__ as package_doc
-from .config import CASES, FULL, REPO, SHORT, Mode, Result, log
+from .config import CASES, FULL, REPO, SHORT, ZIPF_CASES, Case, Mode, Result, log
 from .dataset import build_dataset
-from .keys import chunk_sequences, write_paths
-from .load import wrk_binary
+from .keys import chunk_sequences, write_paths, zipf_sequences
+from .load import h2load_binary, wrk_binary
 from .long_runs import run_rss, tensorstore_read
-from .measure import run_groups
+from .measure import Target, launch_peers, run_groups
 from .nginx import nginx_binary
 from .prepare import prepare_key_sets, start_gateways
-from .processes import Server
+from .processes import Server, stop_all
 from .profiling import resummarize
 from .report import chart, compute_ratios, machine, markdown, update_readme
 from .run import Run
 from .viewer import viewer_times
+from .zipf import run_zipf
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_serve"]:
-        from .apps import serve_main
-
-        serve_main(argv[1:])
-        return 0
     parser = argparse.ArgumentParser(prog="scripts/bench", description=(package_doc or "").split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: a few seconds per case, small workloads")
     parser.add_argument("--out", type=Path, default=REPO / "bench-out", help="results directory (default bench-out)")
     parser.add_argument("--work", type=Path, help="data and scratch directory (default OUT/work)")
-    parser.add_argument("--workers", type=int, default=2, help="workers of every Python server (default 2)")
+    parser.add_argument("--workers", type=int, help="workers of every Python server (default: 1 short, 2 full)")
     parser.add_argument("--duration", type=int, help="seconds measured per case and round (default: 2 short, 6 full)")
     parser.add_argument("--profile", type=int, help="seconds of py-spy sampling of the gateway (0: off)")
     parser.add_argument("--rss-requests", type=int, help="requests of the long RSS run (default: 10⁶ in full mode)")
@@ -65,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     work = (args.work or out / "work").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    run = Run(mode, out, work, args.workers, mode.profile if args.profile is None else args.profile)
+    workers = args.workers or mode.workers
+    run = Run(mode, out, work, workers, mode.profile if args.profile is None else args.profile)
     run.logs.mkdir(parents=True, exist_ok=True)
-    missing = [tool for tool, found in (("wrk", wrk_binary()), ("nginx", nginx_binary())) if not found]
+    tools = (("wrk", wrk_binary()), ("nginx", nginx_binary()), ("h2load", h2load_binary()))
+    missing = [tool for tool, found in tools if not found]
     if missing:
         print(f"bench: {' and '.join(missing)} not installed; run scripts/install-system-packages", file=sys.stderr)
         return 2
@@ -79,21 +77,22 @@ def main(argv: list[str] | None = None) -> int:
         write_paths(run.paths(name), requests)
 
     gateways: dict[tuple[str, str], Server] = {}
+    peers: dict[Case, Target] = {}
     try:
         gateways = start_gateways(run)
+        peers = launch_peers(run, sequences)
         prepare_key_sets(run, gateways, sequences)
     except Exception as exc:
-        for server in gateways.values():
-            server.stop()
+        stop_all([*gateways.values(), *(target.server for target in peers.values())])
         gateways = {}
-        for case in CASES:
+        for case in [*CASES, *ZIPF_CASES]:
             run.fail(case, f"preparing the key sets failed: {type(exc).__name__}: {exc}")
     if gateways:
         try:
-            run_groups(run, sequences, gateways)
+            run_groups(run, sequences, gateways, peers)
         finally:
-            for server in gateways.values():
-                server.stop()
+            stop_all(gateways.values())
+        run_zipf(run, zipf_sequences(mode))
         run.extras["tensorstore"] = tensorstore_read(run)
         run.extras["viewer"] = viewer_row(run)
     run_rss(run, sequences["many"], facts["many_files"])

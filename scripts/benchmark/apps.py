@@ -1,9 +1,13 @@
-"""The Python servers the benchmark runs itself: three floors and xpublish, on uvicorn or Granian.
+"""The Python servers the benchmark runs itself: three floors and two peers, on uvicorn or Granian.
 
 The floors answer a path with the bytes the gateway served for it (read into a dict at start-up)
 and a ``Range: bytes=a-b`` with that slice: the Starlette floor is what a minimal framework app
 costs, the bare floor what the ASGI server alone costs, and the RSGI floor what Granian costs through
 its native interface (RSGI), which skips the ASGI message dictionaries.
+
+The peers serve the same voxels as a dask array whose chunks are read from the WKW mag: xpublish
+(xarray, its zarr plugin) and Tiled (its Zarr v2 route). Tiled runs from a venv of its own
+(scripts/tiled-venv) as ``python -m benchmark.apps tiled ...``: nothing else of the benchmark is imported there.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -121,15 +126,15 @@ def rsgi_app() -> Callable[[Any, Any], Awaitable[None]]:
     return app
 
 
-def xpublish_app() -> Any:
-    """xpublish with its zarr plugin over a dask array whose chunks are read from the WKW mag."""
+def _wkw_dask_array() -> Any:
+    """The voxels of BENCH_PEER_SHAPE from BENCH_PEER_ORIGIN of the WKW mag BENCH_PEER_MAG, as a ``[c, x, y, z]``
+    dask array in chunks of BENCH_PEER_EDGE voxels, each read from the mag when it is computed."""
     import dask.array as da
-    import xarray as xr
-    from xpublish.rest import SingleDatasetRest
 
-    mag = WkwMag(os.environ["BENCH_XP_MAG"], WkwFileCache(LocalStore()))
-    origin = json.loads(os.environ["BENCH_XP_ORIGIN"])
-    shape = json.loads(os.environ["BENCH_XP_SHAPE"])
+    mag = WkwMag(os.environ["BENCH_PEER_MAG"], WkwFileCache(LocalStore()))
+    origin = json.loads(os.environ["BENCH_PEER_ORIGIN"])
+    shape = json.loads(os.environ["BENCH_PEER_SHAPE"])
+    edge = int(os.environ.get("BENCH_PEER_EDGE", BLOCK))
 
     def read(block_info: dict[Any, Any] | None = None) -> np.ndarray:
         assert block_info is not None
@@ -137,19 +142,37 @@ def xpublish_app() -> Any:
         offset = tuple(o + lo for o, (lo, _) in zip(origin, location))
         return np.ascontiguousarray(mag.read_region(offset, tuple(hi - lo for lo, hi in location)))
 
-    chunks = ((1,), *(((BLOCK,) * (s // BLOCK)) for s in shape))
-    array = da.map_blocks(read, dtype=np.uint8, chunks=chunks, meta=np.empty((0, 0, 0, 0), np.uint8))
-    dataset = xr.Dataset({"color": (("c", "x", "y", "z"), array)})
+    chunks = ((1,), *(((edge,) * (s // edge)) for s in shape))
+    return da.map_blocks(read, dtype=np.uint8, chunks=chunks, meta=np.empty((0, 0, 0, 0), np.uint8))
+
+
+def xpublish_app() -> Any:
+    """xpublish with its zarr plugin over the WKW mag's dask array."""
+    import xarray as xr
+    from xpublish.rest import SingleDatasetRest
+
+    dataset = xr.Dataset({"color": (("c", "x", "y", "z"), _wkw_dask_array())})
     return SingleDatasetRest(dataset).app
 
 
-APPS = {"floor": floor_app, "bare": bare_app, "rsgi": rsgi_app, "xpublish": xpublish_app}
+def tiled_app() -> Any:
+    """Tiled serving the WKW mag's dask array as the array ``color``, open to anonymous readers."""
+    from tiled.adapters.array import ArrayAdapter
+    from tiled.adapters.mapping import MapAdapter
+    from tiled.config import Authentication
+    from tiled.server.app import build_app
+
+    tree = MapAdapter({"color": ArrayAdapter.from_array(_wkw_dask_array())})
+    return build_app(tree, Authentication(allow_anonymous_access=True), {})
+
+
+APPS = {"floor": floor_app, "bare": bare_app, "rsgi": rsgi_app, "xpublish": xpublish_app, "tiled": tiled_app}
 RSGI_APPS = {"rsgi"}  # served through Granian's RSGI interface; every other app is ASGI
 
 
 def serve_main(argv: list[str]) -> None:
-    """``python -m benchmark _serve KIND --server uvicorn|granian --port P --workers N``."""
-    parser = argparse.ArgumentParser(prog="benchmark _serve")
+    """``python -m benchmark.apps KIND --server uvicorn|granian --port P --workers N``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmark.apps")
     parser.add_argument("kind", choices=list(APPS))
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
     parser.add_argument("--port", type=int, required=True)
@@ -188,3 +211,7 @@ def serve_main(argv: list[str]) -> None:
         access_log=False,
         log_level="warning",
     )
+
+
+if __name__ == "__main__":  # Tiled's venv runs this module alone
+    serve_main(sys.argv[1:])

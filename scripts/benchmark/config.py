@@ -39,13 +39,15 @@ class Mode:
     u16_file_len: int  # raw uint16 layer: one file of (32 * this)^3 voxels holds its data
     many_file_len: int  # the RSS layer: data_edge^3 voxels in files of (32 * this)^3 voxels
     ts_mag: Vec3  # the mag tensorstore reads whole: EXTENT / ts_mag = data_edge^3
-    warmup: int  # seconds of load before a case's first round
+    warmup: int  # seconds of load before a case's first round (0: none)
     duration: int  # seconds measured per case and round
     rounds: int  # interleaved rounds per group of cases (figures are medians over rounds)
     rss_requests: int  # requests of the long run over many files
     rss_segment: int  # seconds per wrk run of the long run (RSS is sampled between runs)
     rss_cap: int  # seconds the long run may last at most
     profile: int  # default seconds of py-spy sampling (0: off)
+    zipf_draws: int = 0  # length of each Zipf sequence of chunk keys (the viewer's workload)
+    workers: int = 2  # default worker processes of every Python server (short: one, which starts in half the time)
 
 
 SHORT = Mode(
@@ -55,13 +57,15 @@ SHORT = Mode(
     u16_file_len=8,
     many_file_len=1,
     ts_mag=(16, 16, 8),
-    warmup=1,
-    duration=2,
+    warmup=0,
+    duration=1,
     rounds=1,
     rss_requests=20_000,
-    rss_segment=3,
-    rss_cap=6,
+    rss_segment=1,
+    rss_cap=2,
     profile=0,
+    zipf_draws=5_000,
+    workers=1,
 )
 FULL = Mode(
     name="full",
@@ -77,6 +81,8 @@ FULL = Mode(
     rss_segment=30,
     rss_cap=600,
     profile=15,
+    zipf_draws=200_000,
+    workers=2,
 )
 
 
@@ -93,6 +99,12 @@ KEYSETS = {
     "u8-128": KeySet("u8-128", "u8 128³"),
     "shard": KeySet("shard", "u8 32³ ranges of a shard"),
 }
+ZIPF_EXPONENT = 1.1
+ZIPF_KEYSETS = {  # a viewer's workload: keys drawn from a Zipf distribution over the data cube's chunks
+    "zipf-32": KeySet("zipf-32", f"u8 32³, Zipf {ZIPF_EXPONENT}"),
+    "zipf-64": KeySet("zipf-64", f"u8 64³, Zipf {ZIPF_EXPONENT}"),
+}
+ZIPF_EDGES = {"zipf-32": 32, "zipf-64": 64}
 
 # Gateway configurations (serve flags); "main" serves the pass-through, raw and sharded cases.
 GATEWAYS = {
@@ -103,9 +115,11 @@ GATEWAYS = {
     "auth": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # with a tokens file granting TOKEN
     "unchecked": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # run by benchmark.unchecked: no block check
     "viewer": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # Neuroglancer's row (benchmark.viewer): no tokens
+    "zipf32": ["--codec", "blosc-lz4", "--chunk-edge", "32"],  # the Zipf rows (benchmark.zipf), with tokens
+    "zipf64": ["--codec", "blosc-lz4", "--chunk-edge", "64"],
 }
 UNCHECKED = {"unchecked"}  # configurations run without the block check (benchmark-only, see benchmark.unchecked)
-WITH_TOKENS = {"auth"}
+WITH_TOKENS = {"auth", "zipf32", "zipf64"}
 
 
 def config_token(config: str) -> str | None:
@@ -139,7 +153,7 @@ PROFILED = {
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # nginx | floor | bare | rsgi | xpublish | gateway | proxy
+    kind: str  # nginx | floor | bare | rsgi | xpublish | tiled | gateway | proxy | proxy-h2 (Zipf rows)
     keyset: str
     config: str = ""  # the gateway configuration (GATEWAYS) of gateway and proxy cases
     http: str = REFERENCE_SERVER  # the Python server: uvicorn | granian (nginx: unused)
@@ -188,6 +202,26 @@ def _group(keyset: str, gateways: list[tuple[str, str, str]], first: bool = Fals
     return cases
 
 
+def _peers(keyset: str, first: bool = False) -> list[Case]:
+    """The peers serving the same voxels in chunks of the key set's edge, on the reference server."""
+    return [
+        Case("xpublish", "xpublish", keyset, note="dask-backed xarray, xpublish-zarr (v3, its default codec)" * first),
+        Case(
+            "Tiled",
+            "tiled",
+            keyset,
+            note="Tiled's Zarr v2 route over the same dask array (its blosc-lz4, C order), from its own venv" * first,
+        ),
+    ]
+
+
+# The gateway row each peer row of a key set is compared with.
+PEER_COMPARED = {"u8-32": "gateway pass-through", "u8-64": "gateway 64³ chunks", "u8-128": "gateway 128³ chunks"}
+KEYSET_EDGES = {"u8-32": 32, "u16-32": 32, "u8-64": 64, "u8-128": 128, "shard": 32}
+PEER_KINDS = ("xpublish", "tiled")
+# webKnossos' own published benchmark of its datastore (their machine and set-up): a reference line, theirs.
+WEBKNOSSOS_REFERENCE = "webKnossos' own published benchmark: about 811 requests/s and 149 MB/s per core (their figure)"
+
 CASES = [
     *_group(
         "u8-32",
@@ -205,7 +239,7 @@ CASES = [
         note="benchmark-only build without the decode check of stored LZ4 blocks (cached verdicts) that every "
         "other gateway row includes: the difference to the pass-through row is that check's cost",
     ),
-    Case("xpublish", "xpublish", "u8-32", note="dask-backed xarray, xpublish-zarr (v3, its default codec)"),
+    *_peers("u8-32", first=True),
     Case(
         "gateway with tokens",
         "gateway",
@@ -223,8 +257,43 @@ CASES = [
     ),
     *_group("u16-32", [("gateway pass-through raw", "main", "the raw block framed as memcpy blosc")]),
     *_group("u8-64", [("gateway 64³ chunks", "edge64", "8 blocks decoded, blosc-lz4 encoded")]),
+    *_peers("u8-64"),
     *_group("u8-128", [("gateway 128³ chunks", "edge128", "64 blocks decoded, blosc-lz4 encoded")]),
+    *_peers("u8-128"),
     *_group("shard", [("gateway sharded ranges", "main", "Range requests into a virtual shard")]),
+]
+
+
+ZIPF_ROUTES = {  # Case.kind of a Zipf row -> how its requests reach the gateway
+    "gateway": "direct",
+    "proxy": "through the proxy",
+    "proxy-h2": "through the proxy over HTTP/2 (TLS)",
+}
+TEMPERATURES = ("cold", "warm")
+
+
+def zipf_case_name(temperature: str, kind: str) -> str:
+    return f"Zipf {temperature}, {ZIPF_ROUTES[kind]}"
+
+
+ZIPF_CASES = [
+    Case(
+        zipf_case_name(temperature, kind),
+        kind,
+        keyset,
+        f"zipf{ZIPF_EDGES[keyset]}",
+        note={
+            ("cold", "gateway"): "a fresh gateway (and proxy, its cache directories emptied) per route; the first "
+            "seconds of load after the restart",
+            ("warm", "gateway"): "the same servers after one pass over every key of the sequence",
+            ("cold", "proxy-h2"): "h2load: two HTTP/2 connections to the proxy's TLS listener, 16 streams each",
+        }.get((temperature, kind), "")
+        if keyset == "zipf-32"
+        else "",
+    )
+    for keyset in ZIPF_KEYSETS
+    for temperature in TEMPERATURES
+    for kind in ZIPF_ROUTES
 ]
 
 

@@ -101,7 +101,17 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
     dataset_dir = root / ORG / DATASET
     stamp_path = root / ".bench-stamp.json"
     shape = asdict(mode)  # what the data depends on: not the durations of the load
-    for key in ("warmup", "duration", "rounds", "rss_requests", "rss_segment", "rss_cap", "profile"):
+    for key in (
+        "warmup",
+        "duration",
+        "rounds",
+        "rss_requests",
+        "rss_segment",
+        "rss_cap",
+        "profile",
+        "zipf_draws",
+        "workers",
+    ):
         shape.pop(key)
     stamp = json.loads(json.dumps({"version": DATA_VERSION, "mode": shape}))
     if stamp_path.exists():

@@ -1,4 +1,4 @@
-"""The request sequences: per key set, the same shuffled chunk keys for every server."""
+"""The request sequences: per key set, the same shuffled chunk keys for every server; and the Zipf ones."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
-from .config import BLOCK, DATA_ORIGIN, SEED, V2, Mode
+from .config import BLOCK, DATA_ORIGIN, SEED, V2, ZIPF_EDGES, ZIPF_EXPONENT, Mode
 
 Request = tuple[str, str]  # (path, byte range "first-last" or "")
 
@@ -39,6 +39,24 @@ def chunk_sequences(mode: Mode) -> dict[str, list[Request]]:
         "u8-128": [(v2_key("color", _absolute(c, 128)), "") for c in _grid(mode.key_box, 128)],
         "many": [(v2_key("many", _absolute(c, 32)), "") for c in _grid((mode.data_edge,) * 3, 32)],
     }
+
+
+def zipf_sequences(mode: Mode) -> dict[str, list[Request]]:
+    """Per Zipf key set, ``mode.zipf_draws`` keys over the chunks of the populated cube, the chunk of rank k
+    drawn with probability proportional to k^-ZIPF_EXPONENT; ranks are dealt to chunks in a seeded shuffle,
+    so the popular chunks lie scattered as a viewer's favourite regions do."""
+    sequences = {}
+    for keyset, edge in ZIPF_EDGES.items():
+        cells = _grid((mode.data_edge,) * 3, edge)  # in a seeded shuffle: the cell at position k has rank k + 1
+        weights = np.arange(1, len(cells) + 1, dtype=np.float64) ** -ZIPF_EXPONENT
+        draws = np.random.default_rng(SEED + 1000 + edge).choice(len(cells), mode.zipf_draws, p=weights / weights.sum())
+        sequences[keyset] = [(v2_key("color", _absolute(cells[i], edge)), "") for i in draws]
+    return sequences
+
+
+def distinct(requests: list[Request]) -> list[Request]:
+    """Each request of a sequence once, in the order of first appearance."""
+    return list(dict.fromkeys(requests))
 
 
 def write_paths(path: Path, requests: list[Request]) -> Path:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import BLOCK, CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSETS, ORG, PROFILED, Case, log
+from .config import CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSET_EDGES, KEYSETS, ORG, PROFILED, SCRIPTS, Case, log
 from .keys import Request, chunk_index, write_paths
-from .load import run_wrk, summarize, wrk_round
+from .load import load_round, run_wrk, summarize
 from .nginx import start_nginx, start_proxy
-from .prepare import GatewayKey, check_static, check_xpublish, token_headers
-from .processes import Server, start_python_app
+from .prepare import GatewayKey, check_static, check_tiled, check_xpublish, token_headers
+from .processes import Server, start_python_app, stop_all
 from .profiling import profile_server
 from .run import Run
 
@@ -45,8 +48,6 @@ def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways:
     if case.kind == "gateway":
         gateway = gateways[(case.config, case.http)]
         return Target(gateway, paths, [gateway], started=False)
-    if case.kind == "xpublish":
-        return _launch_xpublish(run, case, sequences[keyset])
     first, span = sequences[keyset][0]
     ready = {"Range": "bytes=0-0"} if span else {}
     ready.update(token_headers(case.token) or {})
@@ -59,7 +60,7 @@ def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways:
         server = start_python_app(case.kind, case.http, run.workers, run.logs, env)
     elif case.kind == "proxy":
         gateway = gateways[(case.config, case.http)]
-        server = start_proxy(gateway.port, run.work, run.logs)
+        server = start_proxy(gateway.port, run.logs)
         serving.append(gateway)
     else:
         raise ValueError(case.kind)
@@ -71,38 +72,83 @@ def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways:
     return Target(server, paths, [server, *serving], started=True, check=check)
 
 
-def _launch_xpublish(run: Run, case: Case, sequence: list[Request]) -> Target:
-    try:
-        import xpublish  # noqa: F401
-        import xpublish_zarr  # noqa: F401
-    except ImportError as exc:
-        raise RuntimeError(f"xpublish is not installed ({exc}); install the project's bench extra") from None
-    base = [o // BLOCK for o in DATA_ORIGIN]
+@dataclass(frozen=True)
+class Peer:
+    """How a peer names a chunk (its indices from the key box's corner), the path that says it is ready,
+    and how its chunks are checked against the gateway's."""
+
+    chunk_path: str  # with {x}, {y}, {z}
+    ready: str
+    check: Callable[[Run, Server, Path, list[Request], list[Request], int], None]
+
+
+PEERS = {
+    "xpublish": Peer("/zarr/color/c/0/{x}/{y}/{z}", "/zarr/zarr.json", check_xpublish),
+    "tiled": Peer("/zarr/v2/color/0.{x}.{y}.{z}", "/zarr/v2/color/.zarray", check_tiled),
+}
+
+
+def _peer_python(kind: str) -> str:
+    """The interpreter a peer runs on: Tiled's venv of its own (made on first use), or this one."""
+    if kind != "tiled":
+        return sys.executable
+    made = subprocess.run([str(SCRIPTS / "tiled-venv")], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise RuntimeError(f"scripts/tiled-venv failed: {made.stderr[-2000:]}")
+    return made.stdout.strip()
+
+
+def _launch_peer(run: Run, case: Case, sequence: list[Request]) -> Target:
+    peer = PEERS[case.kind]
+    edge = KEYSET_EDGES[case.keyset]
+    base = [o // edge for o in DATA_ORIGIN]
     requests = []
     for path, _ in sequence:
         x, y, z = (v - b for v, b in zip(chunk_index(path), base))
-        requests.append((f"/zarr/color/c/0/{x}/{y}/{z}", ""))
-    paths = write_paths(run.paths("xpublish"), requests)
+        requests.append((peer.chunk_path.format(x=x, y=y, z=z), ""))
+    paths = write_paths(run.paths(f"{case.kind}-{case.keyset}"), requests)
     env = {
-        "BENCH_XP_MAG": str(run.root / ORG / DATASET / "color" / "1"),
-        "BENCH_XP_ORIGIN": json.dumps(DATA_ORIGIN),
-        "BENCH_XP_SHAPE": json.dumps(run.mode.key_box),
+        "BENCH_PEER_MAG": str(run.root / ORG / DATASET / "color" / "1"),
+        "BENCH_PEER_ORIGIN": json.dumps(DATA_ORIGIN),
+        "BENCH_PEER_SHAPE": json.dumps(run.mode.key_box),
+        "BENCH_PEER_EDGE": str(edge),
     }
-    server = start_python_app("xpublish", case.http, run.workers, run.logs, env)
+    server = start_python_app(case.kind, case.http, run.workers, run.logs, env, _peer_python(case.kind))
 
     def check() -> None:
-        server.wait_ready("/zarr/zarr.json", run.workers)
-        check_xpublish(run, server, sequence, requests)
+        server.wait_ready(peer.ready, run.workers)
+        peer.check(run, server, run.static(case.keyset), sequence, requests, edge)
 
     return Target(server, paths, [server], started=True, check=check)
 
 
+def launch_peers(run: Run, sequences: dict[str, list[Request]]) -> dict[Case, Target]:
+    """Every peer's servers, launched at the start of the run: they take long to start (Tiled most), and
+    meanwhile the gateways are fetched from and the earlier groups measured. Checked in their groups."""
+    launched: dict[Case, Target] = {}
+    for case in (c for c in CASES if c.kind in PEERS):
+        try:
+            launched[case] = _launch_peer(run, case, sequences[case.keyset])
+        except Exception as exc:
+            run.fail(case, f"{type(exc).__name__}: {exc}")
+    return launched
+
+
 def _start_group(
-    run: Run, keyset: str, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]
+    run: Run,
+    keyset: str,
+    sequences: dict[str, list[Request]],
+    gateways: dict[GatewayKey, Server],
+    early: dict[Case, Target],
 ) -> dict[Case, Target]:
-    """The servers of one key set, launched together, then each checked; a case that fails is recorded."""
+    """The servers of one key set, launched together (those launched early are taken), then each checked;
+    a case that fails is recorded."""
     launched: dict[Case, Target] = {}
     for case in (c for c in CASES if c.keyset == keyset):
+        if case.kind in PEERS:
+            if case in early:
+                launched[case] = early[case]
+            continue
         try:
             launched[case] = _launch(run, case, sequences, gateways)
         except Exception as exc:
@@ -119,14 +165,17 @@ def _start_group(
     return targets
 
 
-def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> None:
+def run_groups(
+    run: Run, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server], peers: dict[Case, Target]
+) -> None:
     """Per key set: its servers all up at once, the cases measured in interleaved rounds.
 
     Interleaving spreads the noise of a shared machine over every case alike, so the ratios within
     a group hold better than those of back-to-back runs would; each figure is a median over rounds.
     """
     for keyset in KEYSETS:
-        targets = _start_group(run, keyset, sequences, gateways)
+        targets = _start_group(run, keyset, sequences, gateways, peers)
+        log(f"[{keyset}] {len(targets)} cases ready")
         rounds: dict[Case, list[dict[str, Any]]] = {case: [] for case in targets}
         broken: dict[Case, str] = {}
         try:
@@ -135,10 +184,9 @@ def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[Gat
                     if case in broken:
                         continue
                     try:
-                        if number == 0:
+                        if number == 0 and run.mode.warmup:
                             run_wrk(target.server.url, target.paths, run.mode.warmup, case.token)
-                        stats = wrk_round(target.server, target.paths, run.mode.duration, case.token, target.serving)
-                        rounds[case].append(stats)
+                        rounds[case].append(_measured_round(run, case, target))
                     except Exception as exc:
                         broken[case] = f"{type(exc).__name__}: {exc}"
                 log(f"[{keyset}] round {number + 1} of {run.mode.rounds} done")
@@ -151,10 +199,26 @@ def run_groups(run: Run, sequences: dict[str, list[Request]], gateways: dict[Gat
                 elif rounds[case]:
                     rss_of = None if case.kind in ("nginx", "proxy") else target.server
                     run.record(case, summarize(case, rounds[case], rss_of))
-            for target in targets.values():
-                if target.started:
-                    target.server.stop()
-                    target.server.log_path.unlink(missing_ok=True)
+            started = [target.server for target in targets.values() if target.started]
+            stop_all(started)
+            for server in started:
+                server.log_path.unlink(missing_ok=True)
+
+
+MIN_REQUESTS = 8  # a round that completes fewer is measured again, for twice as long
+MAX_STRETCH = 16  # ... up to this many times the mode's duration
+
+
+def _measured_round(run: Run, case: Case, target: Target) -> dict[str, Any]:
+    """One round of a case; a server so slow that a round completes almost nothing (a peer's large chunks,
+    32 at once, each seconds long) is given longer, so that its figure counts answers, not the cut-off."""
+    seconds = run.mode.duration
+    while True:
+        stats = load_round(target.server, target.paths, seconds, case.token, target.serving)
+        if stats["requests"] >= MIN_REQUESTS or seconds >= MAX_STRETCH * run.mode.duration:
+            return stats
+        log(f"{case.name} [{case.keyset}]: {stats['requests']} requests in {seconds} s; again for {2 * seconds} s")
+        seconds *= 2
 
 
 def _profile(run: Run, targets: dict[Case, Target], broken: dict[Case, str]) -> None:

@@ -7,7 +7,9 @@ the same rendering the deployment tests run), in front of a gateway on loopback.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from deploy.render import compose_defaults, write_proxy_config
@@ -74,14 +76,19 @@ http {{
     return Server("nginx", args, port, logs / f"nginx-{port}.log", clean_env())
 
 
-def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path] | None = None) -> Server:
+def start_proxy(upstream_port: int, logs: Path, tls: tuple[int, Path] | None = None) -> Server:
     """The deployment's proxy as the compose file's defaults render it, in front of the gateway on ``upstream_port``.
 
     ``tls``: also its TLS and HTTP/2 listener, on that port with ``tls.crt`` and ``tls.key`` of that directory.
+    Its configuration, temporary files and caches are in a directory of its own that nginx's workers can
+    enter (they run as another user when nginx starts as root, and the work tree may be private), removed
+    when it stops. So every proxy starts with empty caches; any other ``proxy_cache_path`` of the
+    rendered configuration is emptied first.
     """
     binary = _required_nginx()
     port = free_port()
-    directory = work / f"proxy-{port}"
+    directory = Path(tempfile.mkdtemp(prefix=f"bench-proxy-{port}-"))
+    directory.chmod(0o755)
     values = compose_defaults()
     values.pop("NGINX_ENVSUBST_FILTER")
     values.update(
@@ -90,10 +97,16 @@ def start_proxy(upstream_port: int, work: Path, logs: Path, tls: tuple[int, Path
         PROXY_ANSWER_CACHE_DIR=str(directory / "answer-cache"),  # each proxy's own, empty: cold means cold
         **PROXY_UNLIMITED,
     )
+    for name in [n for n in values if n.endswith(("_CACHE_DIR", "_CACHE_PATH"))]:
+        values[name] = str(directory / "cache" / name.lower())
+    (directory / "cache").mkdir()  # nginx makes only the last part of a cache's path
     if tls is not None:
         values.update(PROXY_TLS="on", PROXY_TLS_LISTEN=f"127.0.0.1:{tls[0]}", PROXY_TLS_DIR=str(tls[1]))
     unset = write_proxy_config(directory, values)
     if unset:
         raise RuntimeError(f"{unset}: names of deploy/'s templates that docker-compose.yml does not set")
+    for conf in (directory / "conf.d").rglob("*.conf"):
+        for cache in re.findall(r"^\s*proxy_cache_path\s+(\S+)", conf.read_text(), re.MULTILINE):
+            shutil.rmtree(cache, ignore_errors=True)
     args = [binary, "-c", str(directory / "nginx.conf"), "-p", str(directory)]
-    return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env())
+    return Server("proxy", args, port, logs / f"proxy-{port}.log", clean_env(), scratch=directory)

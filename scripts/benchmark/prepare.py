@@ -20,7 +20,7 @@ from wkw_adapter import WkwFileCache, WkwMag
 
 from .config import BLOCK, CASES, DATA_CUBE, DATA_ORIGIN, DATASET, ORG, READY, TOKEN, V2, V3, config_token, log
 from .keys import Request, chunk_index, write_paths
-from .processes import Client, Server, start_gateway
+from .processes import Client, Server, start_gateway, stop_all
 from .run import Run
 
 GatewayKey = tuple[str, str]  # (configuration, HTTP server)
@@ -138,7 +138,20 @@ def _check_zstd(run: Run, gw: Server, requests: list[Request]) -> None:
             raise RuntimeError(f"the zstd chunk {path} differs from the pass-through chunk")
 
 
-def check_xpublish(run: Run, xp: Server, sequence: list[Request], requests: list[Request]) -> None:
+def _check_peer(
+    name: str, static: Path, sequence: list[Request], requests: list[Request], edge: int, body_of: Any
+) -> None:
+    """A sample of a peer's chunks (``body_of(path)``: the decoded voxels) holds the gateway's voxels."""
+    for (path, _), (peer_path, _) in list(zip(sequence, requests))[:: max(1, len(requests) // 6)]:
+        got = np.frombuffer(body_of(peer_path), np.uint8).reshape((1, edge, edge, edge))
+        expected = decode_blosc((static / path.lstrip("/")).read_bytes(), np.dtype(np.uint8), edge)
+        if not np.array_equal(got, expected):
+            raise RuntimeError(f"{name}'s {peer_path} does not hold the voxels of the gateway's {path}")
+
+
+def check_xpublish(
+    run: Run, xp: Server, static: Path, sequence: list[Request], requests: list[Request], edge: int
+) -> None:
     """xpublish's chunks must hold the same voxels as the gateway's (decoded with its own codecs)."""
     import numcodecs
 
@@ -146,17 +159,29 @@ def check_xpublish(run: Run, xp: Server, sequence: list[Request], requests: list
     codecs = meta.get("codecs", [])
     compressors = [c for c in codecs if c["name"] not in ("bytes", "transpose")]
     run.extras["xpublish_codecs"] = codecs
-    static = run.static("u8-32")
-    for (path, _), (xp_path, _) in list(zip(sequence, requests))[:: max(1, len(requests) // 6)]:
-        body = xp.client.get_ok(xp_path)
-        if compressors and compressors[0]["name"] == "zstd":
-            body = bytes(numcodecs.Zstd().decode(body))
-        elif compressors:
-            return  # another codec: leave the comparison to zarr clients
-        got = np.frombuffer(body, np.uint8).reshape((1, BLOCK, BLOCK, BLOCK))
-        expected = decode_blosc((static / path.lstrip("/")).read_bytes(), np.dtype(np.uint8), BLOCK)
-        if not np.array_equal(got, expected):
-            raise RuntimeError(f"xpublish's {xp_path} does not hold the voxels of the gateway's {path}")
+    if compressors and compressors[0]["name"] != "zstd":
+        return  # another codec: leave the comparison to zarr clients
+    decode = numcodecs.Zstd().decode if compressors else bytes
+    _check_peer("xpublish", static, sequence, requests, edge, lambda p: bytes(decode(xp.client.get_ok(p))))
+
+
+def check_tiled(
+    run: Run, tiled: Server, static: Path, sequence: list[Request], requests: list[Request], edge: int
+) -> None:
+    """Tiled's chunks (its .zarray's compressor, C order) must hold the same voxels as the gateway's."""
+    import numcodecs
+
+    zarray = json.loads(tiled.client.get_ok("/zarr/v2/color/.zarray"))
+    run.extras["tiled_zarray"] = zarray
+    codec = numcodecs.get_codec(zarray["compressor"]) if zarray["compressor"] else None
+    if zarray["order"] != "C" or zarray["chunks"] != [1, edge, edge, edge]:
+        raise RuntimeError(f"Tiled declares {zarray}, not C-ordered chunks of {edge}³")
+
+    def voxels(path: str) -> bytes:
+        body = tiled.client.get_ok(path)
+        return bytes(codec.decode(body)) if codec else body
+
+    _check_peer("Tiled", static, sequence, requests, edge, voxels)
 
 
 def gateway_keys() -> list[GatewayKey]:
@@ -174,8 +199,7 @@ def start_gateways(run: Run) -> dict[GatewayKey, Server]:
         for (config, _), server in gateways.items():
             server.wait_ready(READY, run.workers, token_headers(config_token(config)))
     except Exception:
-        for server in gateways.values():
-            server.stop()
+        stop_all(gateways.values())
         raise
     return gateways
 

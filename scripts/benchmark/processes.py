@@ -5,16 +5,17 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .config import GATEWAYS, SCRIPTS, UNCHECKED, WITH_TOKENS
+from .config import GATEWAYS, REPO, SCRIPTS, UNCHECKED, WITH_TOKENS
 
 
 class Client:
@@ -84,10 +85,13 @@ def status_kib(pid: int, name: str) -> int | None:
 class Server:
     """A server process group we started; stopped by its own process-group id."""
 
-    def __init__(self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str], scratch: Path | None = None
+    ) -> None:
         self.name = name
         self.port = port
         self.log_path = log_path
+        self.scratch = scratch  # a directory of the server's own, removed when it stops
         self.log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             args, stdout=self.log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -142,10 +146,15 @@ class Server:
         values = [status_kib(pid, "VmRSS") for pid in self.workers()]
         return [v / 1024 for v in values if v is not None]
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask the process group to stop (SIGTERM), without waiting."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
@@ -153,6 +162,17 @@ class Server:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
         self.log_file.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def stop_all(servers: Iterable[Server]) -> None:
+    """Stop servers side by side: each is asked first, then each is waited for."""
+    servers = list(servers)
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.stop()
 
 
 @contextlib.contextmanager
@@ -188,11 +208,13 @@ def start_gateway(config: str, http: str, root: Path, workers: int, logs: Path, 
     return Server(f"gateway {config} on {http}", args, port, logs / f"gateway-{config}-{http}-{port}.log", env)
 
 
-def start_python_app(kind: str, http: str, workers: int, logs: Path, env: dict[str, str]) -> Server:
-    """One of the benchmark's own apps (see :mod:`benchmark.apps`) on the HTTP server ``http``."""
+def start_python_app(
+    kind: str, http: str, workers: int, logs: Path, env: dict[str, str], python: str = sys.executable
+) -> Server:
+    """One of the benchmark's own apps (see :mod:`benchmark.apps`) on the HTTP server ``http``, run by ``python``."""
     port = free_port()
-    args = [sys.executable, "-m", "benchmark", "_serve", kind, "--server", http, "--port", str(port)]
+    args = [python, "-m", "benchmark.apps", kind, "--server", http, "--port", str(port)]
     args += ["--workers", str(workers)]
-    pythonpath = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    pythonpath = os.pathsep.join(filter(None, [str(SCRIPTS), str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**clean_env(), **env, "PYTHONPATH": pythonpath}
     return Server(f"{kind} on {http}", args, port, logs / f"{kind}-{http}-{port}.log", env)

@@ -19,11 +19,17 @@ from .config import (
     EXTENT,
     HTTP_SERVERS,
     KEYSETS,
+    PEER_COMPARED,
+    PEER_KINDS,
     REFERENCE_SERVER,
     REPO,
     THREADS,
+    WEBKNOSSOS_REFERENCE,
+    ZIPF_CASES,
+    ZIPF_KEYSETS,
     Result,
     _on,
+    zipf_case_name,
 )
 from .load import wrk_binary
 from .nginx import nginx_binary
@@ -125,6 +131,7 @@ def targets(run: Run) -> list[tuple[str, str, bool | None]]:
     proxy = _ratio(r.get(("gateway through the proxy", "u8-32")), r.get(("gateway with tokens", "u8-32")))
     met = None if proxy is None else proxy >= 0.8
     rows.append((f"through the proxy ≥ 0.8 x direct ({REFERENCE_SERVER})", _fmt(proxy, ".2f") + " x", met))
+    rows += _zipf_and_peer_targets(run)
     ts_info = run.extras.get("tensorstore", {})
     if "ratio" in ts_info:
         rows.append(
@@ -146,6 +153,82 @@ def targets(run: Run) -> list[tuple[str, str, bool | None]]:
     else:
         rows.append(("peak RSS per worker < 300 MB", rss.get("error", "not run"), None))
     return rows
+
+
+def _zipf_and_peer_targets(run: Run) -> list[tuple[str, str, bool | None]]:
+    r = run.results
+    cold, warm = zipf_case_name("cold", "gateway"), zipf_case_name("warm", "gateway")
+    pairs = [
+        (
+            "Zipf 32³, warm, through the proxy ≥ 2.0 x the gateway direct, cold",
+            r.get((zipf_case_name("warm", "proxy"), "zipf-32")),
+            r.get((cold, "zipf-32")),
+            2.0,
+        ),
+        (
+            "Zipf 64³, warm, direct ≥ 0.8 x Zipf 32³, warm, direct",
+            r.get((warm, "zipf-64")),
+            r.get((warm, "zipf-32")),
+            0.8,
+        ),
+    ]
+    for keyset, name in PEER_COMPARED.items():
+        pairs.append(
+            (f"{name} ≥ 3 x Tiled ({KEYSETS[keyset].label})", r.get((name, keyset)), r.get(("Tiled", keyset)), 3.0)
+        )
+    rows: list[tuple[str, str, bool | None]] = []
+    for label, row, base, goal in pairs:
+        value = _ratio(row, base)
+        rows.append((label, _fmt(value, ".2f") + " x", None if value is None else value >= goal))
+    return rows
+
+
+def _zipf_markdown(run: Run) -> list[str]:
+    """The viewer's workload: each Zipf row, against the cold direct row of its key set."""
+    lines = [
+        "",
+        "A viewer's workload: chunk keys drawn from a Zipf distribution over the populated cube's chunks "
+        f"({run.mode.zipf_draws:,} draws per key set), cold (fresh servers, empty caches) and warm (after one pass "
+        "over every key), by three routes; x cold direct compares with the first row of its key set.",
+        "",
+        "| case | chunks | req/s | MB/s | p50 ms | p99 ms | x cold direct | server CPU µs/req | peak RSS/worker MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in ZIPF_CASES:
+        r = run.results.get((case.name, case.keyset))
+        label = ZIPF_KEYSETS[case.keyset].label
+        if r is None or r.error:
+            lines.append(f"| {case.name} | {label} | failed: {'not run' if r is None else r.error} | | | | | | |")
+            continue
+        base = run.results.get((zipf_case_name("cold", "gateway"), case.keyset))
+        lines.append(
+            f"| {case.name} | {label} | {r.req_s:,.0f} | {r.mb_s:,.1f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+            f"{_fmt(_ratio(r, base), '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
+        )
+    lines += ["", *(f"- {c.name} [{ZIPF_KEYSETS[c.keyset].label}]: {c.note}." for c in ZIPF_CASES if c.note)]
+    return lines
+
+
+def _peer_markdown(run: Run) -> list[str]:
+    """The gateway against each peer on the same keys, per key set."""
+    names = {"xpublish": "xpublish", "tiled": "Tiled"}
+    lines = [
+        "",
+        "The gateway and its peers on the same keys (requests per second, and the gateway's ratio to each):",
+        "",
+        "| chunks | gateway row | gateway | " + " | ".join(f"{names[k]} | x {names[k]}" for k in PEER_KINDS) + " |",
+        "|---|---|---:|" + "---:|---:|" * len(PEER_KINDS),
+    ]
+    for keyset, name in PEER_COMPARED.items():
+        gateway = run.results.get((name, keyset))
+        cells = []
+        for kind in PEER_KINDS:
+            peer = run.results.get((names[kind], keyset))
+            cells += ["—" if peer is None or peer.error else f"{peer.req_s:,.0f}", _fmt(_ratio(gateway, peer), ".1f")]
+        served = "—" if gateway is None or gateway.error else f"{gateway.req_s:,.0f}"
+        lines.append(f"| {KEYSETS[keyset].label} | {name} | {served} | " + " | ".join(cells) + " |")
+    lines += ["", f"Reference, not measured here: {WEBKNOSSOS_REFERENCE}."]
+    return lines
 
 
 def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
@@ -206,12 +289,16 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
     viewer = run.extras.get("viewer", {})
     if "error" in viewer:
         lines.append(f"- Neuroglancer's view: {viewer['error']}.")
-    elif viewer:
-        times = "; ".join(f"{name} {v['seconds']:.2f} s" for name, v in viewer.items())
-        chunks = max(v["chunks"] for v in viewer.values())
+    elif viewer and all("first" in v for v in viewer.values()):
+        times = "; ".join(
+            f"{name} {v['first']['seconds']:.2f} s first, {v['reload']['seconds']:.2f} s reload"
+            for name, v in viewer.items()
+        )
+        chunks = max(v["first"]["chunks"] for v in viewer.values())
         lines.append(
             f"- Neuroglancer in headless Chromium, the three cross-sections of a fixed view ({chunks} chunks), "
-            f"time until every visible chunk has loaded (fastest of 2, fresh cache): {times}."
+            "time until every visible chunk has loaded; first load: fresh gateway and proxy (empty caches) and a "
+            f"fresh browser context; reload: the same page loaded again (every cache warm): {times}."
         )
     ts_info = run.extras.get("tensorstore", {})
     if "ratio" in ts_info:
@@ -246,6 +333,8 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
             "its metadata before it answers zarr.json, and xpublish-zarr answers 500 ('encoded chunk missing from "
             "scratch store') for a chunk that is all fill value, as most of a virtual extent is."
         )
+    lines += _zipf_markdown(run)
+    lines += _peer_markdown(run)
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for label, measured, met in targets(run):
         lines.append(f"| {label} | {measured} | {'—' if met is None else ('yes' if met else 'no')} |")
