@@ -104,9 +104,18 @@ def _fmt(value: float | None, spec: str) -> str:
 # (label, row, key set, baseline row, baseline key set, goal); "{on}" is each HTTP server's row suffix.
 RATIO_TARGETS = [
     ("pass-through u8 LZ4HC ≥ 1.0 x floor", "gateway pass-through{on}", "u8-32", "floor", "u8-32", 1.0),
+    (
+        "pass-through, answers kept ≥ 0.7 x floor",
+        "gateway pass-through, answers kept{on}",
+        "u8-32",
+        "floor",
+        "u8-32",
+        0.7,
+    ),
+    ("64³ chunks, answers kept ≥ 0.7 x floor", "gateway 64³ chunks, answers kept{on}", "u8-64", "floor", "u8-64", 0.7),
     ("pass-through u16 raw ≥ 1.0 x floor", "gateway pass-through raw{on}", "u16-32", "floor", "u16-32", 1.0),
-    ("64³ chunks ≥ 0.5 x floor", "gateway 64³ chunks{on}", "u8-64", "floor", "u8-64", 0.5),
-    ("128³ chunks ≥ 0.5 x floor", "gateway 128³ chunks{on}", "u8-128", "floor", "u8-128", 0.5),
+    ("64³ chunks, made each time ≥ 0.35 x floor", "gateway 64³ chunks{on}", "u8-64", "floor", "u8-64", 0.35),
+    ("128³ chunks, made each time ≥ 0.35 x floor", "gateway 128³ chunks{on}", "u8-128", "floor", "u8-128", 0.35),
     ("sharded ranges ≥ 0.6 x floor", "gateway sharded ranges{on}", "shard", "floor", "shard", 0.6),
     (
         "re-encode zstd ≥ 0.5 x pass-through",
