@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 import requests
 import tensorstore as ts
+import wkw
 from scipy import ndimage
 from support import mesh_sets
 from support.mesh_sets import SMALL, SMALL_VOXELS, TUBE, VOXEL_NM, ServedMesh, make_mesh_set, read_served, write_cells
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
+from gateway.batch.mesh_sets import MeshSetTask
 from gateway.batch.tasks import BlockTask
 from gateway.meshes.sharding import ShardChunk, ShardingSpec, encode_shard, murmurhash3_x86_128_low64
 from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MAX_MINISHARD_INDEX_BYTES, MeshSetBlockFailed
@@ -228,7 +230,7 @@ def test_a_stale_set_is_never_served(
     assert get(f"{BASE}{TUBE}.index").status_code == 200
     small_before = read_served(get, BASE, SMALL)
     # The data changes: segment 13 grows by a voxel at mag 1 (rewritten in place by the wkw package).
-    with mesh_sets.wkw.Dataset.open(str(copy_root / mesh_sets.ORGANIZATION / mesh_sets.DATASET / "cells" / "1")) as ds:
+    with wkw.Dataset.open(str(copy_root / mesh_sets.ORGANIZATION / mesh_sets.DATASET / "cells" / "1")) as ds:
         ds.write((100, 100, 37), np.full((1, 1, 1), SMALL, dtype=np.uint32))
     wait_for(lambda: get(f"{BASE}{TUBE}.index").status_code == 409, "the stale set is still served")
     assert_reason(get(f"{BASE}{TUBE}.index"), 409, "stale", "mesh-segments")
@@ -263,7 +265,7 @@ def test_a_failing_block_names_itself_and_nothing_is_marked_complete(copy_root: 
 
 
 def test_the_task_is_a_block_task_that_travels_to_workers(cells_root: Path) -> None:
-    task: BlockTask = mesh_sets.MeshSetTask.for_layer(
+    task: BlockTask = MeshSetTask.for_layer(
         str(cells_root), f"{mesh_sets.ORGANIZATION}/{mesh_sets.DATASET}", mesh_sets.LAYER
     )
     assert task.name == "meshes" and len(task.version()) == 32
