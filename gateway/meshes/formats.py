@@ -33,7 +33,7 @@ from .geometry import morton_key
 from .layers import LayerMeshes
 from .names import parse_cube, parse_segment_id
 from .segments import Segments
-from .stored import SetState, StoredMeshes, StoredSegment, StoredSet
+from .stored import ABSENT, SetState, StoredMeshes, StoredSegment, StoredSet
 from .surfaces import Surface, segment_surface, window_of
 
 # Voxels read to make one segment's multi-resolution mesh on demand (every level), the default of the
@@ -58,7 +58,10 @@ class MeshWork:
 
     def stored_set(self) -> SetState:
         """The layer's stored mesh set as it is now (fresh only if made from the data as it is now)."""
-        directory = self.segments.place.mesh_set(self.meshes.dataset, self.meshes.name)
+        place = self.segments.place
+        if not place.holds_indexes():  # a directory of indexes and sets that no run has made yet
+            return ABSENT
+        directory = place.mesh_set(self.meshes.dataset, self.meshes.name)
         return self.stored.state(directory, self.segments.stamp(self.meshes))
 
 

@@ -291,6 +291,9 @@ class SetState:
     why: str
 
 
+ABSENT = SetState(None, False, "absent")
+
+
 @dataclass(frozen=True, slots=True)
 class StoredSegment:
     """A segment in a fresh set: its manifest, and where its fragment data lies in which version of its shard."""
@@ -392,7 +395,7 @@ class StoredMeshes:
         if identity is None:
             if self.store.identity(self.store.join(directory, INFO)) is not None:
                 return SetState(None, True, "incomplete (it has no stamp: it is being written, or its run failed)")
-            return SetState(None, False, "absent")
+            return ABSENT
         cached = self._opened.get(directory)
         if cached is None or cached[0] != identity:
             cached = (identity, self._open(directory, stamp_path))
