@@ -26,8 +26,10 @@ from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.batch.mesh_sets import MeshSetTask
 from gateway.batch.tasks import BlockTask
-from gateway.meshes.sharding import ShardChunk, ShardingSpec, encode_shard, murmurhash3_x86_128_low64
-from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MAX_MINISHARD_INDEX_BYTES, MeshSetBlockFailed
+from gateway.meshes.sharding import ShardChunk, encode_shard, sharding_document, sharding_for
+from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MeshSetBlockFailed
+from gateway.sources.metadata import PrecomputedSharding
+from gateway.sources.precomputed_source import MAX_MINISHARD_INDEX_BYTES, Sharding
 
 BASE = f"/data/meshes/{mesh_sets.ORGANIZATION}/{mesh_sets.DATASET}/{mesh_sets.LAYER}/multires/"
 VOXEL = np.asarray(VOXEL_NM)
@@ -104,13 +106,8 @@ def farthest_from_the_voxels(vertices: np.ndarray, labels: np.ndarray, segment: 
 # --- the format, read by others ---------------------------------------------------------------------
 
 
-def test_the_hash_is_murmurhash3_x86_128_as_cloudvolume_computes_it() -> None:
-    from cloudvolume.datasource.precomputed import mmh3
-
-    keys = np.random.default_rng(3).integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)
-    keys = np.concatenate([keys, np.asarray([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)])
-    expected = [mmh3.hash64(int(k).to_bytes(8, "little"), x64arch=False)[0] % 2**64 for k in keys]
-    assert murmurhash3_x86_128_low64(keys).tolist() == expected
+def sharding_of(directory: Path) -> Sharding:
+    return Sharding.of(PrecomputedSharding.model_validate(json.loads((directory / "info").read_text())["sharding"]))
 
 
 def test_tensorstore_reads_every_manifest_of_a_written_set(copy_root: Path, on_demand: dict[int, ServedMesh]) -> None:
@@ -124,7 +121,7 @@ def test_tensorstore_reads_every_manifest_of_a_written_set(copy_root: Path, on_d
     store = ts.KvStore.open(
         {"driver": "neuroglancer_uint64_sharded", "base": f"file://{directory}/", "metadata": sharding}
     ).result()
-    shard = (directory / ShardingSpec.from_json(sharding).shard_name(0)).read_bytes()
+    shard = (directory / sharding_of(directory).shard_name(0)).read_bytes()
     for segment, mesh in on_demand.items():
         manifest = store.read(np.uint64(segment).tobytes()[::-1]).result().value  # keys are big-endian there
         assert manifest == mesh.manifest, segment
@@ -136,19 +133,19 @@ def test_tensorstore_reads_every_manifest_of_a_written_set(copy_root: Path, on_d
 
 
 def test_shards_spread_over_files_when_there_are_many_keys(tmp_path: Path) -> None:
-    spec = ShardingSpec.for_keys(3_000_000)
-    assert spec.shard_bits >= 2 and spec.minishard_bits == 9
-    assert ShardingSpec.for_keys(10, 10 << 30, 256 << 20).shard_count >= 40
-    small = ShardingSpec(0, "identity", 2, 1, "gzip", "raw")  # 4 minishards in each of 2 shards
+    many = sharding_for(3_000_000)
+    assert many.shard_bits >= 2 and many.minishard_bits == 9
+    assert sharding_for(10, 10 << 30, 256 << 20).shard_bits >= 6  # 40 shards of 256 MiB at least
+    small = Sharding(0, "identity", 2, 1, True, False)  # 4 minishards in each of 2 shards
     values = {key: bytes([key]) * key for key in range(1, 40, 2)}
     shards: dict[int, list[ShardChunk]] = {}
     for key, value in values.items():
-        shards.setdefault(small.locate_one(key)[0], []).append(ShardChunk(key, value, prefix=b"ahead"))
+        shards.setdefault(small.locate(key)[0], []).append(ShardChunk(key, value, prefix=b"ahead"))
     assert sorted(shards) == [0, 1]
     for shard, chunks in shards.items():
         (tmp_path / small.shard_name(shard)).write_bytes(encode_shard(small, chunks))
     store = ts.KvStore.open(
-        {"driver": "neuroglancer_uint64_sharded", "base": f"file://{tmp_path}/", "metadata": small.to_json()}
+        {"driver": "neuroglancer_uint64_sharded", "base": f"file://{tmp_path}/", "metadata": sharding_document(small)}
     ).result()
     for key, value in values.items():
         assert store.read(np.uint64(key).tobytes()[::-1]).result().value == value
@@ -298,47 +295,47 @@ def hostile(copy_root: Path, server_factory: Callable[..., Server]) -> Iterator[
     assert_no_unexpected_errors(server)
 
 
-def shard_with(directory: Path, craft: Callable[[bytearray, ShardingSpec], bytearray]) -> None:
-    spec = ShardingSpec.from_json(json.loads((directory / "info").read_text())["sharding"])
-    path = directory / spec.shard_name(0)
-    body = craft(bytearray(path.read_bytes()), spec)
+def shard_with(directory: Path, craft: Callable[[bytearray, Sharding], bytearray]) -> None:
+    sharding = sharding_of(directory)
+    path = directory / sharding.shard_name(0)
+    body = craft(bytearray(path.read_bytes()), sharding)
     path.unlink()
     path.write_bytes(bytes(body))
     restamp(directory)
 
 
-def entry_of(spec: ShardingSpec, segment: int) -> int:
-    return spec.locate_one(segment)[1] * 16
+def entry_of(sharding: Sharding, segment: int) -> int:
+    return int(sharding.locate(segment)[1]) * 16
 
 
 def test_a_shard_index_pointing_past_the_file_is_a_5xx(hostile: tuple[Path, Server]) -> None:
     directory, server = hostile
 
-    def craft(body: bytearray, spec: ShardingSpec) -> bytearray:
+    def craft(body: bytearray, spec: Sharding) -> bytearray:
         at = entry_of(spec, TUBE)
         body[at : at + 16] = np.asarray([16, len(body) + 1000], dtype="<u8").tobytes()
         return body
 
     shard_with(directory, craft)
-    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "points past the file")
+    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "ends past the end of the shard")
 
 
 def test_a_huge_minishard_index_is_refused_before_it_is_read(hostile: tuple[Path, Server]) -> None:
     directory, server = hostile
 
-    def craft(body: bytearray, spec: ShardingSpec) -> bytearray:
+    def craft(body: bytearray, spec: Sharding) -> bytearray:
         at = entry_of(spec, TUBE)
         body[at : at + 16] = np.asarray([0, 2 * MAX_MINISHARD_INDEX_BYTES], dtype="<u8").tobytes()
         return body + bytearray(2 * MAX_MINISHARD_INDEX_BYTES)
 
     shard_with(directory, craft)
-    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "minishard index", str(MAX_MINISHARD_INDEX_BYTES))
+    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "more than the", str(MAX_MINISHARD_INDEX_BYTES))
 
 
 def test_a_minishard_index_that_inflates_without_end_is_stopped(hostile: tuple[Path, Server]) -> None:
     directory, server = hostile
 
-    def craft(body: bytearray, spec: ShardingSpec) -> bytearray:
+    def craft(body: bytearray, spec: Sharding) -> bytearray:
         bomb = gzip.compress(bytes(4 * MAX_MINISHARD_INDEX_BYTES))
         at = entry_of(spec, TUBE)
         start = len(body) - spec.index_bytes
@@ -346,13 +343,13 @@ def test_a_minishard_index_that_inflates_without_end_is_stopped(hostile: tuple[P
         return body + bytearray(bomb)
 
     shard_with(directory, craft)
-    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "decodes to more than")
+    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "decompresses to more than")
 
 
 def test_a_chunk_pointing_past_the_file_is_a_5xx(hostile: tuple[Path, Server]) -> None:
     directory, server = hostile
 
-    def craft(body: bytearray, spec: ShardingSpec) -> bytearray:
+    def craft(body: bytearray, spec: Sharding) -> bytearray:
         index = np.frombuffer(gzip.compress(np.asarray([[TUBE], [10**9], [100]], "<u8").tobytes()), np.uint8)
         at = entry_of(spec, TUBE)
         start = len(body) - spec.index_bytes
@@ -360,13 +357,12 @@ def test_a_chunk_pointing_past_the_file_is_a_5xx(hostile: tuple[Path, Server]) -
         return body + bytearray(index.tobytes())
 
     shard_with(directory, craft)
-    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "points past the file")
+    assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "points past the end of the shard")
 
 
 def test_a_shard_that_is_not_the_one_stamped_is_a_5xx(hostile: tuple[Path, Server]) -> None:
     directory, server = hostile
-    spec = ShardingSpec.from_json(json.loads((directory / "info").read_text())["sharding"])
-    with open(directory / spec.shard_name(0), "ab") as shard:
+    with open(directory / sharding_of(directory).shard_name(0), "ab") as shard:
         shard.write(b"more")
     assert_reason(getter(server)(f"{BASE}{TUBE}.index"), 500, "its stamp lists")
 

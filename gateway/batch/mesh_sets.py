@@ -19,7 +19,7 @@ from ..meshes.errors import MeshInputError
 from ..meshes.index import data_stamp
 from ..meshes.layers import LayerMeshes, MeshLayers
 from ..meshes.segments import index_place
-from ..meshes.sharding import ShardChunk, ShardingSpec, encode_shard
+from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
 from ..meshes.stored import (
     INFO,
     STAMP,
@@ -145,7 +145,7 @@ class MeshSetTask:
             for record in decode_block_output(outputs(block), block.key):
                 segments.add(record.segment)
                 total += len(record.data)
-        spec = ShardingSpec.for_keys(len(segments), total, TARGET_SHARD_BYTES)
+        sharding = sharding_for(len(segments), total, TARGET_SHARD_BYTES)
         target = Path(self.directory)
         target.mkdir(parents=True, exist_ok=True)
         (target / STAMP).unlink(missing_ok=True)  # from here on the set is incomplete
@@ -157,15 +157,15 @@ class MeshSetTask:
                 by_shard: dict[int, list[FragmentRecord]] = {}
                 records = decode_block_output(outputs(block), block.key)
                 for record in records:
-                    by_shard.setdefault(spec.locate_one(record.segment)[0], []).append(record)
+                    by_shard.setdefault(sharding.locate(record.segment)[0], []).append(record)
                 for shard, members in by_shard.items():
                     encoded = encode_block_output(members)
                     with open(spill / str(shard), "ab") as out:
                         out.write(len(encoded).to_bytes(8, "little") + encoded)
             files = {}
             for part in sorted(spill.iterdir(), key=lambda p: int(p.name)):
-                name = spec.shard_name(int(part.name))
-                body = encode_shard(spec, self._chunks(meshes, part))
+                name = sharding.shard_name(int(part.name))
+                body = encode_shard(sharding, self._chunks(meshes, part))
                 write_atomically(target / name, body)
                 files[name] = len(body)
                 part.unlink()
@@ -173,7 +173,7 @@ class MeshSetTask:
             for left in spill.iterdir():
                 left.unlink()
             spill.rmdir()
-        info = set_info(meshes.voxel_nm, spec)
+        info = set_info(meshes.voxel_nm, sharding)
         write_atomically(target / INFO, info)
         files[INFO] = len(info)
         if self.version() != version:

@@ -4,7 +4,7 @@ A set is a directory beside the layer's segment index (``<layer>.meshes/`` at it
 :class:`~gateway.meshes.segments.IndexPlace`) in Neuroglancer's sharded multi-resolution format, as igneous writes it:
 
 - ``info``: ``neuroglancer_multilod_draco`` with a ``sharding`` of ``neuroglancer_uint64_sharded_v1``
-  (:mod:`gateway.meshes.sharding`), keyed by segment id;
+  (written by :mod:`gateway.meshes.sharding`, read as precomputed volumes' shards are), keyed by segment id;
 - ``<shard>.shard``: per segment its manifest as the chunk, its fragment data just before it;
 - ``stamp.json``, written last: the data stamp the set was made from and the size of every file above. A set
   without it is incomplete (being written, or a run that failed); a set whose stamp is not the data's is stale.
@@ -32,17 +32,13 @@ from gateway_storage import FileIdentity, Store
 from gateway_storage.geometry import Vec3
 
 from ..sources.documents import load_json
+from ..sources.mag import SourceError
+from ..sources.metadata import PrecomputedSharding
+from ..sources.precomputed_source import ShardError, Sharding, read_minishard_index
 from .budget import MeshBudget
 from .encoding import LevelFragments, draco_fragment, json_bytes, multires_info, multires_manifest
 from .geometry import Level, MeshGrid, morton_key
-from .sharding import (
-    ShardChunk,
-    ShardFormatError,
-    ShardingSpec,
-    decode,
-    find_chunk,
-    minishard_index_range,
-)
+from .sharding import ShardChunk, sharding_document
 from .surfaces import Surface, read_window, window_of, window_surface
 
 FORMAT = "zarr-gateway-mesh-set"
@@ -53,20 +49,19 @@ STAMP = "stamp.json"
 BLOCK_VOXELS = 1 << 24
 # One block's fragments are held until the block is done: past this the block fails with the reason.
 MAX_BLOCK_OUTPUT_BYTES = 256 << 20
-# Marching cubes and simplification per voxel of a window, on top of the window and its mask (zmesh, measured:
-# see docs/architecture.md).
-MESHER_BYTES_PER_VOXEL = 40
+# Marching cubes and simplification per voxel of a window, on top of the window and its mask: zmesh 1.15 peaked
+# at 134-146 bytes per voxel over its baseline on dense surfaces (26,000 triangles in a 65^3 window).
+MESHER_BYTES_PER_VOXEL = 160
 # Shards hold about this much, so that assembling one (where the run was started) holds about this much.
 TARGET_SHARD_BYTES = 256 << 20
 # Bounds of what is read from a stored set (all of it may be crafted).
 MAX_DOCUMENT_BYTES = 1 << 20  # info, stamp.json
-MAX_MINISHARD_INDEX_BYTES = 16 << 20  # stored and decoded (igneous aims at 32 KiB)
 MAX_MANIFEST_BYTES = 64 << 20  # 16 bytes per fragment: four million fragments
 MAX_RANGE_READ_BYTES = 8 << 20  # a range of fragment data is sent in pieces of 4 MiB
 MAX_LEVELS = 32  # levels of detail of a manifest (the grid makes at most 11)
 
 
-class MeshSetCorrupt(ShardFormatError):
+class MeshSetCorrupt(ShardError):
     """A stored mesh set whose files are not of its format, or not those its stamp lists: a storage fault."""
 
 
@@ -270,8 +265,8 @@ def segment_chunk(grid: MeshGrid, segment: int, fragments: dict[tuple[int, Vec3]
     return ShardChunk(segment, manifest, b"".join(f for lf in levels for f in lf.fragments))
 
 
-def set_info(voxel_nm: tuple[float, float, float], spec: ShardingSpec) -> bytes:
-    return json_bytes({**multires_info(voxel_nm, None), "sharding": spec.to_json()})
+def set_info(voxel_nm: tuple[float, float, float], sharding: Sharding) -> bytes:
+    return json_bytes({**multires_info(voxel_nm, None), "sharding": sharding_document(sharding)})
 
 
 def stamp_document(layer: str, stamp: str, files: dict[str, int]) -> bytes:
@@ -309,17 +304,17 @@ class StoredSegment:
 class StoredSet:
     """A fresh set's sharding and file sizes; looks up segments through the store."""
 
-    def __init__(self, store: Store, directory: str, spec: ShardingSpec, files: dict[str, int], version: str) -> None:
+    def __init__(self, store: Store, directory: str, sharding: Sharding, files: dict[str, int], version: str) -> None:
         self.store = store
         self.directory = directory
-        self.spec = spec
+        self.sharding = sharding
         self.files = files
         self.version = version  # of stamp.json: what cache entries of this set are keyed by
 
     def segment(self, segment: int) -> StoredSegment | None:
         """The segment's manifest and data, or None if the set holds no mesh of it (it has no voxels)."""
-        shard, minishard = self.spec.locate_one(segment)
-        name = self.spec.shard_name(shard)
+        shard, minishard = self.sharding.locate(segment)
+        name = self.sharding.shard_name(shard)
         path = self.store.join(self.directory, name)
         identity = self.store.identity(path)
         if identity is None:
@@ -329,25 +324,15 @@ class StoredSet:
         where = self.store.relative(path)
         if identity.size != self.files.get(name):
             raise MeshSetCorrupt(f"{where} holds {identity.size} bytes, not the {self.files.get(name)} its stamp lists")
-        if identity.size < self.spec.index_bytes:
-            raise MeshSetCorrupt(f"{where} is shorter than its shard index")
-        entry = self._read(path, minishard * 16, 16, identity, 16)
-        span = minishard_index_range(self.spec, entry, identity.size, MAX_MINISHARD_INDEX_BYTES)
-        if span is None:
-            return None
-        stored = self._read(path, span[0], span[1] - span[0], identity, MAX_MINISHARD_INDEX_BYTES)
-        index = decode(stored, self.spec.minishard_index_encoding, MAX_MINISHARD_INDEX_BYTES, f"a minishard of {where}")
-        place = find_chunk(self.spec, index, segment, identity.size)
+        place = read_minishard_index(self.store, path, identity, self.sharding, minishard, where).get(segment)
         if place is None:
             return None
-        if place.size > MAX_MANIFEST_BYTES:
-            raise MeshSetCorrupt(f"the manifest of segment {segment} in {where} is larger than {MAX_MANIFEST_BYTES}")
-        raw = self._read(path, place.start, place.size, identity, MAX_MANIFEST_BYTES)
-        manifest = decode(raw, self.spec.data_encoding, MAX_MANIFEST_BYTES, f"the manifest of segment {segment}")
+        start, size = place
+        manifest = self._read(path, start, size, identity, MAX_MANIFEST_BYTES)
         data_size = manifest_data_size(manifest, f"the manifest of segment {segment} in {where}")
-        if data_size > place.start - self.spec.index_bytes:
+        if data_size > start - self.sharding.index_bytes:
             raise MeshSetCorrupt(f"the fragments of segment {segment} in {where} would start before its data")
-        return StoredSegment(manifest, path, identity, place.start - data_size, data_size, where)
+        return StoredSegment(manifest, path, identity, start - data_size, data_size, where)
 
     def _read(self, path: str, offset: int, size: int, identity: FileIdentity, limit: int) -> bytes:
         # Written whole and renamed into place, and listed by a stamp written after them: no read waits to settle.
@@ -393,19 +378,19 @@ class StoredMeshes:
         stamp_path = self.store.join(directory, STAMP)
         identity = self.store.identity(stamp_path)
         if identity is None:
-            if self.store.identity(self.store.join(directory, INFO)) is not None:
+            if self.store.is_directory(directory):
                 return SetState(None, True, "incomplete (it has no stamp: it is being written, or its run failed)")
             return ABSENT
         cached = self._opened.get(directory)
         if cached is None or cached[0] != identity:
             cached = (identity, self._open(directory, stamp_path))
             self._opened[directory] = cached
-        made_from, spec, files = cached[1]
+        made_from, sharding, files = cached[1]
         if made_from != stamp:
             return SetState(None, True, "stale (made from another version of the data)")
-        return SetState(StoredSet(self.store, directory, spec, files, identity.version), True, "fresh")
+        return SetState(StoredSet(self.store, directory, sharding, files, identity.version), True, "fresh")
 
-    def _open(self, directory: str, stamp_path: str) -> tuple[str, ShardingSpec, dict[str, int]]:
+    def _open(self, directory: str, stamp_path: str) -> tuple[str, Sharding, dict[str, int]]:
         stamp = self._document(stamp_path)
         files = stamp.get("files")
         if (
@@ -424,10 +409,12 @@ class StoredMeshes:
         if info.get("@type") != "neuroglancer_multilod_draco":
             raise MeshSetCorrupt(f"{self.store.relative(info_path)} is not a neuroglancer_multilod_draco info")
         try:
-            spec = ShardingSpec.from_json(info.get("sharding"))
-        except ShardFormatError as exc:
-            raise MeshSetCorrupt(f"{self.store.relative(info_path)}: {exc}") from None
-        return stamp["stamp"], spec, files
+            sharding = Sharding.of(PrecomputedSharding.model_validate(info.get("sharding")))
+        except (ValueError, SourceError) as exc:
+            raise MeshSetCorrupt(f"{self.store.relative(info_path)}: its sharding is not one: {exc}") from None
+        if sharding.data_gzip:
+            raise MeshSetCorrupt(f"{self.store.relative(info_path)}: its manifests must be raw (data_encoding)")
+        return stamp["stamp"], sharding, files
 
     def _document(self, path: str) -> dict[str, Any]:
         found = self.store.read_whole(path, limit=MAX_DOCUMENT_BYTES)
