@@ -10,7 +10,6 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -29,29 +28,6 @@ PANEL_VOXELS = 260  # the 3-D panel's height in voxels: the whole volume (192 vo
 CENTRE = [s / 2 for s in mesh_sets.SHAPE]
 
 
-def view(server: Server, segment: int) -> dict[str, Any]:
-    return {
-        "dimensions": {axis: [size * 1e-9, "m"] for axis, size in zip("xyz", VOXEL_NM)},
-        "position": CENTRE,
-        "projectionScale": PANEL_VOXELS,
-        "layout": {"type": "3d", "orthographicProjection": True},
-        "showAxisLines": False,
-        "showScaleBar": False,
-        "showDefaultAnnotations": False,
-        "showSlices": False,
-        "layers": [
-            {
-                "type": "segmentation",
-                "name": "cells",
-                "source": f"{server.url}{BASE}|neuroglancer-precomputed:",
-                "segments": [str(segment)],
-                "segmentColors": {str(segment): "#ffffff"},
-                "objectAlpha": 1,
-            }
-        ],
-    }
-
-
 def test_neuroglancer_draws_a_segment_too_large_for_on_demand_meshing(
     browser: Browser, neuroglancer_url: str, tmp_path: Path, server_factory: Callable[..., Server]
 ) -> None:
@@ -61,9 +37,10 @@ def test_neuroglancer_draws_a_segment_too_large_for_on_demand_meshing(
     refused = requests.get(f"{server.url}{BASE}{TUBE}.index", timeout=120)
     assert refused.status_code == 413, refused.text
     make_mesh_set(root)
+    state = viewer.mesh_view(f"{server.url}{BASE}|neuroglancer-precomputed:", VOXEL_NM, CENTRE, PANEL_VOXELS, [TUBE])
     start = len(server.log())
     with browser.page() as page:
-        page.navigate(neuroglancer_url + "#!" + quote(json.dumps(view(server, TUBE)), safe=""))
+        page.navigate(neuroglancer_url + "#!" + quote(json.dumps(state), safe=""))
         page.wait_for("typeof window.viewer === 'object'", timeout=60)
         layers = viewer.wait_until_drawn(page)["layers"]
         time.sleep(2)  # the fragments arrive after the manifest: give the last a moment, then settle

@@ -31,7 +31,7 @@ import numpy as np
 from gateway_storage import FileIdentity, Store
 from gateway_storage.geometry import Vec3
 
-from ..sources.documents import load_json
+from ..sources.bounds import read_document
 from ..sources.mag import SourceError
 from ..sources.metadata import PrecomputedSharding
 from ..sources.precomputed_source import ShardError, Sharding, read_minishard_index
@@ -55,7 +55,6 @@ MESHER_BYTES_PER_VOXEL = 160
 # Shards hold about this much, so that assembling one (where the run was started) holds about this much.
 TARGET_SHARD_BYTES = 256 << 20
 # Bounds of what is read from a stored set (all of it may be crafted).
-MAX_DOCUMENT_BYTES = 1 << 20  # info, stamp.json
 MAX_MANIFEST_BYTES = 64 << 20  # 16 bytes per fragment: four million fragments
 MAX_RANGE_READ_BYTES = 8 << 20  # a range of fragment data is sent in pieces of 4 MiB
 MAX_LEVELS = 32  # levels of detail of a manifest (the grid makes at most 11)
@@ -417,13 +416,12 @@ class StoredMeshes:
         return stamp["stamp"], sharding, files
 
     def _document(self, path: str) -> dict[str, Any]:
-        found = self.store.read_whole(path, limit=MAX_DOCUMENT_BYTES)
-        if found is None:
-            raise MeshSetCorrupt(f"{self.store.relative(path)} vanished while it was read")
+        """A JSON object of the set, read as every document of the data root is (strict, bounded)."""
+        where = self.store.relative(path)
         try:
-            document = load_json(found[0])
-        except ValueError as exc:
-            raise MeshSetCorrupt(f"{self.store.relative(path)} is not JSON: {exc}") from None
-        if not isinstance(document, dict):
-            raise MeshSetCorrupt(f"{self.store.relative(path)} is not a JSON object")
-        return document
+            found = read_document(self.store, path, where)
+        except SourceError as exc:
+            raise MeshSetCorrupt(str(exc)) from None
+        if found is None:
+            raise MeshSetCorrupt(f"{where} vanished while it was read")
+        return found[0]
