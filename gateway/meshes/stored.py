@@ -47,8 +47,9 @@ INFO = "info"
 STAMP = "stamp.json"
 # A fine block holds at most this many voxels of the finest mag (256^3 at mag 1: 64 level-0 cubes, levels 0-2).
 BLOCK_VOXELS = 1 << 24
-# One block's fragments are held until the block is done: past this the block fails with the reason.
-MAX_BLOCK_OUTPUT_BYTES = 256 << 20
+# One block's fragments are held until the block is done: past this the block fails with the reason (a 256^3 block
+# of the sample's kind of tissue, 148 segments, made 3 MiB).
+MAX_BLOCK_OUTPUT_BYTES = 64 << 20
 # Marching cubes and simplification per voxel of a window, on top of the window and its mask: zmesh 1.15 peaked
 # at 134-146 bytes per voxel over its baseline on dense surfaces (26,000 triangles in a 65^3 window).
 MESHER_BYTES_PER_VOXEL = 160
