@@ -206,6 +206,8 @@ def test_a_segment_too_large_for_on_demand_meshing_is_served_from_the_set(
     again = get(f"{BASE}{TUBE}", **{"If-None-Match": served.data_etag})
     assert again.status_code == 304
     assert get(f"{BASE}{TUBE}.index").headers["ETag"] == served.manifest_etag
+    precomputed = f"/data/precomputed/{mesh_sets.ORGANIZATION}/{mesh_sets.DATASET}/{mesh_sets.LAYER}/mesh/"
+    assert get(f"{precomputed}{TUBE}.index").content == served.manifest  # the precomputed tree's mesh is this source
     assert read_served(get, BASE, 999).fragments == []  # a set lists every segment: one it lacks has no voxels
     assert_no_unexpected_errors(server)
 
