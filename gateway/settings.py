@@ -152,6 +152,13 @@ class Settings(BaseSettings):
         description="directory of the segment indexes that index-segments writes, as <org>/<dataset>/<layer>"
         ".segment-index.npz; unset: beside each layer (<dataset>/<layer>.segment-index.npz), for a writable root",
     )
+    multires_voxels: int | None = Field(
+        default=None,
+        ge=0,
+        description="voxels one multi-resolution mesh made on demand may read (every level of one segment); a "
+        "larger segment is served from the layer's stored mesh set (mesh-segments), else answered 413; "
+        "unset: 134217728 (128 Mi)",
+    )
     remote_roots: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
         description="store URLs (s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, https://host/prefix) "

@@ -66,27 +66,7 @@ def state(server: Server, kind: str, segments: list[int]) -> dict[str, Any]:
     the 3-D view.)
     """
     meshes = f"{server.url}/data/meshes/{ORGANIZATION}/{DATASET}/segmentation/{kind}/?token={TOKEN}"
-    meshes += "|neuroglancer-precomputed:"
-    return {
-        "dimensions": {axis: [size * 1e-9, "m"] for axis, size in zip("xyz", VOXEL_SIZE_NM)},
-        "position": CENTRE,
-        "projectionScale": PANEL_VOXELS,
-        "layout": {"type": "3d", "orthographicProjection": True},
-        "showAxisLines": False,
-        "showScaleBar": False,
-        "showDefaultAnnotations": False,
-        "showSlices": False,
-        "layers": [
-            {
-                "type": "segmentation",
-                "name": "segmentation",
-                "source": meshes,
-                "segments": [str(s) for s in segments],
-                "segmentColors": {str(s): "#ffffff" for s in segments},
-                "objectAlpha": 1,
-            }
-        ],
-    }
+    return viewer.mesh_view(meshes + "|neuroglancer-precomputed:", VOXEL_SIZE_NM, CENTRE, PANEL_VOXELS, segments)
 
 
 def open_mesh_view(

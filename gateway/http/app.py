@@ -74,7 +74,8 @@ def create_app(settings: Settings) -> Starlette:
     mesh_limiter = anyio.CapacityLimiter(settings.mesh_threads)  # meshes and previews: never the chunks' threads
     previews = Previews(settings.cache_bytes // 16, store, mesh_limiter)
     index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
-    meshes = MeshService(store, index_place(store, index_dir), settings.cache_bytes // 4, mesh_limiter)
+    place = index_place(store, index_dir)
+    meshes = MeshService(store, place, settings.cache_bytes // 4, mesh_limiter, settings.multires_voxels)
     roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
     client = NeuroglancerClient.installed()
     if client is None and not settings.neuroglancer_url:

@@ -19,7 +19,14 @@ from gateway_storage import FileChangedError, FileUnsettledError, StorageError, 
 from wkw_adapter import WkwError
 
 from ..extras import MissingExtraError
-from ..meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge, MeshTooSlow, SegmentIndexRequired
+from ..meshes.errors import (
+    MeshInputError,
+    MeshNotFound,
+    MeshTooLarge,
+    MeshTooSlow,
+    SegmentIndexRequired,
+    StoredMeshesRequired,
+)
 from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError, PreviewTooLarge
@@ -58,6 +65,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MeshNotFound: ErrorRule(404),
     MeshInputError: ErrorRule(400),
     SegmentIndexRequired: ErrorRule(409),
+    StoredMeshesRequired: ErrorRule(409),
     MeshTooLarge: ErrorRule(413),
     MeshTooSlow: ErrorRule(503, retry_after="10"),
     PreviewTooLarge: ErrorRule(413),

@@ -60,7 +60,16 @@ class LegacyKey:
     cube: Vec3
 
 
-MeshKey = SegmentsKey | PropertiesKey | MultiresKey | LegacyKey
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A segment's place in a stored mesh set, by the version of the set's stamp."""
+
+    layer: LayerKey
+    stamp_version: str
+    segment: int
+
+
+MeshKey = SegmentsKey | PropertiesKey | MultiresKey | LegacyKey | StoredKey
 
 
 class MeshCache(ByteLRU[Any]):

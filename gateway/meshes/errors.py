@@ -19,3 +19,8 @@ class MeshNotFound(LookupError):
 
 class MeshTooSlow(RuntimeError):
     """The request's meshing ran past its time bound and was stopped: a 503 (the machine may be busy)."""
+
+
+class StoredMeshesRequired(LookupError):
+    """A segment too large to mesh on demand whose stored mesh set is stale or incomplete: a 409 (run
+    ``mesh-segments`` again)."""

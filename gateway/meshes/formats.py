@@ -1,10 +1,12 @@
 """The two precomputed mesh formats, each the files below its directory of a layer.
 
-- ``multires/``: ``info``, ``{id}.index`` (manifest), ``{id}`` (the fragments, read by byte range);
+- ``multires/``: ``info``, ``{id}.index`` (manifest), ``{id}`` (the fragments, read by byte range), from the
+  layer's stored mesh set where it has a fresh one (:mod:`gateway.meshes.stored`), else made on demand;
 - ``legacy/``: ``info``, ``{id}:0`` (a JSON list of fragments), ``{id}:0:{x}_{y}_{z}`` (one level-0 cube);
 
 and in both ``segment_properties/info`` (the same document). A format is given what one request needs
-(:class:`MeshWork`) and makes its files from it; it never calls back into the service.
+(:class:`MeshWork`) and answers each file as a :class:`Resource` (its body or a reader of its ranges, and an
+ETag); it never calls back into the service.
 """
 
 from abc import ABC, abstractmethod
@@ -13,8 +15,9 @@ from typing import Any
 
 from gateway_storage.geometry import Vec3
 
+from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
 from .budget import MeshBudget
-from .cache import LegacyKey, MeshCache, MultiresKey
+from .cache import LegacyKey, MeshCache, MultiresKey, StoredKey
 from .encoding import (
     LevelFragments,
     draco_fragment,
@@ -25,26 +28,21 @@ from .encoding import (
     multires_info,
     multires_manifest,
 )
-from .errors import MeshInputError, MeshNotFound, MeshTooLarge
+from .errors import MeshInputError, MeshNotFound, MeshTooLarge, StoredMeshesRequired
 from .geometry import morton_key
 from .layers import LayerMeshes
 from .names import parse_cube, parse_segment_id
 from .segments import Segments
+from .stored import ABSENT, SetState, StoredMeshes, StoredSegment, StoredSet
 from .surfaces import Surface, segment_surface, window_of
 
-# Voxels read to make one segment's multi-resolution mesh (every level): beyond it a manifest is a 413
-# that points to the legacy source, whose fragments are made one cube per request.
+# Voxels read to make one segment's multi-resolution mesh on demand (every level), the default of the
+# ``multires_voxels`` setting: beyond it a segment is served from a fresh stored mesh set, or its manifest is a 413
+# (409 where the stored set is stale) that points to `mesh-segments` and to the legacy source, whose fragments are
+# made one cube per request.
 MULTIRES_VOXELS = 128 << 20
 PROPERTIES_DIRECTORY = "segment_properties"
 PROPERTIES_INFO = f"{PROPERTIES_DIRECTORY}/info"
-OCTET_STREAM = "application/octet-stream"
-JSON = "application/json"
-
-
-@dataclass(frozen=True, slots=True)
-class MeshFile:
-    body: bytes
-    media_type: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +53,16 @@ class MeshWork:
     segments: Segments
     cache: MeshCache
     budget: MeshBudget
+    stored: StoredMeshes
+    multires_voxels: int = MULTIRES_VOXELS
+
+    def stored_set(self) -> SetState:
+        """The layer's stored mesh set as it is now (fresh only if made from the data as it is now)."""
+        place = self.segments.place
+        if not self.segments.storage.is_local or not place.holds_indexes():
+            return ABSENT  # data whose stamp cannot be taken (no set is current), or a directory no run has made
+        directory = place.mesh_set(self.meshes.dataset, self.meshes.name)
+        return self.stored.state(directory, self.segments.stamp(self.meshes))
 
 
 class MeshSource(ABC):
@@ -67,33 +75,60 @@ class MeshSource(ABC):
         """The source's ``info`` document."""
 
     @abstractmethod
-    def own_file(self, work: MeshWork, name: str) -> MeshFile:
+    def own_file(self, work: MeshWork, name: str) -> Resource:
         """A file other than ``info`` and the segment properties; a 400 for a name it cannot have."""
 
-    def file(self, work: MeshWork, name: str) -> MeshFile:
+    def file(self, work: MeshWork, name: str) -> Resource:
         """The file ``name`` below the source's directory."""
         if name == "info":
             properties = PROPERTIES_DIRECTORY if work.segments.can_list(work.meshes) else None
-            return MeshFile(json_bytes(self.info(work.meshes, properties)), JSON)
+            return bytes_resource(json_bytes(self.info(work.meshes, properties)), JSON)
         if name == PROPERTIES_INFO:
-            return MeshFile(work.segments.properties(work.meshes), JSON)
+            return bytes_resource(work.segments.properties(work.meshes), JSON)
         return self.own_file(work, name)
 
 
 class MultiresSource(MeshSource):
-    """``neuroglancer_multilod_draco``: ``{id}.index`` and ``{id}``, made together (the manifest holds every
-    fragment's size) and cached; one level of detail per mag."""
+    """``neuroglancer_multilod_draco``: ``{id}.index`` and ``{id}``. From a fresh stored set, the manifest and the
+    fragment data passed through (ETags of the shard's version); else made together on demand (the manifest holds
+    every fragment's size) and cached; one level of detail per mag."""
 
     name = "multires"
 
     def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return multires_info(meshes.voxel_nm, properties)
 
-    def own_file(self, work: MeshWork, name: str) -> MeshFile:
-        manifest, data = self._files(work, parse_segment_id(name.removesuffix(".index")))
-        return MeshFile(manifest if name.endswith(".index") else data, OCTET_STREAM)
+    def own_file(self, work: MeshWork, name: str) -> Resource:
+        segment = parse_segment_id(name.removesuffix(".index"))
+        manifest_asked = name.endswith(".index")
+        state = work.stored_set()
+        if state.fresh is not None:
+            return self._stored(work, state.fresh, segment, manifest_asked)
+        manifest, data = self._files(work, segment, state)
+        return bytes_resource(manifest if manifest_asked else data, OCTET_STREAM)
 
-    def _files(self, work: MeshWork, segment: int) -> tuple[bytes, bytes]:
+    @staticmethod
+    def _stored(work: MeshWork, stored: StoredSet, segment: int, manifest_asked: bool) -> Resource:
+        """A segment's file from a fresh stored set: a segment it lacks has no voxels (an empty manifest)."""
+        found: StoredSegment | None = work.cache.made(
+            StoredKey(work.meshes.key, stored.version, segment),
+            lambda: stored.segment(segment),
+            lambda entry: 256 + (0 if entry is None else len(entry.manifest)),
+        )
+        if found is None:
+            return bytes_resource(empty_manifest(work.meshes.grid.chunk_shape) if manifest_asked else b"", OCTET_STREAM)
+        tag = ("stored-mesh", found.name, found.identity.version, segment, found.data_start, found.data_size)
+        if manifest_asked:
+            return bytes_resource(found.manifest, OCTET_STREAM, make_etag(*tag, "manifest"))
+        return Resource(
+            found.data_size,
+            make_etag(*tag, "data"),
+            OCTET_STREAM,
+            reader=stored.reader(found),
+            local_reads=stored.store.is_local,
+        )
+
+    def _files(self, work: MeshWork, segment: int, state: SetState) -> tuple[bytes, bytes]:
         meshes = work.meshes
         index = work.segments.index(meshes)
         entry = index.lookup(segment)
@@ -102,32 +137,43 @@ class MultiresSource(MeshSource):
         cubes = entry.cubes
         return work.cache.made(
             MultiresKey(meshes.key, index.stamp, segment),
-            lambda: self._make(meshes, segment, cubes, work.budget),
+            lambda: self._make(meshes, segment, cubes, work, state),
             lambda files: len(files[0]) + len(files[1]) + 64,
         )
 
     @staticmethod
-    def _make(meshes: LayerMeshes, segment: int, cubes: list[Vec3], budget: MeshBudget) -> tuple[bytes, bytes]:
+    def _make(
+        meshes: LayerMeshes, segment: int, cubes: list[Vec3], work: MeshWork, state: SetState
+    ) -> tuple[bytes, bytes]:
         grid = meshes.grid
         plans = []
-        work = 0
+        voxels = 0
         for level in grid.levels:
             shift = level.lod
             positions = sorted({(x >> shift, y >> shift, z >> shift) for x, y, z in cubes}, key=morton_key)
             edge = level.cube_voxels
-            work += len(positions) * (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1)
+            voxels += len(positions) * (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1)
             plans.append((level, positions))
-        if work > MULTIRES_VOXELS:
+        if voxels > work.multires_voxels:
+            dataset = f"{meshes.dataset.organization}/{meshes.dataset.name}"
+            command = f"zarr-gateway mesh-segments ROOT {dataset} {meshes.name}"
+            why = (
+                f"segment {segment} spans {len(cubes)} cubes: its multi-resolution mesh would read {voxels} voxels, "
+                f"more than the {work.multires_voxels} one request may"
+            )
+            if state.exists:
+                raise StoredMeshesRequired(f"{why}, and the layer's stored mesh set is {state.why}: run `{command}`")
             raise MeshTooLarge(
-                f"segment {segment} spans {len(cubes)} cubes: its multi-resolution mesh would read {work} voxels, "
-                f"more than the {MULTIRES_VOXELS} one request may; the legacy source "
+                f"{why}; `{command}` stores the layer's meshes, and the legacy source "
                 f"(.../{meshes.name}/legacy/) makes its mesh one cube per request"
             )
         levels = []
         for level, positions in plans:
             fragments = []
             for position in positions:
-                parts = [segment_surface(level.source, segment, lo, hi, budget) for lo, hi in level.parts(position)]
+                parts = [
+                    segment_surface(level.source, segment, lo, hi, work.budget) for lo, hi in level.parts(position)
+                ]
                 fragments.append(draco_fragment(Surface.concatenate(parts), level, position))
             levels.append(LevelFragments(level, positions, fragments))
         manifest = multires_manifest(grid.chunk_shape, levels)
@@ -143,7 +189,7 @@ class LegacySource(MeshSource):
     def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return legacy_info(properties)
 
-    def own_file(self, work: MeshWork, name: str) -> MeshFile:
+    def own_file(self, work: MeshWork, name: str) -> Resource:
         segment_text, sep, rest = name.partition(":")
         if sep != ":" or not (rest == "0" or rest.startswith("0:")):
             raise MeshInputError(
@@ -153,8 +199,8 @@ class LegacySource(MeshSource):
         if rest == "0":
             entry = work.segments.index(work.meshes).lookup(segment)
             cubes = [] if entry is None else entry.cubes
-            return MeshFile(json_bytes({"fragments": [f"{segment}:0:{x}_{y}_{z}" for x, y, z in cubes]}), JSON)
-        return MeshFile(self._fragment(work, segment, parse_cube(rest[2:], name)), OCTET_STREAM)
+            return bytes_resource(json_bytes({"fragments": [f"{segment}:0:{x}_{y}_{z}" for x, y, z in cubes]}), JSON)
+        return bytes_resource(self._fragment(work, segment, parse_cube(rest[2:], name)), OCTET_STREAM)
 
     @staticmethod
     def _fragment(work: MeshWork, segment: int, cube: Vec3) -> bytes:

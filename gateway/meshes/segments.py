@@ -1,9 +1,9 @@
 """A layer's segments: its segment index (read through a store, or scanned), their labels and properties.
 
-The index lives where ``index-segments`` writes it (:class:`IndexPlace`): beside the layer, in the data
-root's store, or below ``segment_index_dir``, a local directory opened as a store of its own (for data
-roots mounted read-only). Either way it is read through a store, so containment, versions and the size
-bound hold for it as for any data file.
+The index lives where ``index-segments`` writes it (:class:`IndexPlace`), and so does a stored mesh set
+(``mesh-segments``): beside the layer, in the data root's store, or below ``segment_index_dir``, a local
+directory opened as a store of its own (for data roots mounted read-only). Either way it is read through a
+store, so containment, versions and the size bound hold for it as for any data file.
 """
 
 import logging
@@ -25,19 +25,28 @@ from .names import parse_segment_id
 log = logging.getLogger("gateway.meshes")
 
 INDEX_SUFFIX = ".segment-index.npz"
+MESH_SET_SUFFIX = ".meshes"  # a directory: the stored mesh set (gateway/meshes/stored.py)
 LABELS_SUFFIX = ".segment-labels.json"
 MAX_LABELS_BYTES = 64 << 20  # a segment labels file larger than this is ignored (and said so in the log)
 MAX_LISTED_SEGMENTS = 100_000  # segment properties list at most this many segments, the largest
 
 
 class IndexPlace(ABC):
-    """Where the segment indexes of a data root live, and the store they are read through."""
+    """Where the segment indexes and stored mesh sets of a data root live, and the store they are read through."""
 
     store: Store
 
     @abstractmethod
+    def beside(self, dataset: Dataset, layer: str, suffix: str) -> str:
+        """The path of ``<layer><suffix>`` at this place."""
+
     def location(self, dataset: Dataset, layer: str) -> str:
         """Where ``index-segments`` writes the layer's index and the gateway reads it."""
+        return self.beside(dataset, layer, INDEX_SUFFIX)
+
+    def mesh_set(self, dataset: Dataset, layer: str) -> str:
+        """The directory of the layer's stored mesh set (``mesh-segments`` writes it, the gateway serves it)."""
+        return self.beside(dataset, layer, MESH_SET_SUFFIX)
 
     def holds_indexes(self) -> bool:
         """Whether any index can be there: a directory of indexes that no run has made yet holds none."""
@@ -45,23 +54,24 @@ class IndexPlace(ABC):
 
 
 class BesideLayers(IndexPlace):
-    """``<dataset>/<layer>.segment-index.npz`` in the data root itself (a writable root)."""
+    """``<dataset>/<layer>.segment-index.npz`` (and ``<layer>.meshes/``) in the data root itself (a writable root)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def location(self, dataset: Dataset, layer: str) -> str:
-        return self.store.join(dataset.directory, f"{layer}{INDEX_SUFFIX}")
+    def beside(self, dataset: Dataset, layer: str, suffix: str) -> str:
+        return self.store.join(dataset.directory, f"{layer}{suffix}")
 
 
 class InDirectory(IndexPlace):
-    """``<directory>/<org>/<dataset>/<layer>.segment-index.npz``: a local directory beside a read-only root."""
+    """``<directory>/<org>/<dataset>/<layer>.segment-index.npz`` (and ``<layer>.meshes/``): a local directory beside
+    a read-only root."""
 
     def __init__(self, directory: str) -> None:
         self.store = LocalStore(directory)
 
-    def location(self, dataset: Dataset, layer: str) -> str:
-        return self.store.join(self.store.root, dataset.organization, dataset.name, f"{layer}{INDEX_SUFFIX}")
+    def beside(self, dataset: Dataset, layer: str, suffix: str) -> str:
+        return self.store.join(self.store.root, dataset.organization, dataset.name, f"{layer}{suffix}")
 
     def holds_indexes(self) -> bool:
         return self.store.is_directory(self.store.root)

@@ -1,10 +1,11 @@
 """The mesh sources of a data root: the one entry point the HTTP edge and ``index-segments`` use.
 
-Per segmentation layer there are two sources (:mod:`gateway.meshes.formats`), made on demand from the
-voxels and cached (:mod:`gateway.meshes.cache`) by the stamp of the data, so replicas agree byte for
-byte. Meshing is computation on voxels, bounded per request (:mod:`gateway.meshes.budget`), and runs
-in threads of its own limiter (``mesh_threads``), shared with the previews, so that however many mesh
-requests wait, the threads that serve chunks stay free.
+Per segmentation layer there are two sources (:mod:`gateway.meshes.formats`), served from a stored mesh set
+where the layer has a fresh one (:mod:`gateway.meshes.stored`), else made on demand from the voxels and cached
+(:mod:`gateway.meshes.cache`) by the stamp of the data, so replicas agree byte for byte. Meshing is
+computation on voxels, bounded per request (:mod:`gateway.meshes.budget`), and runs in threads of its own
+limiter (``mesh_threads``), shared with the previews, so that however many mesh requests wait, the threads
+that serve chunks stay free.
 """
 
 import logging
@@ -15,12 +16,14 @@ from gateway_storage import StorageError, Store
 from wkw_adapter import WkwError
 
 from ..sources.catalog import Dataset
+from ..zarr.resource import Resource
 from .budget import MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, SegmentIndexRequired
-from .formats import MESH_SOURCES, MeshFile, MeshWork
+from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshWork
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
+from .stored import StoredMeshes
 
 log = logging.getLogger("gateway.meshes")
 LARGEST_ON_PAGE = 3
@@ -29,27 +32,37 @@ LARGEST_ON_PAGE = 3
 class MeshService:
     """Mesh files of every segmentation layer; holds caches only."""
 
-    def __init__(self, storage: Store, place: IndexPlace, cache_bytes: int, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(
+        self,
+        storage: Store,
+        place: IndexPlace,
+        cache_bytes: int,
+        limiter: anyio.CapacityLimiter,
+        multires_voxels: int | None = None,
+    ) -> None:
         self.storage = storage
         self.place = place
         self.limiter = limiter
+        self.multires_voxels = MULTIRES_VOXELS if multires_voxels is None else multires_voxels
         self.cache = MeshCache(cache_bytes)
         self.layers = MeshLayers()
         self.segments = Segments(storage, place, self.cache)
+        self.stored = StoredMeshes(place.store)
 
     def layer(self, dataset: Dataset, name: str) -> LayerMeshes:
         return self.layers.layer(dataset, name)
 
-    def file(self, dataset: Dataset, layer: str, kind: str, name: str) -> MeshFile:
+    def file(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
         """The file ``name`` of mesh source ``kind`` (``multires`` or ``legacy``) of a layer. Blocking."""
         source = MESH_SOURCES.get(kind)
         if source is None:
             raise MeshNotFound(f"no mesh source {kind!r}; there are {', '.join(MESH_SOURCES)}")
         meshes = self.layer(dataset, layer)
         budget = MeshBudget(f"{kind}/{name} of layer {layer!r}")
-        return source.file(MeshWork(meshes, self.segments, self.cache, budget), name)
+        work = MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
+        return source.file(work, name)
 
-    async def answer(self, dataset: Dataset, layer: str, kind: str, name: str) -> MeshFile:
+    async def answer(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
         """:meth:`file`, in a thread of the mesh limiter."""
         return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self.limiter)
 

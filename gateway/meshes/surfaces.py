@@ -88,12 +88,18 @@ def segment_surface(source: MagSource, segment: int, lo: Vec3, hi: Vec3, budget:
     """
     budget.check_time()
     voxels = read_window(source, *window_of(lo, hi))  # read first: a storage fault is never "no mesh"
+    return window_surface(voxels, segment, lo, f"the box {lo}..{hi} of mag {'-'.join(map(str, source.mag))}", budget)
+
+
+def window_surface(voxels: np.ndarray, segment: int, lo: Vec3, where: str, budget: MeshBudget) -> Surface:
+    """The surface of ``segment`` in the window ``voxels`` read for the box from ``lo`` (:func:`window_of`): what
+    a request meshes from its own read, and a mesh set's block from one read for all its segments."""
     if segment > np.iinfo(voxels.dtype).max:
         return EMPTY  # an id the layer's type cannot hold (say 300 in a uint8 layer)
     mask = voxels == voxels.dtype.type(segment)
     if not mask.any():
         return EMPTY
-    budget.check_surface(mask, f"the box {lo}..{hi} of mag {'-'.join(map(str, source.mag))}")
+    budget.check_surface(mask, where)
     surface = mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
     budget.count(len(surface.faces), len(surface.vertices))
     return surface

@@ -226,8 +226,8 @@ class PrecomputedTree:
     # --- files --------------------------------------------------------------------------------
 
     def _mesh_file(self, volume: Volume, name: str) -> Found:
-        found = self.meshes.file(volume.dataset, volume.layer.properties.name, MESH_KIND, name)
-        return Found(bytes_resource(found.body, found.media_type))  # never gzipped: fragments are read by range
+        # never gzipped: fragments are read by range
+        return Found(self.meshes.file(volume.dataset, volume.layer.properties.name, MESH_KIND, name))
 
     @staticmethod
     def _chunk(served: ServedScale, key: str) -> Resource:

@@ -272,36 +272,44 @@ class PrecomputedMagSource(MagSource):
         cached = self.minishards.get(key)
         if cached is not None:
             return cached
-        sharding = self.sharding
-        assert sharding is not None
-        where = self.relative(path)
-        index_end = sharding.index_bytes
-        if identity.size < index_end:
-            raise ShardError(f"{where}: the shard is shorter than its index")
-        entry = np.frombuffer(self.storage.read(path, 16 * minishard, 16, identity, limit=16), dtype="<u8")
-        start, end = int(entry[0]), int(entry[1])
-        table: dict[int, tuple[int, int]] = {}
-        if end > start:
-            if index_end + end > identity.size:
-                raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
-            raw = self.storage.read(path, index_end + start, end - start, identity, limit=MAX_MINISHARD_INDEX_BYTES)
-            if sharding.minishard_index_gzip:
-                raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
-            if len(raw) % 24:
-                raise ShardError(f"{where}: minishard index {minishard} has {len(raw)} bytes, not a multiple of 24")
-            columns = np.frombuffer(raw, dtype="<u8").reshape(3, -1).astype(object)  # Python ints: no overflow
-            ids = np.cumsum(columns[0])
-            sizes = columns[2]
-            starts = np.cumsum(columns[1] + np.concatenate([[0], sizes[:-1]]))
-            for chunk_id, chunk_start, size in zip(ids, starts, sizes):
-                offset = index_end + int(chunk_start)
-                if offset + int(size) > identity.size:
-                    raise ShardError(f"{where}: minishard {minishard} points past the end of the shard")
-                table[int(chunk_id)] = (offset, int(size))
-        elif end < start:
-            raise ShardError(f"{where}: minishard {minishard} ends before it starts")
+        assert self.sharding is not None
+        table = read_minishard_index(self.storage, path, identity, self.sharding, minishard, self.relative(path))
         self.minishards.put(key, table, 64 + 48 * len(table))
         return table
+
+
+def read_minishard_index(
+    storage: Store, path: str, identity: FileIdentity, sharding: Sharding, minishard: int, where: str
+) -> dict[int, tuple[int, int]]:
+    """Chunk id to (offset in the shard file, size) of one minishard of the shard file ``path`` (that version),
+    every offset checked against the file and the index bounded (``MAX_MINISHARD_INDEX_BYTES``, stored and
+    inflated): precomputed scales and stored mesh sets read their shards through this."""
+    index_end = sharding.index_bytes
+    if identity.size < index_end:
+        raise ShardError(f"{where}: the shard is shorter than its index")
+    entry = np.frombuffer(storage.read(path, 16 * minishard, 16, identity, limit=16), dtype="<u8")
+    start, end = int(entry[0]), int(entry[1])
+    table: dict[int, tuple[int, int]] = {}
+    if end > start:
+        if index_end + end > identity.size:
+            raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
+        raw = storage.read(path, index_end + start, end - start, identity, limit=MAX_MINISHARD_INDEX_BYTES)
+        if sharding.minishard_index_gzip:
+            raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
+        if len(raw) % 24:
+            raise ShardError(f"{where}: minishard index {minishard} has {len(raw)} bytes, not a multiple of 24")
+        columns = np.frombuffer(raw, dtype="<u8").reshape(3, -1).astype(object)  # Python ints: no overflow
+        ids = np.cumsum(columns[0])
+        sizes = columns[2]
+        starts = np.cumsum(columns[1] + np.concatenate([[0], sizes[:-1]]))
+        for chunk_id, chunk_start, size in zip(ids, starts, sizes):
+            offset = index_end + int(chunk_start)
+            if offset + int(size) > identity.size:
+                raise ShardError(f"{where}: minishard {minishard} points past the end of the shard")
+            table[int(chunk_id)] = (offset, int(size))
+    elif end < start:
+        raise ShardError(f"{where}: minishard {minishard} ends before it starts")
+    return table
 
 
 class PrecomputedFormat(SourceFormat):

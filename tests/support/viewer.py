@@ -123,3 +123,30 @@ def state_sources(state: dict[str, Any]) -> list[str]:
         for layer in state["layers"]
         for source in (layer["source"] if isinstance(layer["source"], list) else [layer["source"]])
     ]
+
+
+def mesh_view(
+    source: str, voxel_nm: tuple[float, float, float], centre: list[float], scale: float, segments: list[int]
+) -> dict[str, Any]:
+    """A 3-D view of a mesh source's ``segments`` alone (white, opaque), orthographic, looking down z from
+    ``centre``, the panel ``scale`` voxels high."""
+    return {
+        "dimensions": {axis: [size * 1e-9, "m"] for axis, size in zip("xyz", voxel_nm)},
+        "position": centre,
+        "projectionScale": scale,
+        "layout": {"type": "3d", "orthographicProjection": True},
+        "showAxisLines": False,
+        "showScaleBar": False,
+        "showDefaultAnnotations": False,
+        "showSlices": False,
+        "layers": [
+            {
+                "type": "segmentation",
+                "name": "segmentation",
+                "source": source,
+                "segments": [str(s) for s in segments],
+                "segmentColors": {str(s): "#ffffff" for s in segments},
+                "objectAlpha": 1,
+            }
+        ],
+    }

@@ -4,7 +4,6 @@ segmentation layer (:mod:`gateway.meshes`), made in a thread."""
 from dataclasses import dataclass
 
 from ...meshes.service import MeshService
-from ...zarr.resource import bytes_resource
 from ..messages import Answer, Request
 from ..urls import parse_mesh_path
 from .access import Authorizer
@@ -23,4 +22,4 @@ class MeshHandler:
         target = parse_mesh_path(request.path)
         dataset = await self.access.readable_dataset(request, target.organization, target.dataset)
         found = await self.meshes.answer(dataset, target.layer, target.kind, target.file)
-        return await self.sender.send(request, bytes_resource(found.body, found.media_type))
+        return await self.sender.send(request, found)

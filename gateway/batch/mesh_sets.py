@@ -1,0 +1,208 @@
+"""A layer's stored mesh set (gateway/meshes/stored.py) as a block task: each block makes its fragments, and
+``finish`` groups them per segment into manifests and shards, written into the set's directory, then the stamp.
+
+Here, not in ``gateway/meshes``: the set is written to files, which the meshes package never does itself (it
+reads only through stores). The task holds descriptions (root, names, directory) and opens the layer on the
+worker, once per process.
+"""
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway_storage import open_store
+
+from ..meshes.errors import MeshInputError
+from ..meshes.index import data_stamp
+from ..meshes.layers import LayerMeshes, MeshLayers
+from ..meshes.segments import index_place
+from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
+from ..meshes.stored import (
+    INFO,
+    STAMP,
+    TARGET_SHARD_BYTES,
+    BlockPlan,
+    FragmentRecord,
+    MeshSetBlockFailed,
+    block_lod,
+    block_memory_bytes,
+    decode_block_output,
+    encode_block_output,
+    make_block,
+    plan_blocks,
+    segment_chunk,
+    set_info,
+    stamp_document,
+)
+from ..sources.catalog import BrokenDataset, Catalog
+from ..sources.registry import SourceFormats
+from .tasks import Block
+
+SOURCE_CACHE_BYTES = 128 << 20  # the source formats' metadata cache of each process that opens the layer
+SPILL = ".spill"  # below the set's directory while ``finish`` sorts fragments by shard (hidden: never listed)
+
+
+class LayerNotFound(LookupError):
+    """No servable dataset or layer of that name under the root; the message says why."""
+
+
+def open_layer(root: str, organization: str, dataset: str, layer: str) -> LayerMeshes:
+    storage = open_store(root)
+    found = Catalog(storage, SourceFormats(storage, SOURCE_CACHE_BYTES)).dataset(organization, dataset)
+    if found is None or isinstance(found, BrokenDataset):
+        reason = f": {found.reason}" if found else ""
+        raise LayerNotFound(f"no servable dataset {organization}/{dataset} under {root}{reason}")
+    return MeshLayers().layer(found, layer)
+
+
+_opened: dict[tuple[str, str, str, str], LayerMeshes] = {}
+_opening = threading.Lock()
+
+
+@dataclass(frozen=True)
+class MeshSetTask:
+    """The stored mesh set of one segmentation layer, written to ``directory``.
+
+    ``fine_lod``: the level of a fine block's cube (None: the coarsest whose cube holds at most
+    ``BLOCK_VOXELS`` finest voxels); levels above it are made one cube per block.
+    """
+
+    root: str
+    organization: str
+    dataset: str
+    layer: str
+    directory: str
+    fine_lod: int | None = None
+    name: str = field(default="meshes", init=False)
+
+    @classmethod
+    def for_layer(cls, root: str, dataset: str, layer: str, index_dir: str | None = None) -> "MeshSetTask":
+        """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it)."""
+        organization, _, name = dataset.partition("/")
+        meshes = open_layer(root, organization, name, layer)
+        storage = open_store(root)
+        if not storage.is_local:
+            raise MeshInputError("a mesh set is stamped with the data's files: it needs data on a local file system")
+        directory = index_place(storage, index_dir).mesh_set(meshes.dataset, layer)
+        return cls(root, organization, name, layer, directory)
+
+    def meshes(self) -> LayerMeshes:
+        """The layer, opened once per process."""
+        key = (self.root, self.organization, self.dataset, self.layer)
+        with _opening:
+            found = _opened.get(key)
+            if found is None:
+                found = _opened[key] = open_layer(*key)
+            return found
+
+    @property
+    def _fine_lod(self) -> int:
+        grid = self.meshes().grid
+        return block_lod(grid) if self.fine_lod is None else min(self.fine_lod, len(grid.levels) - 1)
+
+    def version(self) -> str:
+        stamp = data_stamp(self.meshes().layer.mags, True)
+        if stamp is None:  # pragma: no cover - data_stamp of local data is always a digest
+            raise MeshInputError(f"layer {self.layer!r} has no data stamp")
+        return stamp
+
+    def blocks(self) -> Sequence[Block]:
+        grid = self.meshes().grid
+        found = []
+        for plan in plan_blocks(grid, self._fine_lod):
+            size = grid.levels[plan.lod].cube_size
+            lo = (plan.position[0] * size[0], plan.position[1] * size[1], plan.position[2] * size[2])
+            found.append(Block(plan.key, lo, (lo[0] + size[0], lo[1] + size[1], lo[2] + size[2])))
+        return found
+
+    def memory_bytes(self) -> int:
+        return block_memory_bytes(self.meshes().grid)
+
+    def run(self, block: Block) -> bytes:
+        lod, x, y, z = (int(part) for part in block.key.split("_"))
+        try:
+            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod)
+        except MeshSetBlockFailed:
+            raise
+        except Exception as exc:
+            raise MeshSetBlockFailed(
+                f"block {block.key} ({block.lo}..{block.hi}) of layer {self.layer!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return encode_block_output(records)
+
+    def finish(self, outputs: Callable[[Block], bytes]) -> str:
+        """Group every block's fragments by shard (spilled to files, so one shard is held at a time), write the
+        shards and the info, then the stamp: until it is written the set is incomplete and never served."""
+        meshes = self.meshes()
+        version = self.version()
+        blocks = self.blocks()
+        segments: set[int] = set()
+        total = 0
+        for block in blocks:
+            for record in decode_block_output(outputs(block), block.key):
+                segments.add(record.segment)
+                total += len(record.data)
+        sharding = sharding_for(len(segments), total, TARGET_SHARD_BYTES)
+        target = Path(self.directory)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / STAMP).unlink(missing_ok=True)  # from here on the set is incomplete
+        for old in target.glob("*.shard"):
+            old.unlink()
+        spill = Path(tempfile.mkdtemp(prefix=SPILL, dir=target))
+        try:
+            for block in blocks:
+                by_shard: dict[int, list[FragmentRecord]] = {}
+                records = decode_block_output(outputs(block), block.key)
+                for record in records:
+                    by_shard.setdefault(sharding.locate(record.segment)[0], []).append(record)
+                for shard, members in by_shard.items():
+                    encoded = encode_block_output(members)
+                    with open(spill / str(shard), "ab") as out:
+                        out.write(len(encoded).to_bytes(8, "little") + encoded)
+            files = {}
+            for part in sorted(spill.iterdir(), key=lambda p: int(p.name)):
+                name = sharding.shard_name(int(part.name))
+                body = encode_shard(sharding, self._chunks(meshes, part))
+                write_atomically(target / name, body)
+                files[name] = len(body)
+                part.unlink()
+        finally:
+            for left in spill.iterdir():
+                left.unlink()
+            spill.rmdir()
+        info = set_info(meshes.voxel_nm, sharding)
+        write_atomically(target / INFO, info)
+        files[INFO] = len(info)
+        if self.version() != version:
+            raise MeshSetBlockFailed(f"the files of layer {self.layer!r} changed while its meshes were made: run again")
+        write_atomically(target / STAMP, stamp_document(self.layer, version, files))
+        return str(target)
+
+    @staticmethod
+    def _chunks(meshes: LayerMeshes, part: Path) -> list[ShardChunk]:
+        """The segments of one shard from its spill file: each one's fragments by level and position."""
+        data = part.read_bytes()
+        fragments: dict[int, dict[tuple[int, tuple[int, int, int]], bytes]] = {}
+        at = 0
+        while at < len(data):
+            size = int.from_bytes(data[at : at + 8], "little")
+            for record in decode_block_output(data[at + 8 : at + 8 + size], part.name):
+                fragments.setdefault(record.segment, {})[record.lod, record.position] = record.data
+            at += 8 + size
+        return [segment_chunk(meshes.grid, segment, fragments[segment]) for segment in sorted(fragments)]
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path``, readable by the gateway's user: a reader sees the old file or the new one."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
