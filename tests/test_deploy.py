@@ -739,7 +739,9 @@ def test_every_setting_has_a_flag_and_a_readme_row(
     for name, field in Settings.model_fields.items():
         assert field.description, f"setting {name} has no description (its flag's help)"
         value = values[name]
-        given = [] if isinstance(value, bool) else [str(value) if value not in (None, "") else str(tmp_path)]
+        if value in (None, ""):  # unset by default: a number where the setting takes one, else a path
+            value = 1 if int in typing.get_args(field.annotation) else tmp_path
+        given = [] if isinstance(value, bool) else [str(value)]
         args = build_parser().parse_args(["serve", f"--{name.replace('_', '-')}", *given])
         assert getattr(args, name) is not None, name
         if typing.get_origin(field.annotation) is typing.Literal:
