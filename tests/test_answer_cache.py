@@ -245,7 +245,8 @@ def test_a_file_rewritten_within_the_settle_time_is_not_answered_from_the_cache(
     not given), and once the file is quiet, its new voxels."""
     data = first_versions()
     write_dataset(tmp_path, data)
-    server = serve(tmp_path, settle_seconds=2)
+    # long enough that every chunk is asked for within it on a busy machine, short against WAIT_SECONDS
+    server = serve(tmp_path, settle_seconds=10)
     layer = "lz4_u8"
     listed = chunks(server, layer, CHUNKS_32, 32)
     for chunk in listed:
