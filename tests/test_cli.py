@@ -180,7 +180,7 @@ def test_sigterm_leaves_no_leaked_semaphore_warning(sample_root: Path, tmp_path:
 
 
 def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path: Path) -> None:
-    """The bar counts cubes to the end; it used to count voxels with their margins, twice the summary's."""
+    """The bar counts blocks to the end; it used to count voxels with their margins, twice the summary's."""
     controller, terminal = pty.openpty()
     env = environment() | {"COLUMNS": "200", "TERM": "xterm"}
     command = ["index-segments", str(sample_root), f"{ORGANIZATION}/{DATASET}", "segmentation"]
@@ -209,5 +209,5 @@ def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path
     counts = re.findall(r"([\d,]+)/([\d,]+) (\w+)", bar)
     assert counts, bar
     done, total, unit = counts[-1]
-    assert unit == "cubes" and done == total, bar
+    assert unit == "blocks" and done == total, bar
     assert "voxels" not in bar, bar
