@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import wkw
 import yaml
+from support.kubectl import kubectl
 from support.layers import write_properties
 
 from gateway.batch.runner import WORKER_HEADROOM_BYTES
@@ -26,14 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 DASK = {"dask-scheduler", "dask-worker", "dask-client"}
 UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-
-
-def kubectl() -> str:
-    beside = Path(sys.executable).parent / "kubectl"
-    path = str(beside) if beside.exists() else shutil.which("kubectl")
-    if path is None:
-        pytest.fail("kubectl is missing: install the deploy-check extra")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import logging
 import resource
 import sys
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -257,16 +258,16 @@ class LocalWorkers(Dask):
         distributed = _distributed()
         limit = task.memory_bytes() + WORKER_HEADROOM_BYTES
         say(f"starting {self.workers} dask worker processes, a memory limit of {limit / 2**20:.0f} MiB each")
-        with (
-            distributed.LocalCluster(
+        with warnings.catch_warnings():  # "port 8787 is already in use": the link printed names the port used
+            warnings.simplefilter("ignore")
+            cluster = distributed.LocalCluster(
                 n_workers=self.workers,
                 threads_per_worker=1,
                 processes=True,
                 memory_limit=limit,
                 silence_logs=DASK_LOG_LEVEL,
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
+            )
+        with cluster, distributed.Client(cluster) as client:
             yield client
 
 
