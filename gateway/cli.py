@@ -238,7 +238,9 @@ def index_segments(args: argparse.Namespace) -> None:
     if block_cubes < 1:
         raise CommandError(f"index-segments: --block-cubes {args.block_cubes}: at least one cube per edge")
     organization, _, name = args.dataset.partition("/")
-    layer = SegmentLayer(args.root, organization, name, args.layer)
+    # Absolute paths: a worker of an existing cluster opens them from a working directory of its own.
+    root = args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
+    layer = SegmentLayer(root, organization, name, args.layer)
     progress = sys.stderr.isatty()
     try:
         storage, meshes = layer.open()
@@ -251,7 +253,7 @@ def index_segments(args: argparse.Namespace) -> None:
         raise CommandError(f"index-segments: layer {args.layer!r} cannot be indexed: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
         raise CommandError(f"index-segments: {exc}") from None
-    work_dir = Path(args.work_dir) if args.work_dir else Path(location).parent / f"{args.layer}.batch-work"
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else Path(location).parent / f"{args.layer}.batch-work"
     if args.scheduler is not None:
         executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
     elif args.workers is not None:
