@@ -7,6 +7,7 @@ real existing cluster (a ``LocalCluster`` of this test process, closed when the 
 
 import contextlib
 import os
+import pty
 import re
 import shutil
 import signal
@@ -222,6 +223,35 @@ def test_an_existing_cluster_makes_the_same_index(root: Path, tmp_path: Path, sc
     assert code == 0, err
     assert_same_index(read_index(tmp_path, "cells"), one_process_index(root, "cells"))
     assert f"the dask cluster at {scheduler}" in out
+
+
+def test_a_terminal_shows_dask_s_progress_bar_and_the_output_is_the_summary(root: Path, tmp_path: Path) -> None:
+    controller, terminal = pty.openpty()
+    with subprocess.Popen(
+        command(root, "cells", tmp_path, "--workers", "1"),
+        cwd=REPO,
+        env=environment() | {"COLUMNS": "200", "TERM": "xterm"},
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal's other end closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = process.stdout.read() if process.stdout else ""
+    os.close(controller)
+    assert process.returncode == 0, shown
+    seen = shown.decode(errors="replace")
+    assert "| 100% Completed |" in seen and "dask dashboard: http" in seen, seen
+    assert out.startswith(f"{len(read_index(tmp_path, 'cells'))} segments of") and "Completed" not in out, out
 
 
 # --- resumable -----------------------------------------------------------------------------------------------

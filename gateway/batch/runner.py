@@ -7,6 +7,7 @@ again elsewhere), a run killed mid-way is started again and submits only the blo
 that fails names itself and the reason; a run with a failed block ends with the list and never finishes.
 """
 
+import contextlib
 import logging
 import resource
 import sys
@@ -201,8 +202,9 @@ class Dask(Executor):
                 key=[f"{task.name}-{outputs.directory.name[:12]}-{block.key}" for block in blocks],
             )
             try:
-                if self.progress:
-                    distributed.progress(futures)
+                if self.progress:  # dask's bar, on standard error as the in-process one: the summary is the output
+                    with contextlib.redirect_stdout(sys.stderr):
+                        distributed.progress(futures)
                 distributed.wait(futures)
                 return _collect(blocks, futures)
             except (OSError, distributed.comm.core.CommClosedError) as exc:
