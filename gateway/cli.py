@@ -224,7 +224,7 @@ def index_segments(args: argparse.Namespace) -> None:
     from .batch.outputs import BlockOutputs
     from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
     from .batch.segment_index import DatasetNotFound, SegmentIndexTask, SegmentLayer
-    from .meshes.build import DataChangedWhileIndexing
+    from .meshes.build import BLOCK_CUBES, DataChangedWhileIndexing
     from .meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge
     from .meshes.segments import index_place
 
@@ -232,8 +232,6 @@ def index_segments(args: argparse.Namespace) -> None:
         raise CommandError(f"index-segments: data root {args.root} not found (not a directory)")
     if args.workers is not None and args.workers < 1:
         raise CommandError(f"index-segments: --workers {args.workers}: at least one worker process")
-    from .meshes.build import BLOCK_CUBES
-
     block_cubes = BLOCK_CUBES if args.block_cubes is None else args.block_cubes
     if block_cubes < 1:
         raise CommandError(f"index-segments: --block-cubes {args.block_cubes}: at least one cube per edge")

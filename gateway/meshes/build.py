@@ -48,13 +48,17 @@ def box_cubes(grid: MeshGrid, lo: Vec3, hi: Vec3) -> list[Vec3]:
 
 
 def box_memory_bytes(grid: MeshGrid, block_cubes: int = BLOCK_CUBES) -> int:
-    """The most memory indexing one box of :func:`index_boxes` holds (the one that owns the most cubes)."""
-    most = 1
+    """The most memory indexing one box of :func:`index_boxes` holds: per axis the most cubes, voxels, and
+    voxels with the cubes' one-voxel margins any box has (the first, an inner and the last are all kinds)."""
+    cubes = inner = window = 1
     for axis in range(3):
         boxes = list(_axis_boxes(grid, axis, block_cubes))
-        ends = [boxes[0], boxes[-1], *boxes[1:2]]
-        most *= max(len(grid.cube_ranges(*_on_axis(grid, axis, span))[axis]) for _, span in ends)
-    return index_part_bytes(grid, most)
+        spans = [span for _, span in (boxes[0], boxes[-1], *boxes[1:2])]
+        counts = [len(grid.cube_ranges(*_on_axis(grid, axis, span))[axis]) for span in spans]
+        cubes *= max(counts)
+        inner *= max(hi - lo for lo, hi in spans)
+        window *= max(hi - lo + count for (lo, hi), count in zip(spans, counts))
+    return index_part_bytes(grid, cubes, window, inner)
 
 
 def _on_axis(grid: MeshGrid, axis: int, span: tuple[int, int]) -> tuple[Vec3, Vec3]:

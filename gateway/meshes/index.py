@@ -229,20 +229,20 @@ PAIR_BYTES = 8 + 12 + 8  # an (id, cube) pair of a part: id, cube position, Z-cu
 FOUND_BYTES = 8 + 8 + 24 + 24  # a found id of a part: id, count, box
 
 
-def index_part_bytes(grid: MeshGrid, cubes: int) -> int:
+def index_part_bytes(grid: MeshGrid, cubes: int, window_voxels: int, inner_voxels: int) -> int:
     """The most memory indexing ``cubes`` level-0 cubes into one part holds at once, its bytes included: one
-    window at a time (with the stored chunks it decodes), and a part as large as it can grow (every voxel a
-    segment of its own, twice: the arrays and their bytes)."""
+    window at a time (with the stored chunks it decodes), and a part as large as it can grow, twice (the arrays
+    and their bytes): an (id, cube) pair for each of the ``window_voxels`` voxels of the cubes' windows inside
+    the bounding box (and the fill value, once a cube), a found id for each of their ``inner_voxels``."""
     source = grid.finest
     edge = grid.levels[0].cube_voxels
-    inner = edge[0] * edge[1] * edge[2]
     window = (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1)
     times, plus = WINDOW_BYTES_PER_VOXEL
     reading = window * (times * source.dtype.itemsize + plus) + source.decoded_bytes(
         (edge[0] + 1, edge[1] + 1, edge[2] + 1)
     )
-    labels = inner * max(edge)  # the table of which labels occur in which plane, one axis at a time
-    part = cubes * (window * PAIR_BYTES + inner * FOUND_BYTES)
+    labels = edge[0] * edge[1] * edge[2] * max(edge)  # which labels occur in which plane, one axis at a time
+    part = (window_voxels + cubes) * PAIR_BYTES + inner_voxels * FOUND_BYTES
     return reading + labels + 2 * part
 
 
