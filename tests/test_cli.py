@@ -18,6 +18,7 @@ import pytest
 import requests
 from support.processes import free_port, stop_process, wait_until_answering
 from support.servers import Server
+from support.terminal import read_terminal
 
 from gateway.sample import DATASET, ORGANIZATION
 from gateway.startup import EXAMPLE_TOKEN
@@ -192,15 +193,7 @@ def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path
         stderr=terminal,
     ) as process:
         os.close(terminal)
-        shown = b""
-        while True:
-            try:
-                block = os.read(controller, 65536)
-            except OSError:  # the terminal's other end closed
-                break
-            if not block:
-                break
-            shown += block
+        shown = read_terminal(controller)
         summary = process.stdout.read().decode() if process.stdout else ""
     os.close(controller)
     assert process.returncode == 0, (shown, summary)

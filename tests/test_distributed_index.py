@@ -22,6 +22,7 @@ import pytest
 import wkw
 from support.layers import write_properties
 from support.processes import free_port, wait_until
+from support.terminal import read_terminal
 
 from gateway.batch.segment_index import SegmentLayer
 from gateway.meshes.build import box_cubes, index_boxes
@@ -237,15 +238,7 @@ def test_a_terminal_shows_dask_s_progress_bar_and_the_output_is_the_summary(root
         start_new_session=True,
     ) as process:
         os.close(terminal)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # the terminal's other end closed
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown = read_terminal(controller)
         out = process.stdout.read() if process.stdout else ""
     os.close(controller)
     assert process.returncode == 0, shown
