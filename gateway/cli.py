@@ -20,7 +20,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from .extras import GRANIAN, MESHES, Extra, MissingExtraError
+from .extras import BATCH, GRANIAN, MESHES, Extra, MissingExtraError
 from .settings import ENV_PREFIX, Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
@@ -29,6 +29,8 @@ DESCRIPTION = (
     "without converting them. Run 'zarr-gateway COMMAND --help' for a command's options."
 )
 log = logging.getLogger("gateway")
+# How index-segments runs unless told otherwise: in this process, blocks of the meshes' default size.
+INDEX_RUN_DEFAULTS: dict[str, Any] = {"workers": None, "scheduler": None, "work_dir": None, "block_cubes": None}
 
 
 class CommandError(Exception):
@@ -199,66 +201,73 @@ def make_sample(args: argparse.Namespace) -> None:
     # Its segment index, so that the dataset page opens Neuroglancer with the largest cells selected.
     index_segments(
         argparse.Namespace(
-            root=args.directory, dataset=f"{path.parent.name}/{path.name}", layer="segmentation", segment_index_dir=None
+            root=args.directory,
+            dataset=f"{path.parent.name}/{path.name}",
+            layer="segmentation",
+            segment_index_dir=None,
+            **INDEX_RUN_DEFAULTS,
         )
     )
 
 
 def index_segments(args: argparse.Namespace) -> None:
-    """Build the segment index of one segmentation layer (see gateway/meshes/index.py)."""
-    import anyio
-
-    from gateway_storage import open_store, store_kind
-
+    """Build the segment index of one segmentation layer (see gateway/meshes/index.py), block by block in this
+    process or on dask.distributed (gateway/batch); a run started again resumes from the blocks it finished."""
     try:
         MESHES.require("zarr-gateway index-segments")
+        if args.workers is not None or args.scheduler is not None:
+            BATCH.require("zarr-gateway index-segments --workers/--scheduler")
     except MissingExtraError as exc:
         raise CommandError(str(exc)) from None
-    from .meshes.build import DataChangedWhileIndexing, index_layer
-    from .meshes.errors import MeshInputError, MeshNotFound
+    from gateway_storage import store_kind
+
+    from .batch.outputs import BlockOutputs
+    from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
+    from .batch.segment_index import DatasetNotFound, SegmentIndexTask, SegmentLayer
+    from .meshes.build import BLOCK_CUBES, DataChangedWhileIndexing
+    from .meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge
     from .meshes.segments import index_place
-    from .meshes.service import MeshService
-    from .sources.catalog import BrokenDataset, Catalog
-    from .sources.registry import SourceFormats
 
     if store_kind(args.root) is None and not Path(args.root.removeprefix("file://")).is_dir():
         raise CommandError(f"index-segments: data root {args.root} not found (not a directory)")
+    if args.workers is not None and args.workers < 1:
+        raise CommandError(f"index-segments: --workers {args.workers}: at least one worker process")
+    block_cubes = BLOCK_CUBES if args.block_cubes is None else args.block_cubes
+    if block_cubes < 1:
+        raise CommandError(f"index-segments: --block-cubes {args.block_cubes}: at least one cube per edge")
     organization, _, name = args.dataset.partition("/")
-    storage = open_store(args.root)
-    catalog = Catalog(storage, SourceFormats(storage, 128 << 20))
-    dataset = catalog.dataset(organization, name)
-    if dataset is None or isinstance(dataset, BrokenDataset):
-        raise CommandError(
-            f"index-segments: no servable dataset {args.dataset!r} under {args.root}"
-            + (f": {dataset.reason}" if dataset else "")
-        )
-    place = index_place(storage, args.segment_index_dir or None)
-    service = MeshService(storage, place, 64 << 20, anyio.CapacityLimiter(1))
+    # Absolute paths: a worker of an existing cluster opens them from a working directory of its own.
+    root = args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
+    layer = SegmentLayer(root, organization, name, args.layer)
+    progress = sys.stderr.isatty()
     try:
-        built = index_layer(service, dataset, args.layer, progress=sys.stderr.isatty())
-    except (MeshInputError, MeshNotFound, DataChangedWhileIndexing) as exc:
+        storage, meshes = layer.open()
+        place = index_place(storage, args.segment_index_dir or None)
+        if not place.store.is_local:
+            raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
+        location = place.location(meshes.dataset, args.layer)
+        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes)
+    except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
+        raise CommandError(f"index-segments: layer {args.layer!r} cannot be indexed: {exc}") from None
+    except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
         raise CommandError(f"index-segments: {exc}") from None
-    _write_atomically(Path(built.location), built.index.to_bytes())
-    print(
-        f"{len(built.index)} segments of {args.dataset}/{args.layer} indexed in {built.seconds:.1f} s "
-        f"({built.voxels_per_second / 1e6:.1f} M voxels/s), written to {built.location}"
-    )
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """``data`` as the file ``path``, readable by the gateway's user: a reader sees the old file or the new one."""
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else Path(location).parent / f"{args.layer}.batch-work"
+    if args.scheduler is not None:
+        executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
+    elif args.workers is not None:
+        executor = LocalWorkers(args.workers, progress)
+    else:
+        executor = InProcess(progress)
     try:
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(data)
-        os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        summary = run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
+    except (RunFailed, DataChangedWhileIndexing) as exc:
+        raise CommandError(f"index-segments: {exc}") from None
+    print(
+        f"{task.segments} segments of {args.dataset}/{args.layer} indexed in {summary.seconds:.1f} s "
+        f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
+    )
+    for line in summary.lines():
+        print(f"  {line}")
 
 
 def plain(text: str) -> str:
@@ -351,6 +360,35 @@ def build_parser() -> argparse.ArgumentParser:
         dest="segment_index_dir",
         default=os.environ.get("ZARR_GATEWAY_SEGMENT_INDEX_DIR") or None,
         help="write into this directory instead of beside the layer (ZARR_GATEWAY_SEGMENT_INDEX_DIR)",
+    )
+    where = index.add_mutually_exclusive_group()
+    where.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run the blocks on a dask LocalCluster of N worker processes (default: one after the other in this "
+        "process, which a layer of a few GiB needs no more than)",
+    )
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the blocks on an existing dask cluster, e.g. tcp://scheduler:8786; its workers must see the data "
+        "root and the work directory at the same paths (see docs/distributed.md)",
+    )
+    index.add_argument(
+        "--work-dir",
+        dest="work_dir",
+        help="keep each block's output here until the index is written, so that a run started again resumes "
+        "(default: LAYER.batch-work beside the index)",
+    )
+    index.add_argument(
+        "--block-cubes",
+        dest="block_cubes",
+        type=int,
+        default=INDEX_RUN_DEFAULTS["block_cubes"],
+        metavar="K",
+        help="level-0 cubes (64 voxels) per edge of a block, one task each (default: blocks of a few hundred MiB "
+        "at most; larger blocks make fewer tasks that each hold more memory)",
     )
     index.set_defaults(func=index_segments)
     return parser

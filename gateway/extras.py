@@ -60,10 +60,11 @@ HTTPS = Extra("https", ("obstore",), "https:// data and remote roots")
 GRANIAN = Extra("granian", ("granian",), "server=granian")
 SAMPLE = Extra("sample", ("rich",), "zarr-gateway make-sample")
 MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"), "segment meshes and zarr-gateway index-segments")
+BATCH = Extra("batch", ("distributed",), "zarr-gateway index-segments on dask.distributed (--workers, --scheduler)")
 VIEWER = Extra("viewer", ("neuroglancer",), "the Neuroglancer client served at /neuroglancer/")
 PRECOMPUTED = Extra(
     "precomputed", ("compressed_segmentation",), "compressed_segmentation chunks of the precomputed tree (else raw)"
 )
 
 # By name, as gateway_storage.STORE_KINDS names the extra of each store; ``all`` in pyproject.toml names each.
-EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, VIEWER, PRECOMPUTED)}
+EXTRAS = {extra.name: extra for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, BATCH, VIEWER, PRECOMPUTED)}

