@@ -1,4 +1,4 @@
-"""``zarr-gateway serve``, ``zarr-gateway make-sample`` and ``zarr-gateway index-segments``.
+"""``zarr-gateway serve``, ``make-sample``, ``index-segments`` and ``mesh-segments``.
 
 Each command answers a user's mistake (a missing directory, a sample that exists, a missing extra) with one
 line on standard error and exit status 1, as the settings errors do: :class:`CommandError` is that answer.
@@ -213,33 +213,19 @@ def make_sample(args: argparse.Namespace) -> None:
 def index_segments(args: argparse.Namespace) -> None:
     """Build the segment index of one segmentation layer (see gateway/meshes/index.py), block by block in this
     process or on dask.distributed (gateway/batch); a run started again resumes from the blocks it finished."""
-    try:
-        MESHES.require("zarr-gateway index-segments")
-        if args.workers is not None or args.scheduler is not None:
-            BATCH.require("zarr-gateway index-segments --workers/--scheduler")
-    except MissingExtraError as exc:
-        raise CommandError(str(exc)) from None
-    from gateway_storage import store_kind
-
-    from .batch.outputs import BlockOutputs
-    from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
+    command = "index-segments"
+    _require_batch_extras(command, args)
     from .batch.segment_index import DatasetNotFound, SegmentIndexTask, SegmentLayer
-    from .meshes.build import BLOCK_CUBES, DataChangedWhileIndexing
+    from .meshes.build import BLOCK_CUBES
     from .meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge
     from .meshes.segments import index_place
 
-    if store_kind(args.root) is None and not Path(args.root.removeprefix("file://")).is_dir():
-        raise CommandError(f"index-segments: data root {args.root} not found (not a directory)")
-    if args.workers is not None and args.workers < 1:
-        raise CommandError(f"index-segments: --workers {args.workers}: at least one worker process")
+    root = _batch_root(command, args)
     block_cubes = BLOCK_CUBES if args.block_cubes is None else args.block_cubes
     if block_cubes < 1:
-        raise CommandError(f"index-segments: --block-cubes {args.block_cubes}: at least one cube per edge")
+        raise CommandError(f"{command}: --block-cubes {args.block_cubes}: at least one cube per edge")
     organization, _, name = args.dataset.partition("/")
-    # Absolute paths: a worker of an existing cluster opens them from a working directory of its own.
-    root = args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
     layer = SegmentLayer(root, organization, name, args.layer)
-    progress = sys.stderr.isatty()
     try:
         storage, meshes = layer.open()
         place = index_place(storage, args.segment_index_dir or None)
@@ -248,10 +234,73 @@ def index_segments(args: argparse.Namespace) -> None:
         location = place.location(meshes.dataset, args.layer)
         task = SegmentIndexTask(layer, storage, meshes, location, block_cubes)
     except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
-        raise CommandError(f"index-segments: layer {args.layer!r} cannot be indexed: {exc}") from None
+        raise CommandError(f"{command}: layer {args.layer!r} cannot be indexed: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
-        raise CommandError(f"index-segments: {exc}") from None
-    work_dir = Path(args.work_dir).resolve() if args.work_dir else Path(location).parent / f"{args.layer}.batch-work"
+        raise CommandError(f"{command}: {exc}") from None
+    summary = _run_blocks(command, args, task, Path(location).parent)
+    print(
+        f"{task.segments} segments of {args.dataset}/{args.layer} indexed in {summary.seconds:.1f} s "
+        f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
+    )
+    for line in summary.lines():
+        print(f"  {line}")
+
+
+def mesh_segments(args: argparse.Namespace) -> None:
+    """Make the stored multi-resolution mesh set of one segmentation layer (see gateway/meshes/stored.py), which
+    the gateway serves for every segment, those too large to mesh on demand included."""
+    command = "mesh-segments"
+    _require_batch_extras(command, args)
+    from .batch.mesh_sets import MeshSetTask
+    from .batch.segment_index import DatasetNotFound
+    from .meshes.errors import MeshInputError, MeshNotFound
+    from .meshes.stored import MeshSetBlockFailed
+
+    root = _batch_root(command, args)
+    try:
+        task = MeshSetTask.for_layer(root, args.dataset, args.layer, args.segment_index_dir or None)
+    except (MeshInputError, MeshNotFound, DatasetNotFound, MeshSetBlockFailed) as exc:
+        raise CommandError(f"{command}: {exc}") from None
+    summary = _run_blocks(command, args, task, Path(task.directory).parent)
+    print(
+        f"the meshes of {args.dataset}/{args.layer} made in {summary.seconds:.1f} s "
+        f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
+    )
+    for line in summary.lines():
+        print(f"  {line}")
+
+
+def _require_batch_extras(command: str, args: argparse.Namespace) -> None:
+    try:
+        MESHES.require(f"zarr-gateway {command}")
+        if args.workers is not None or args.scheduler is not None:
+            BATCH.require(f"zarr-gateway {command} --workers/--scheduler")
+    except MissingExtraError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _batch_root(command: str, args: argparse.Namespace) -> str:
+    """The data root as every worker opens it (absolute: a worker of an existing cluster has a working directory
+    of its own), once the command's flags are known to be usable."""
+    from gateway_storage import store_kind
+
+    if store_kind(args.root) is None and not Path(args.root.removeprefix("file://")).is_dir():
+        raise CommandError(f"{command}: data root {args.root} not found (not a directory)")
+    if args.workers is not None and args.workers < 1:
+        raise CommandError(f"{command}: --workers {args.workers}: at least one worker process")
+    return args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
+
+
+def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: Path) -> Any:
+    """Run ``task``'s blocks where the flags say (this process, a LocalCluster, an existing scheduler), keeping
+    their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``) until it is finished."""
+    from .batch.outputs import BlockOutputs
+    from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
+    from .meshes.build import DataChangedWhileIndexing
+    from .meshes.stored import MeshSetBlockFailed
+
+    progress = sys.stderr.isatty()
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else beside / f"{args.layer}.batch-work"
     if args.scheduler is not None:
         executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
     elif args.workers is not None:
@@ -259,15 +308,9 @@ def index_segments(args: argparse.Namespace) -> None:
     else:
         executor = InProcess(progress)
     try:
-        summary = run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
-    except (RunFailed, DataChangedWhileIndexing) as exc:
-        raise CommandError(f"index-segments: {exc}") from None
-    print(
-        f"{task.segments} segments of {args.dataset}/{args.layer} indexed in {summary.seconds:.1f} s "
-        f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
-    )
-    for line in summary.lines():
-        print(f"  {line}")
+        return run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
+    except (RunFailed, DataChangedWhileIndexing, MeshSetBlockFailed) as exc:
+        raise CommandError(f"{command}: {exc}") from None
 
 
 def plain(text: str) -> str:
@@ -352,16 +395,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="index which cubes hold each segment of a segmentation layer, for its meshes",
         description="Index which cubes hold each segment of a segmentation layer, for its meshes.",
     )
-    index.add_argument("root", help="data root (a directory)")
-    index.add_argument("dataset", help="ORGANIZATION/DATASET")
-    index.add_argument("layer", help="the segmentation layer")
+    _add_batch_arguments(index, "the index")
     index.add_argument(
+        "--block-cubes",
+        dest="block_cubes",
+        type=int,
+        default=INDEX_RUN_DEFAULTS["block_cubes"],
+        metavar="K",
+        help="level-0 cubes (64 voxels) per edge of a block, one task each (default: blocks of a few hundred MiB "
+        "at most; larger blocks make fewer tasks that each hold more memory)",
+    )
+    index.set_defaults(func=index_segments)
+    meshes = commands.add_parser(
+        "mesh-segments",
+        help="make the multi-resolution meshes of every segment of a layer, for the gateway to serve as stored",
+        description="Make the multi-resolution meshes of every segment of a segmentation layer (Neuroglancer's "
+        "sharded format), for the gateway to serve as stored: segments too large to mesh on demand included.",
+    )
+    _add_batch_arguments(meshes, "the mesh set")
+    meshes.set_defaults(func=mesh_segments)
+    return parser
+
+
+def _add_batch_arguments(parser: argparse.ArgumentParser, result: str) -> None:
+    """The arguments of a command that runs a layer's blocks in this process or on dask.distributed."""
+    parser.add_argument("root", help="data root (a directory)")
+    parser.add_argument("dataset", help="ORGANIZATION/DATASET")
+    parser.add_argument("layer", help="the segmentation layer")
+    parser.add_argument(
         "--segment-index-dir",
         dest="segment_index_dir",
         default=os.environ.get("ZARR_GATEWAY_SEGMENT_INDEX_DIR") or None,
         help="write into this directory instead of beside the layer (ZARR_GATEWAY_SEGMENT_INDEX_DIR)",
     )
-    where = index.add_mutually_exclusive_group()
+    where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--workers",
         type=int,
@@ -375,20 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the blocks on an existing dask cluster, e.g. tcp://scheduler:8786; its workers must see the data "
         "root and the work directory at the same paths (see docs/distributed.md)",
     )
-    index.add_argument(
+    parser.add_argument(
         "--work-dir",
         dest="work_dir",
-        help="keep each block's output here until the index is written, so that a run started again resumes "
-        "(default: LAYER.batch-work beside the index)",
+        help=f"keep each block's output here until {result} is written, so that a run started again resumes "
+        "(default: LAYER.batch-work beside it)",
     )
-    index.add_argument(
-        "--block-cubes",
-        dest="block_cubes",
-        type=int,
-        default=INDEX_RUN_DEFAULTS["block_cubes"],
-        metavar="K",
-        help="level-0 cubes (64 voxels) per edge of a block, one task each (default: blocks of a few hundred MiB "
-        "at most; larger blocks make fewer tasks that each hold more memory)",
-    )
-    index.set_defaults(func=index_segments)
-    return parser

@@ -6,18 +6,15 @@ reads only through stores). The task holds descriptions (root, names, directory)
 worker, once per process.
 """
 
-import os
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway_storage import open_store
-
 from ..meshes.errors import MeshInputError
 from ..meshes.index import data_stamp
-from ..meshes.layers import LayerMeshes, MeshLayers
+from ..meshes.layers import LayerMeshes
 from ..meshes.segments import index_place
 from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
 from ..meshes.stored import (
@@ -37,25 +34,11 @@ from ..meshes.stored import (
     set_info,
     stamp_document,
 )
-from ..sources.catalog import BrokenDataset, Catalog
-from ..sources.registry import SourceFormats
+from .outputs import write_atomically
+from .segment_index import SegmentLayer
 from .tasks import Block
 
-SOURCE_CACHE_BYTES = 128 << 20  # the source formats' metadata cache of each process that opens the layer
 SPILL = ".spill"  # below the set's directory while ``finish`` sorts fragments by shard (hidden: never listed)
-
-
-class LayerNotFound(LookupError):
-    """No servable dataset or layer of that name under the root; the message says why."""
-
-
-def open_layer(root: str, organization: str, dataset: str, layer: str) -> LayerMeshes:
-    storage = open_store(root)
-    found = Catalog(storage, SourceFormats(storage, SOURCE_CACHE_BYTES)).dataset(organization, dataset)
-    if found is None or isinstance(found, BrokenDataset):
-        reason = f": {found.reason}" if found else ""
-        raise LayerNotFound(f"no servable dataset {organization}/{dataset} under {root}{reason}")
-    return MeshLayers().layer(found, layer)
 
 
 _opened: dict[tuple[str, str, str, str], LayerMeshes] = {}
@@ -82,8 +65,7 @@ class MeshSetTask:
     def for_layer(cls, root: str, dataset: str, layer: str, index_dir: str | None = None) -> "MeshSetTask":
         """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it)."""
         organization, _, name = dataset.partition("/")
-        meshes = open_layer(root, organization, name, layer)
-        storage = open_store(root)
+        storage, meshes = SegmentLayer(root, organization, name, layer).open()
         if not storage.is_local:
             raise MeshInputError("a mesh set is stamped with the data's files: it needs data on a local file system")
         directory = index_place(storage, index_dir).mesh_set(meshes.dataset, layer)
@@ -95,7 +77,7 @@ class MeshSetTask:
         with _opening:
             found = _opened.get(key)
             if found is None:
-                found = _opened[key] = open_layer(*key)
+                found = _opened[key] = SegmentLayer(*key).open()[1]
             return found
 
     @property
@@ -193,16 +175,3 @@ class MeshSetTask:
                 fragments.setdefault(record.segment, {})[record.lod, record.position] = record.data
             at += 8 + size
         return [segment_chunk(meshes.grid, segment, fragments[segment]) for segment in sorted(fragments)]
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """``data`` as the file ``path``, readable by the gateway's user: a reader sees the old file or the new one."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(data)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

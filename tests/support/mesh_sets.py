@@ -42,13 +42,17 @@ def cells_labels() -> np.ndarray:
     return labels
 
 
-def write_cells(root: Path) -> np.ndarray:
-    """The dataset under ``root``; returns its mag-1 labels."""
+def write_cells(root: Path, block_type: int = 1) -> np.ndarray:
+    """The dataset under ``root`` (raw WKW blocks, or ``block_type`` 2: LZ4); returns its mag-1 labels."""
     labels = cells_labels()
     dataset = root / ORGANIZATION / DATASET
     for mag in MAGS:
-        with wkw.Dataset.open(str(dataset / LAYER / str(mag)), wkw.Header(np.uint32, block_type=1, file_len=4)) as ds:
-            ds.write((0, 0, 0), np.ascontiguousarray(labels[::mag, ::mag, ::mag]))
+        header = wkw.Header(np.uint32, block_type=block_type, file_len=4)
+        with wkw.Dataset.open(str(dataset / LAYER / str(mag)), header) as ds:
+            data = labels[::mag, ::mag, ::mag]
+            if block_type != 1:  # compressed files are written whole: zeros past the bounding box fill them
+                data = np.pad(data, [(0, -n % (32 * 4)) for n in data.shape])
+            ds.write((0, 0, 0), np.ascontiguousarray(data))
     layer = {
         "name": LAYER,
         "category": "segmentation",
