@@ -242,7 +242,7 @@ def test_a_file_rewritten_within_the_settle_time_is_not_answered_from_the_cache(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:
     """Within the settle time a rewritten file's chunks are 503s (the cache's answer of the old version is
-    not given), and once the file is quiet, its new voxels."""
+    never given), and once the file is quiet, its new voxels."""
     data = first_versions()
     write_dataset(tmp_path, data)
     # long enough that every chunk is asked for within it on a busy machine, short against WAIT_SECONDS
@@ -258,9 +258,14 @@ def test_a_file_rewritten_within_the_settle_time_is_not_answered_from_the_cache(
     before = scrape(server)
     for chunk in listed:
         response = requests.get(chunk.url)
-        assert response.status_code == 503, (chunk.url, response.status_code)
-        assert "Retry-After" in response.headers
-    assert counted(server, before) == (0, len(listed))
+        # The storage kernel trusts a file at once whose ctime moved past its mtime after the last write (its
+        # writer had finished: the wkw library's writes now and then end so); then the answer is the new voxels.
+        if response.status_code == 200:
+            np.testing.assert_array_equal(voxels(response, layer, 32), expected(tmp_path, layer, chunk))
+        else:
+            assert response.status_code == 503, (chunk.url, response.status_code)
+            assert "Retry-After" in response.headers
+    assert counted(server, before) == (0, len(listed)), "a kept answer of the old version was given"
 
     def settled() -> requests.Response | None:
         response = requests.get(listed[0].url)
