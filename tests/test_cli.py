@@ -203,4 +203,5 @@ def test_the_index_progress_bar_counts_what_it_reads(sample_root: Path, tmp_path
     assert counts, bar
     done, total, unit = counts[-1]
     assert unit == "blocks" and done == total, bar
+    assert re.search(rf"\b{total.replace(',', '')} blocks: ", summary), ("the bar and the summary count alike", summary)
     assert "voxels" not in bar, bar

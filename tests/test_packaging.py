@@ -282,6 +282,12 @@ def test_without_the_viewer_and_meshes_extras_pages_advertise_neither(blocked_ga
     assert not any("meshes" in urllib.parse.unquote(link) for link in links)
     viewer = requests.get(f"{server.url}/neuroglancer/", timeout=30)
     assert viewer.status_code == 404 and "viewer extra" in viewer.json()["error"]
+    for source in ("multires/info", "legacy/info", "multires/segment_properties/info"):
+        answer = requests.get(f"{server.url}/data/meshes/{ORG}/wk_dataset/segmentation/{source}", timeout=30)
+        assert answer.status_code == 501 and "zarr-gateway[meshes]" in answer.json()["error"], (source, answer.text)
+    info = requests.get(f"{server.url}/data/precomputed/{ORG}/wk_dataset/segmentation/info", timeout=30)
+    assert info.status_code == 200, info.text
+    assert "mesh" not in info.json() and "segment_properties" not in info.json(), info.json()
 
 
 def test_bootstrap_installs_every_extra_and_again_when_pyproject_changes(tmp_path: Path) -> None:
@@ -501,6 +507,7 @@ def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Pa
     assert "many lines of pip output" not in text, "pip's output is shown"
     assert f"the sample's dataset page: {page}" in text
     (link,) = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("open it in Neuroglancer: ")]
+    assert link.startswith(f"http://127.0.0.1:{port}/neuroglancer/"), "a link a person can open, not a bare path"
     assert urllib.parse.quote(f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/color/", safe="") in link
     with pytest.raises(requests.ConnectionError):
         requests.get(page, timeout=5)

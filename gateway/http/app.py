@@ -11,7 +11,6 @@ their own (``answer_cache_bytes``).
 import logging
 
 import anyio
-from starlette.applications import Starlette
 
 from gateway_storage import open_store, read_headers_file
 from gateway_storage.cache import CacheCounts
@@ -33,7 +32,7 @@ from ..zarr.trees import ServeOptions
 from .answers import AnswerCache
 from .auth import Access
 from .budget import MemoryBudget
-from .edge import Endpoint, Handler, build_edge, endpoint_routes
+from .edge import Edge, Endpoint, Handler, build_edge, endpoint_routes
 from .errors import HiddenRoots, json_error
 from .handlers.access import Authorizer
 from .handlers.chunks import Chunks
@@ -64,7 +63,7 @@ from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_
 log = logging.getLogger("gateway")
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> Edge:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
     store = open_store(
         settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
@@ -128,7 +127,8 @@ def create_app(settings: Settings) -> Starlette:
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
-    return build_edge(endpoint_routes(paths, mounts), ops, roots)
+    tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
+    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)
 
 
 def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:
@@ -149,7 +149,7 @@ def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) ->
     return viewer
 
 
-def create_app_from_env() -> Starlette:
+def create_app_from_env() -> Edge:
     """Factory for server workers: settings come from ZARR_GATEWAY_* variables."""
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging

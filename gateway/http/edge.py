@@ -5,9 +5,12 @@ Around every request, outermost first:
 
 - :class:`RequestLog`: the request id, CORS and ``Referrer-Policy`` on every answer, the access log line,
   the metrics (in flight, per route, bytes);
+- :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
+- :class:`TreeRequests`: GET and HEAD below a Zarr tree straight to the trees' endpoint, with the error map
+  (the chunk path, which Starlette's stack in front of a route cost about a fifth of its CPU); every other
+  request to the Starlette app:
 - :class:`Methods`: a preflight for ``OPTIONS`` and 405 for any method but GET and HEAD, on every path
   alike (before routing, so no route can forget it);
-- :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
 - Starlette's router and exception middleware: the handlers (:class:`Endpoint`) and the one error map
   (:mod:`gateway.http.errors`) as the handler of every exception.
 
@@ -52,6 +55,7 @@ _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 # A client's (or a proxy's) X-Request-Id is kept only when it is plain, as the shipped proxy keeps it; it lands
 # in log lines, so it can hold no separator and no control character.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+_READS = ("GET", "HEAD")
 EXCHANGE = "gateway.exchange"  # the scope key of the request's :class:`Exchange`
 Handler = Callable[[Request], Awaitable[Answer]]
 
@@ -84,12 +88,12 @@ class RequestLog:
         if not self._timer_armed:
             self._timer_armed = True
             asyncio.get_running_loop().call_later(1.0, self._tick)
-        status, sent = 0, 0
+        sent = 0
 
         async def logged_send(message: Message) -> None:
-            nonlocal status, sent
+            nonlocal sent
             if message["type"] == "http.response.start":
-                status = message["status"]
+                exchange.status = message["status"]
                 message["headers"] = [*message["headers"], *_ALWAYS, (b"x-request-id", request_id)]
             else:
                 sent += len(message.get("body", b""))
@@ -102,6 +106,7 @@ class RequestLog:
         finally:
             self.stats.in_flight -= 1
             elapsed = time.perf_counter() - started
+            status = exchange.status
             self.stats.record(exchange.route, exchange.method, status, elapsed, sent)
             self.stats.flush_now_and_then(started)
             # The path only, a path's token as ***: the query string may carry a token and is never logged.
@@ -122,7 +127,7 @@ class Methods:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
-        if method in ("GET", "HEAD") or scope["type"] != "http":
+        if method in _READS or scope["type"] != "http":
             await self.app(scope, receive, send)
         elif method == "OPTIONS":
             exchange_of(scope).route = "preflight"
@@ -196,6 +201,36 @@ class Endpoint:
         await answer.send(send)
 
 
+class TreeRequests:
+    """GET and HEAD below a Zarr tree's prefix straight to the trees' endpoint, with the one error map; every
+    other request to the Starlette app.
+
+    The chunk path is most of a gateway's traffic, and Starlette's stack in front of a route (its error
+    middleware, the exception middleware, the router's matching and child scope) cost it about a fifth of
+    its CPU in a full benchmark run (docs/architecture.md, "What Starlette costs per request"). The trees
+    stay Starlette routes too (for every other method, and for anything that walks the routes); this only
+    takes their GET and HEAD past the router, as a Mount of the same endpoint would have them answered.
+    """
+
+    def __init__(self, app: ASGIApp, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots) -> None:
+        self.app = app
+        self.trees = trees
+        self.prefixes = tuple(prefixes)
+        self.roots = roots
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in _READS or not scope["path"].startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.trees(scope, receive, send)
+        except Exception as exc:
+            exchange = exchange_of(scope)
+            if exchange.status:
+                raise  # the head is out: the server drops the connection, and the client sees a short body
+            await error_answer(exc, exchange.context, self.roots).send(send)
+
+
 def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Awaitable[Response]]:
     """The error map (:func:`errors.error_answer`) as Starlette's handler of every exception."""
 
@@ -212,25 +247,40 @@ def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Aw
     return mapped
 
 
-def build_edge(routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots) -> Starlette:
-    """The Starlette app over ``routes`` with the middleware above and the error map.
+class Edge:
+    """The application: :class:`RequestLog` and :class:`PathTokens` around :class:`TreeRequests`, which hands the
+    trees' GET and HEAD to their endpoint and everything else to the Starlette app."""
+
+    def __init__(self, starlette: Starlette, ops: Ops, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots):
+        self._parts = (starlette, ops, trees, roots)
+        self.app = RequestLog(PathTokens(TreeRequests(starlette, trees, prefixes, roots)), ops)
+
+    def through_starlette(self) -> "Edge":
+        """The same application with every request routed by Starlette: what the shortcut must answer alike."""
+        starlette, ops, trees, roots = self._parts
+        return Edge(starlette, ops, trees, (), roots)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def build_edge(
+    routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots, trees: Endpoint, tree_prefixes: Sequence[str]
+) -> Edge:
+    """The Starlette app over ``routes`` with the middleware above and the error map, behind the trees' shortcut.
 
     The map handles every exception in an exception middleware of its own: given to the app under the
     key Exception, Starlette would hand it to its outermost error middleware, which answers and then
     raises again (a traceback and no access line for a mapped 500).
     """
     mapped = _error_map(roots)
-    return Starlette(
+    starlette = Starlette(
         routes=routes,
-        middleware=[
-            Middleware(RequestLog, ops=ops),
-            Middleware(Methods),
-            Middleware(PathTokens),
-            Middleware(ExceptionMiddleware, handlers={Exception: mapped}),
-        ],
+        middleware=[Middleware(Methods), Middleware(ExceptionMiddleware, handlers={Exception: mapped})],
         exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
+    return Edge(starlette, ops, trees, tree_prefixes, roots)
 
 
 def endpoint_routes(paths: dict[str, Endpoint], mounts: dict[str, Endpoint]) -> list[BaseRoute]:

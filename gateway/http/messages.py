@@ -59,6 +59,7 @@ class Exchange:
     path: str  # as routed: below a path token
     path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
     route: str = "other"  # the metric label, set by the handler as soon as it knows the kind of resource
+    status: int = 0  # the answer's status once its head is sent (0 before): an error after it cannot be answered
 
     @property
     def logged_path(self) -> str:

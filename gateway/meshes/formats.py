@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway_storage.geometry import Vec3
 
+from ..extras import MESHES
 from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
 from .budget import MeshBudget
 from .cache import LegacyKey, MeshCache, MultiresKey, StoredKey
@@ -79,7 +80,9 @@ class MeshSource(ABC):
         """A file other than ``info`` and the segment properties; a 400 for a name it cannot have."""
 
     def file(self, work: MeshWork, name: str) -> Resource:
-        """The file ``name`` below the source's directory."""
+        """The file ``name`` below the source's directory; none without the meshes extra, so that no ``info``
+        advertises a source whose fragments could not be made."""
+        MESHES.require("meshes")
         if name == "info":
             properties = PROPERTIES_DIRECTORY if work.segments.can_list(work.meshes) else None
             return bytes_resource(json_bytes(self.info(work.meshes, properties)), JSON)
