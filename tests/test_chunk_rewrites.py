@@ -7,7 +7,7 @@ version's length and time stamps and some of the old bytes: the length check can
 Retry-After until it is quiet, and neither a mixed body nor an answer kept from before is ever given.
 
 - A writer process rewrites uncompressed Zarr v2 and v3 chunks and a memcpyed Blosc one while clients
-  read them through every tree (passed through, and re-encoded by the xarray tree): every 200 body is
+  read them (passed through in both Zarr trees, re-encoded by the precomputed tree): every 200 body is
   exactly one version, one ETag names one body, and the last version comes through once the writer stops.
 - In every format, a chunk file rewritten within the settle time (its very bytes again) is a 503 in every
   tree, never the answer the worker kept, then served again once quiet.
@@ -143,8 +143,8 @@ def test_zarr_chunks_rewritten_in_place_are_never_served_mixed(
         assert all(np.array_equal(read, versions[1]) for read in read_zarr_trees(server, name)), name
         for key, corner in PRECOMPUTED_KEYS.items():
             box = tuple(slice(c, c + PRECOMPUTED_EDGE) for c in corner)
-            for number, known in enumerate(bodies[(f"{name} precomputed", key)]):
-                assert np.array_equal(precomputed_voxels(known), versions[number][box]), (name, key, number)
+            for number, version_body in enumerate(bodies[(f"{name} precomputed", key)]):
+                assert np.array_equal(precomputed_voxels(version_body), versions[number][box]), (name, key, number)
     assert_no_unexpected_errors(server)
 
 
