@@ -20,12 +20,15 @@ from typing import Any, Literal
 
 import numcodecs
 import numpy as np
+import pytest
 import requests
 import zarr
 from support.format_layers import EDGE, FORMATS
 from support.layers import layer_entry, write_properties
 from support.rewrites import Answer, InPlaceWriter, assert_each_body_is_one_version, hammering, wait_until_served
 from support.servers import Server, assert_no_unexpected_errors
+
+from gateway_storage import FileUnsettledError, LocalStore
 
 ORG, DATASET = "rewrites", "ds"
 REWRITE_EDGE = 128  # one chunk of 2 MiB per array: a rewrite of it takes long enough to be overlapped by reads
@@ -202,3 +205,22 @@ def test_a_chunk_file_rewritten_within_the_settle_time_is_never_served_in_any_fo
     for url, body in first.items():  # once quiet, served again: the same voxels
         assert wait_until_served(url).content == body, url
     assert_no_unexpected_errors(server)
+
+
+def test_read_whole_applies_the_settle_rule_only_to_chunk_files(tmp_path: Path) -> None:
+    """``Store.read_whole(..., settled=True)`` holds a fresh file back as ``Store.read`` does; a metadata
+    document (``settled`` left out) is trusted at once; a file whose writer has finished (ctime moved past
+    mtime) is trusted at once too."""
+    root = tmp_path / "root"
+    root.mkdir()
+    path = root / "0.0.0"
+    path.write_bytes(b"v" * 4096)
+    store = LocalStore(str(root), settle_seconds=SETTLE_SECONDS)
+    with pytest.raises(FileUnsettledError) as raised:
+        store.read_whole(str(path), limit=4096, settled=True)
+    assert 0 < raised.value.retry_after <= SETTLE_SECONDS
+    found = store.read_whole(str(path), limit=4096)
+    assert found is not None and found[0] == b"v" * 4096
+    trust_at_once(root)
+    found = store.read_whole(str(path), limit=4096, settled=True)
+    assert found is not None and found[0] == b"v" * 4096

@@ -15,10 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import requests
 from support.format_layers import EDGE, FORMATS
 from support.layers import layer_entry, write_properties
 from support.servers import Server, assert_reason
+
+from gateway_storage import AnchoredStore, LocalStore, StoreUnavailableError
 
 ORG, DATASET = "faults", "formats"
 SIZE = 2 * EDGE  # every layer is 2³ chunks
@@ -131,3 +134,26 @@ def test_a_dangling_chunk_symlink_of_every_format_is_a_fault_not_zeros(
         (mag / kind.origin_file).symlink_to(mag / "moved-away")
     server = server_factory(root)
     assert_faults(answers(server, STORED, list(FORMATS)), "symlink whose target is gone")
+
+
+def test_the_anchored_store_answers_absent_only_in_a_directory_that_is_there(tmp_path: Path) -> None:
+    """The one mechanism, on its own: below its directory a missing file is None (absent) only while the
+    directory is there; a file elsewhere is the inner store's answer alone."""
+    root = tmp_path / "root"
+    mag = root / "org" / "ds" / "layer" / "1"
+    mag.mkdir(parents=True)
+    (mag / "chunk").write_bytes(b"voxels")
+    store = AnchoredStore(LocalStore(str(root)), str(mag))
+    assert store.identity(str(mag / "absent")) is None
+    assert store.read_whole(str(mag / "absent"), limit=16) is None
+    found = store.read_whole(str(mag / "chunk"), limit=16, settled=True)
+    assert found is not None and found[0] == b"voxels"
+    shutil.rmtree(mag)
+    for lookup in (
+        lambda: store.identity(str(mag / "chunk")),
+        lambda: store.read_whole(str(mag / "chunk"), limit=16),
+        lambda: store.read_whole(str(mag / "deep" / "absent"), limit=16, settled=True),
+    ):
+        with pytest.raises(StoreUnavailableError, match="not there"):
+            lookup()
+    assert store.identity(str(root / "org" / "ds" / "info")) is None  # not below the mag: absent as it is
