@@ -1,7 +1,8 @@
 """The storage kernel: where bytes live and how they are read safely, for every format and every store.
 
 File identity, the store protocol, the local store (root containment, the settle rule), the object
-stores (S3, GCS, Azure, HTTPS), the storage errors and a byte-bounded cache. It imports nothing of the
+stores (S3, GCS, Azure, HTTPS), the anchored view of a mag directory (a missing file is absent only in a
+directory that is there), the storage errors and a byte-bounded cache. It imports nothing of the
 rest of the project: formats (``wkw_adapter``) and sources (``gateway.sources``) are built on it.
 """
 
@@ -10,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .anchored import AnchoredStore
 from .cache import ByteLRU
 from .errors import (
     FileChangedError,
@@ -135,6 +137,7 @@ def open_remote_root(
 
 __all__ = [
     "STORE_KINDS",
+    "AnchoredStore",
     "ByteLRU",
     "FileChangedError",
     "FileIdentity",

@@ -208,7 +208,18 @@ class LocalStore(Store):
         if _local_identity(st) != expected:
             self._forget(path, expected)
             raise FileChangedError(f"{self.relative(path)} changed while it was being read")
-        if settled and self.settle_ns and st.st_ctime_ns == st.st_mtime_ns:
+        if settled:
+            self._check_settled(path, st, started)
+        if len(data) != size:
+            raise TruncatedFileError(
+                f"{self.relative(path)}: wanted {size} bytes at {offset}, file has {expected.size} bytes"
+            )
+        return data
+
+    def _check_settled(self, path: str, st: os.stat_result, started: int) -> None:
+        """The settle rule, on the file's status taken after a read that started at ``started`` (ns): raise
+        FileUnsettledError if its last data write may still have been under way then."""
+        if self.settle_ns and st.st_ctime_ns == st.st_mtime_ns:
             quiet_ns = started - st.st_mtime_ns  # negative for a time stamp in the future (clock skew)
             if quiet_ns < self.settle_ns:
                 raise FileUnsettledError(
@@ -216,13 +227,8 @@ class LocalStore(Store):
                     "and may still be being rewritten",
                     (self.settle_ns - quiet_ns) / 1e9,
                 )
-        if len(data) != size:
-            raise TruncatedFileError(
-                f"{self.relative(path)}: wanted {size} bytes at {offset}, file has {expected.size} bytes"
-            )
-        return data
 
-    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
         """See :meth:`Store.read_whole`: one open, checked, sized, read and checked again (no descriptor is kept)."""
         for _ in range(3):
             try:
@@ -233,9 +239,13 @@ class LocalStore(Store):
             self._check_inside(handle.fd, path)
             before = handle.opened
             refuse_oversized(self.relative(path), before.st_size, limit)
+            started = time.time_ns()
             data = os.pread(handle.fd, before.st_size, 0)
             identity = _local_identity(before)
-            if len(data) == before.st_size and _local_identity(os.fstat(handle.fd)) == identity:
+            after = os.fstat(handle.fd)
+            if len(data) == before.st_size and _local_identity(after) == identity:
+                if settled:
+                    self._check_settled(path, after, started)
                 return data, identity
         raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")
 

@@ -174,7 +174,8 @@ class ObjectStore(Store):
             raise TruncatedFileError(f"{path}: wanted {size} bytes at {offset}, got {len(data)}")
         return data
 
-    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
+        """One GET: an object is replaced whole, so every version is settled."""
         import obstore
 
         key = self._inside(path)

@@ -63,8 +63,8 @@ class RoutedStore(Store):
     def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         return self._store(path)._read(path, offset, size, expected, settled)
 
-    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
-        return self._store(path)._read_whole(path, limit)
+    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
+        return self._store(path)._read_whole(path, limit, settled)
 
     def require_directory(self, path: str) -> None:
         self._store(path).require_directory(path)

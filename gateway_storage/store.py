@@ -9,7 +9,7 @@ nowhere else. A new kind of store subclasses :class:`Store` and passes the contr
 
 from abc import ABC, abstractmethod
 
-from .errors import FileChangedError, OversizedFileError, TruncatedFileError
+from .errors import FileChangedError, FileUnsettledError, OversizedFileError, TruncatedFileError
 from .identity import FileIdentity
 
 
@@ -72,14 +72,16 @@ class Store(ABC):
         refuse_oversized(self.relative(path), size, limit)
         return self._read(path, offset, size, expected, settled)
 
-    def read_whole(self, path: str, *, limit: int) -> tuple[bytes, FileIdentity] | None:
+    def read_whole(self, path: str, *, limit: int, settled: bool = False) -> tuple[bytes, FileIdentity] | None:
         """A small file (metadata, a chunk) with its identity, or None if it does not exist.
 
-        A file longer than ``limit`` raises OversizedFileError, judged on its size before it is read. Read
-        whole and parsed: a torn copy does not parse, and its dataset is looked at again soon (the catalog
-        reloads datasets with problems), so it is not held to the settle rule.
+        A file longer than ``limit`` raises OversizedFileError, judged on its size before it is read. With
+        ``settled`` (a chunk file: a writer may rewrite it in place, and a read between two of its write
+        calls sees the new length and version with old bytes in it) the settle rule of :meth:`read` applies
+        (FileUnsettledError). Without it (a metadata document, parsed whole: a torn copy does not parse, and
+        the catalog looks at a dataset with problems again soon) a file is trusted at once.
         """
-        found = self._read_whole(path, limit)
+        found = self._read_whole(path, limit, settled)
         if found is not None:
             refuse_oversized(self.relative(path), len(found[0]), limit)  # a store that did not say its size first
         return found
@@ -88,7 +90,7 @@ class Store(ABC):
     def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         """:meth:`read` once the size is within the caller's limit."""
 
-    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
         """:meth:`read_whole`: a store that can read a whole file at once overrides this, and must call
         :func:`refuse_oversized` with the file's size before it reads the body."""
         for _ in range(3):
@@ -97,7 +99,9 @@ class Store(ABC):
                 return None
             refuse_oversized(self.relative(path), identity.size, limit)
             try:
-                return self._read(path, 0, identity.size, identity, False), identity
+                return self._read(path, 0, identity.size, identity, settled), identity
+            except FileUnsettledError:
+                raise
             except (FileChangedError, TruncatedFileError):
                 continue
         raise FileChangedError(f"{self.relative(path)} keeps changing while it is read")

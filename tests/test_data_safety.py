@@ -7,11 +7,7 @@ compared voxel by voxel.
 import json
 import os
 import shutil
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numcodecs
@@ -22,6 +18,7 @@ import wkw
 import zarr
 from pydantic import ValidationError
 from support.processes import wait_until
+from support.rewrites import Answer, InPlaceWriter, assert_each_body_is_one_version, hammering, wait_until_served
 from support.servers import Server
 
 from gateway.settings import Settings
@@ -94,77 +91,10 @@ def truth_chunk(data: np.ndarray, key: str, edge: int) -> np.ndarray:
     return data[:, x : x + edge, y : y + edge, z : z + edge]
 
 
-def wait_until_served(url: str, accept: Callable[[requests.Response], bool] = lambda r: True) -> requests.Response:
-    """GET ``url`` until it answers 200 (bounded); 404 and 503 are the only answers allowed meanwhile."""
-    seen: list[requests.Response] = []
-
-    def served() -> requests.Response | None:
-        response = requests.get(url, timeout=30)
-        seen.append(response)
-        if response.status_code == 200 and accept(response):
-            return response
-        assert response.status_code in (200, 404, 503), (response.status_code, response.text)
-        if response.status_code == 503:
-            assert int(response.headers["Retry-After"]) >= 1, response.headers
-        return None
-
-    answer = wait_until(served, timeout=WAIT_SECONDS, interval=0.2)
-    if answer is None:
-        pytest.fail(f"{url} still answers {seen[-1].status_code} {seen[-1].text!r} after {WAIT_SECONDS} s")
-    return answer
-
-
 # --- 5. files rewritten in place ----------------------------------------------------------------
 
-# A writer that rewrites a file in place (same inode, same size, no truncation), alternating two
-# versions, each burst ending on the version asked for. Most rewrites are one write call for the
-# whole file: the call stamps mtime once, before it copies, so a read between the stamp and the copy
-# reaching its block sees old bytes under the new version's size, mtime and inode. Every fourth goes
-# block by block. A short pause after each rewrite lets readers see each version's stamp a while.
-WRITER = r"""
-import os, sys, time
-target, block_bytes, *versions = sys.argv[1:]
-step = int(block_bytes)
-contents = [open(path, "rb").read() for path in versions]
-for line in sys.stdin:
-    count, final = map(int, line.split())
-    fd = os.open(target, os.O_WRONLY)
-    try:
-        for turn in range(count):
-            body = contents[(final + count - 1 - turn) % 2]
-            if turn % 4:
-                os.pwrite(fd, body, 0)
-            else:
-                for offset in range(0, len(body), step):
-                    os.pwrite(fd, body[offset : offset + step], offset)
-            time.sleep(0.01)
-    finally:
-        os.close(fd)
-    print("done", flush=True)
-"""
 REWRITE_FILE_LEN = 8  # a 16 MiB file: a write call takes long enough to be overlapped by reads
 REWRITE_EDGE = BLOCK * REWRITE_FILE_LEN
-
-
-@dataclass
-class Answer:
-    server: str
-    key: str
-    status: int
-    etag: str | None
-    body: bytes
-    retry_after: str | None
-
-
-def _hammer(name: str, base: str, keys: list[str], stop: threading.Event, answers: list[Answer]) -> None:
-    with requests.Session() as session:
-        turn = 0
-        while not stop.is_set():
-            key = keys[turn % len(keys)]
-            turn += 1
-            response = session.get(f"{base}/{key}", timeout=30)
-            etag, retry_after = response.headers.get("ETag"), response.headers.get("Retry-After")
-            answers.append(Answer(name, key, response.status_code, etag, response.content, retry_after))
 
 
 @pytest.fixture(scope="module")
@@ -205,64 +135,32 @@ def test_file_rewritten_in_place_is_never_served_mixed_under_one_etag(
     }
     target = root / ORG / DATASET / "color" / "1" / "z0" / "y0" / "x0.wkw"
     inode = target.stat().st_ino
-    writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(target), str(BLOCK**3), *map(str, copies)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    answers: list[Answer] = []
-    stop = threading.Event()
-    threads = [
-        threading.Thread(target=_hammer, args=(name, f"{layer_url(server, 'color')}/1", keys[name], stop, answers))
-        for name, (server, _) in servers.items()
-    ]
-    for thread in threads:
-        thread.start()
+    writer = InPlaceWriter(target, BLOCK**3, copies)
+    targets = {name: (f"{layer_url(server, 'color')}/1", keys[name]) for name, (server, _) in servers.items()}
     settled_answers = []
     try:
-        for final in (1, 0, 1):
-            assert writer.stdin is not None and writer.stdout is not None
-            writer.stdin.write(f"60 {final}\n")
-            writer.stdin.flush()
-            assert writer.stdout.readline().strip() == "done"
-            # The writer has stopped: the final version must come through, and only it.
-            for name, (server, _) in servers.items():
-                for key in keys[name][:2]:
-                    response = wait_until_served(f"{layer_url(server, 'color')}/1/{key}")
-                    settled_answers.append((name, key, final, response))
+        with hammering(targets) as answers:
+            for final in (1, 0, 1):
+                writer.burst(60, final)
+                # The writer has stopped: the final version must come through, and only it.
+                for name, (server, _) in servers.items():
+                    for key in keys[name][:2]:
+                        response = wait_until_served(f"{layer_url(server, 'color')}/1/{key}")
+                        settled_answers.append((name, key, final, response))
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
-        if writer.stdin is not None:
-            writer.stdin.close()
-        writer.wait(30)
-        if writer.stdout is not None:
-            writer.stdout.close()
+        writer.close()
     assert target.stat().st_ino == inode, "the writer must rewrite in place, not replace the file"
 
     for name, key, final, response in settled_answers:
         edge = servers[name][1]
         np.testing.assert_array_equal(decoded_chunk(response.content, edge), truth_chunk(versions[final], key, edge))
 
-    bodies: dict[tuple[str, str, str | None], bytes] = {}
-    counts = {200: 0, 503: 0}
-    for answer in answers:
-        assert answer.status in (200, 503), (answer.server, answer.key, answer.status, answer.body[:200])
-        counts[answer.status] += 1
-        if answer.status == 503:
-            assert answer.retry_after is not None and int(answer.retry_after) >= 1
-            assert "written" in json.loads(answer.body)["error"]  # being (re)written
-            continue
+    def version_of(answer: Answer) -> list[int]:
         edge = servers[answer.server][1]
         chunk = decoded_chunk(answer.body, edge)
-        matches = [n for n, data in enumerate(versions) if np.array_equal(chunk, truth_chunk(data, answer.key, edge))]
-        assert matches, f"{answer.server} {answer.key}: a body that is neither the old nor the new data"
-        assert answer.etag is not None
-        first = bodies.setdefault((answer.server, answer.key, answer.etag), answer.body)
-        assert first == answer.body, f"{answer.server} {answer.key}: ETag {answer.etag} names two bodies"
-    assert counts[503] > 0, "the rule never engaged: the test did not read while the file was being written"
+        return [n for n, data in enumerate(versions) if np.array_equal(chunk, truth_chunk(data, answer.key, edge))]
+
+    assert_each_body_is_one_version(answers, version_of)
 
     # zarr-python reads the whole array as it now is: the last version, voxel by voxel.
     array = zarr.open_array(f"{layer_url(servers['pass-through'][0], 'color')}/1", mode="r")

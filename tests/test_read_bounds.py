@@ -19,6 +19,7 @@ import pytest
 import requests
 import wkw
 import zarr
+from support.format_layers import FORMATS
 from support.layers import layer_entry, write_properties
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
@@ -89,6 +90,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[.
     root = tmp_path_factory.mktemp("bounds")
     dataset = root / ORG / DATASET
     layers = {"v2raw": "zarr", "v3shard": "zarr3", "wkw": "wkw", "bigzarray": "zarr", "bigzarrjson": "zarr3"}
+    layers |= {"bigattributes": "n5", "biginfo": "neuroglancerPrecomputed"}
     write_properties(dataset, [layer_entry(name, data_format) for name, data_format in layers.items()])
     write_v2_raw(dataset / "v2raw" / "1")
     write_v3_sharded(dataset / "v3shard" / "1")
@@ -97,6 +99,10 @@ def bounded(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[.
     sparse(dataset / "bigzarray" / "1" / ".zarray")
     write_v3_sharded(dataset / "bigzarrjson" / "1")
     sparse(dataset / "bigzarrjson" / "1" / "zarr.json")
+    FORMATS["n5"].write(dataset / "bigattributes" / "1", voxels())
+    sparse(dataset / "bigattributes" / "1" / "attributes.json")
+    FORMATS["precomputed"].write(dataset / "biginfo" / "1", voxels())
+    sparse(dataset / "biginfo" / "info")  # the volume's, above its scale directory "1"
     write_properties(root / ORG / "bigprops", [layer_entry("v2raw", "zarr")])
     sparse(root / ORG / "bigprops" / "datasource-properties.json")
     return Root(root, server_factory(root))
@@ -140,7 +146,12 @@ def test_oversized_chunks_blocks_and_metadata_are_refused_before_they_are_read(b
                 if method == "GET":
                     message = assert_reason(response, 500, "bytes")
                     assert "more than" in message or "larger than any" in message, message
-    for layer, name in (("bigzarray", ".zarray"), ("bigzarrjson", "zarr.json")):
+    for layer, name in (
+        ("bigzarray", ".zarray"),
+        ("bigzarrjson", "zarr.json"),
+        ("bigattributes", "attributes.json"),
+        ("biginfo", "info"),
+    ):
         for tree, document in (("zarr", ".zarray"), ("zarr3", "zarr.json")):
             response = session.get(f"{server.url}/data/{tree}/{ORG}/{DATASET}/{layer}/1/{document}", timeout=60)
             assert_reason(response, 404, name, "its format allows there")

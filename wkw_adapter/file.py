@@ -99,8 +99,10 @@ class WkwFileCache:
     def open(self, path: str, check: Callable[[WkwFile], None] | None = None) -> WkwFile | None:
         """The file at ``path``, or None if it does not exist; ``check`` vets a file when it is loaded."""
         identity = self.store.identity(path)
-        if identity is None:
-            return None
+        return None if identity is None else self.version(path, identity, check)
+
+    def version(self, path: str, identity: FileIdentity, check: Callable[[WkwFile], None] | None = None) -> WkwFile:
+        """The version ``identity`` of the file at ``path`` (just looked up), from the cache or loaded now."""
         cached = self.lru.get(path)
         if cached is not None and cached.identity == identity:
             return cached

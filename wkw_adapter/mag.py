@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from gateway_storage import FileSource
+from gateway_storage import FileSource, Store
 from gateway_storage.geometry import Vec3
 
 from .errors import HeaderError
@@ -15,21 +15,27 @@ from .region import copy_overlap
 
 
 class WkwMag:
-    """Blocks and regions of one mag, in that mag's own voxel coordinates."""
+    """Blocks and regions of one mag, in that mag's own voxel coordinates.
 
-    def __init__(self, directory: str, files: WkwFileCache) -> None:
+    ``store`` is what the mag's files are looked up in (by default the store of ``files``, the cache of
+    headers and jump tables that mags share): a gateway's sources pass the anchored view of the mag
+    directory, so that a missing data file is absent only in a mag directory that is there.
+    """
+
+    def __init__(self, directory: str, files: WkwFileCache, store: Store | None = None) -> None:
         self.directory = directory
         self.files = files
+        self.store = files.store if store is None else store
         self.header = self._read_mag_header()
 
     def _read_mag_header(self) -> WkwHeader:
         path = os.path.join(self.directory, "header.wkw")
-        identity = self.files.store.identity(path)
+        identity = self.store.identity(path)
         if identity is None:
             raise HeaderError(f"{path} does not exist")
         # 16 bytes written once when the mag is made: not held to the settle rule, so a new mag is served
         # at once (a torn header fails to parse, and the catalog looks at a mag with problems again soon).
-        return parse_header(self.files.store.read(path, 0, HEADER_SIZE, identity, limit=HEADER_SIZE, settled=False))
+        return parse_header(self.store.read(path, 0, HEADER_SIZE, identity, limit=HEADER_SIZE, settled=False))
 
     def file_path(self, cube: Vec3) -> str:
         x, y, z = cube
@@ -43,7 +49,10 @@ class WkwMag:
         return cube, morton_encode(block[0] & mask, block[1] & mask, block[2] & mask)
 
     def open_file(self, cube: Vec3) -> WkwFile | None:
-        return self.files.open(self.file_path(cube), self._check_compatible)
+        """The data file of ``cube``, or None where there is none (its blocks read as zeros)."""
+        path = self.file_path(cube)
+        identity = self.store.identity(path)
+        return None if identity is None else self.files.version(path, identity, self._check_compatible)
 
     def _check_compatible(self, wkw_file: WkwFile) -> None:
         mine, theirs = self.header, wkw_file.header

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway_storage import FileIdentity, FileSource, Store
+from gateway_storage import AnchoredStore, FileIdentity, FileSource, Store
 from gateway_storage.geometry import Box, Vec3
 
 from .properties import BoundingBox
@@ -100,20 +100,24 @@ class MagSource:
 
     kind = "abstract"
     native: NativeEncoding | None = None  # the source's own chunk encoding (Zarr sources)
-    storage: Store  # what every byte of the mag is read through
+    storage: Store  # what every byte of the mag is read through (anchored at ``location``)
     location: str  # where the data lives
     root: str  # the data root ``location`` lies in
 
     def _locate(self, storage: Store, directory: str) -> None:
-        """Where the mag's files lie: ``directory`` in ``storage``, below the root replicas name paths from."""
-        self.storage = storage
+        """Where the mag's files lie: ``directory`` in ``storage``, below the root replicas name paths from.
+
+        Every byte of the mag is read through an :class:`AnchoredStore` of its directory: a file below it
+        is absent (its chunk reads as the fill value) only while the directory is there, so a volume that
+        went or a mag directory that was deleted is a storage fault for every format, however it reads.
+        """
+        self.storage = AnchoredStore(storage, directory)
         self.location = directory
         self.root = storage.root_of(directory)
 
     def absent(self, what: str = "chunk") -> ChunkNotFound:
-        """A chunk absent by the format's rules, once the mag's directory is known to be there: a directory (a
-        volume) that went is a storage fault, never data that reads as the fill value."""
-        self.storage.require_directory(self.location)
+        """A chunk absent by the format's rules: raised once the anchored store has found the file missing
+        in a mag directory that is there."""
         return ChunkNotFound(f"the source holds no such {what}: it reads as the fill value")
 
     def __init__(self, mag: Vec3, bbox: BoundingBox, dtype: np.dtype, channels: int, fill_value: float = 0) -> None:

@@ -122,7 +122,7 @@ class N5MagSource(MagSource):
 
     def _read_block(self, name: str) -> tuple[bytes, FileIdentity] | None:
         path = self.storage.join(self.location, name)
-        return self.storage.read_whole(path, limit=self._stored_limit)
+        return self.storage.read_whole(path, limit=self._stored_limit, settled=True)
 
     @property
     def reads_are_cheap(self) -> bool:
@@ -193,8 +193,6 @@ class N5MagSource(MagSource):
         ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
         names = [self._block_name(coords) for coords in itertools.product(*ranges)]
         found = fetch_all(self.storage, self._read_block, names)
-        if any(block is None for block in found):
-            self.absent("block")  # blocks read as the fill value only inside a dataset directory that is there
         chunks = {name: block[0] for name, block in zip(names, found) if block is not None}
         data = self.axis_map.to_served(self._decoder.decode(chunks, tuple(slice(a, b) for a, b in zip(lo, hi))))
         out[tuple(slice(0, n) for n in data.shape)] = data

@@ -230,11 +230,9 @@ class PrecomputedMagSource(MagSource):
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
             path = self.storage.join(self.location, self._chunk_name(position))
-            return self.storage.read_whole(path, limit=self._stored_limit)
+            return self.storage.read_whole(path, limit=self._stored_limit, settled=True)
 
         found = fetch_all(self.storage, fetch, positions)
-        if any(chunk is None for chunk in found):
-            self.absent()  # chunks read as the fill value only inside a scale directory that is there
         return {position: chunk[0] for position, chunk in zip(positions, found) if chunk is not None}
 
     # --- sharded scales --------------------------------------------------------------------------
@@ -254,7 +252,7 @@ class PrecomputedMagSource(MagSource):
             chunk_id, path, minishard = where[position]
             identity = identities[path]
             if identity is None:
-                return None  # no shard: its chunks read as the fill value
+                return None  # no shard (in a scale directory that is there): its chunks read as the fill value
             located = self._minishard_index(path, identity, minishard).get(chunk_id)
             if located is None:
                 return None

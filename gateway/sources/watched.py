@@ -102,9 +102,9 @@ class WatchedStore(Store):
         self._note(path, expected.version)
         return self.inner._read(path, offset, size, expected, settled)
 
-    def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
+    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
         try:
-            found = self.inner._read_whole(path, limit)
+            found = self.inner._read_whole(path, limit, settled)
         except OutsideRootError:
             self._note(path, _OUTSIDE)
             raise

@@ -50,7 +50,7 @@ class WkwMagSource(MagSource):
 
     def __init__(self, mag: Vec3, directory: str, bbox: BoundingBox, files: WkwFileCache) -> None:
         self._locate(files.store, directory)
-        self.wkw = WkwMag(directory, files)
+        self.wkw = WkwMag(directory, files, self.storage)
         header = self.wkw.header
         check_geometry(header, "header.wkw")  # data files must match it (WkwMag checks each one)
         super().__init__(mag, bbox, header.dtype, header.num_channels)
@@ -69,7 +69,8 @@ class WkwMagSource(MagSource):
         return blocks * self.wkw.header.block_bytes
 
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
-        """Whether any data file covers part of ``[lo, hi)``: a box without one reads as zeros."""
+        """Whether any data file covers part of ``[lo, hi)``: a box without one reads as zeros (looked up through
+        the anchored store: in a mag directory that is there)."""
         edge = self.wkw.header.file_voxel_len
         first = [v // edge for v in lo]
         last = [(v - 1) // edge for v in hi]
@@ -89,7 +90,8 @@ class WkwMagSource(MagSource):
         return (self.channels, edge, edge, edge)
 
     def stored_chunk(self, index: tuple[int, ...], lo: Vec3) -> StoredChunk | None:
-        """The stored block with corner ``lo``; None where its file does not exist (it reads as zeros)."""
+        """The stored block with corner ``lo``; None where its file does not exist in the mag directory (the
+        caller then finds it holds no data: it reads as zeros)."""
         side = self.wkw.header.block_len
         cube, block = self.wkw.locate_block((lo[0] // side, lo[1] // side, lo[2] // side))
         wkw_file = self.wkw.open_file(cube)

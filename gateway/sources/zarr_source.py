@@ -172,7 +172,7 @@ class ZarrMagSource(MagSource):
         """
         path = self._file_of(coords)
         if self.sharding is None:
-            found = self.storage.read_whole(path, limit=self._stored_limit)
+            found = self.storage.read_whole(path, limit=self._stored_limit, settled=True)
             if found is None:
                 return None
             return self._checked(found[0], self.relative(path)), self.relative(path), found[1]
@@ -230,8 +230,6 @@ class ZarrMagSource(MagSource):
         if self.sharding is not None:  # each shard looked up once for the whole read, not once per inner chunk
             shards = {path: self.storage.identity(path) for path in dict.fromkeys(map(self._shard_of, covered))}
         stored = fetch_all(self.storage, functools.partial(self._stored_bytes, shards=shards), covered)
-        if any(found is None for found in stored):
-            self.absent()  # chunks read as the fill value only inside a mag directory that is there
         data = self._decode(dict(zip(covered, stored)), lo, hi)
         data = self.axis_map.to_served(data)
         out[tuple(slice(0, n) for n in data.shape)] = data
