@@ -4,6 +4,7 @@ conditional requests, tokens in every carrier and every refusal. Both applicatio
 composition root from the same settings and called in-process with the same ASGI scope."""
 
 import asyncio
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,8 @@ async def call(app: Edge, method: str, path: str, headers: list[tuple[bytes, byt
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        messages.append(dict(message))
 
     await app(scope, receive, send)
     start, *body = messages
