@@ -205,10 +205,12 @@ def check(planted: Planted, method: str, target: str, headers: list[tuple[str, s
 
 
 def _served_key(tree: str, coords: tuple[int, int, int]) -> str:
+    if tree == "precomputed":
+        return "_".join(f"{c * CHUNK}-{(c + 1) * CHUNK}" for c in coords)
     return ".".join(map(str, (0, *coords))) if tree == "zarr" else "c/" + "/".join(map(str, (0, *coords)))
 
 
-@pytest.mark.parametrize("tree", ["zarr", "zarr3"])
+@pytest.mark.parametrize("tree", ["zarr", "zarr3", "precomputed"])
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_every_planted_chunk_link_is_reached_and_refused(planted: Planted, layer: str, tree: str) -> None:
     """The generated requests below can reach the links: read directly, each is the storage-fault status."""
@@ -233,11 +235,12 @@ def test_the_linked_tokens_file_and_directories_are_refused(planted: Planted) ->
 
 # --- generated requests -------------------------------------------------------------------------------------
 
-TREES = ["zarr", "zarr3", "xarray", "meshes"]
+TREES = ["zarr", "zarr3", "xarray", "meshes", "precomputed", "precomputed_raw"]
 NAMES = [
     ORG, OTHER_ORG, "evil", "ds", "narrow", "other_ds", "linked", "props_link", "missing", *LAYERS, "1", "2-2-1",
     ".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json", "datasource-properties.json", "header.wkw",
     "attributes.json", "info", "c", "0", "multires", "legacy", "segment_properties", "7:0", "7.index",
+    "mesh", "0-32_0-32_0-32", "32-64_32-64_32-64", "32-64_0-32_0-31",
     "..", ".", "%2e%2e", "%2E%2e%2f", "%2F", "%00", "%ff", "%C3%A9", "~", "\\", ";", "z1", "x1.wkw", "tokens.json",
 ]  # fmt: skip
 KEYS = [_served_key(tree, coords) for tree in ("zarr", "zarr3") for coords in (LINKED_CHUNK, TOKENS_CHUNK, (0, 0, 0))]

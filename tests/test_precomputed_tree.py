@@ -14,10 +14,10 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import requests
-from cloudvolume import CloudVolume
 from cloudvolume.exceptions import EmptyVolumeException
 from support import viewer
 from support.browser import Browser
+from support.cloudvolume_reads import assert_reads_exactly, open_volume, read_box
 from support.datasets import LAYERS, MAGS, ORG, OTHER_TOKEN, TOKEN, WrittenDataset, bbox_at_mag, mag_name
 from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
@@ -37,15 +37,9 @@ def open_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server
     return server_factory(test_data.root)
 
 
-def volume(url: str, **options: Any) -> CloudVolume:
-    options.setdefault("fill_missing", False)
-    return CloudVolume(f"precomputed://{url}", use_https=False, progress=False, parallel=1, cache=False, **options)
-
-
 def cloudvolume_read(url: str, mip: int, lo: tuple[int, ...], hi: tuple[int, ...]) -> np.ndarray[Any, Any]:
     """``[lo, hi)`` at ``mip`` as CloudVolume reads it, as ``[c, x, y, z]``."""
-    data = volume(url, mip=mip)[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
-    return np.moveaxis(np.asarray(data), -1, 0)
+    return np.moveaxis(read_box(url, mip, lo, hi), -1, 0)
 
 
 @pytest.mark.parametrize("layer", [name for name, *_ in LAYERS])
@@ -53,13 +47,7 @@ def test_cloudvolume_reads_every_mag_exactly(open_gateway: Server, test_data: Wr
     url = f"{open_gateway.url}{DATASET}/{layer}"
     for mip, mag in enumerate(MAGS):
         lo, hi = bbox_at_mag(mag)
-        truth = test_data.expected(layer, mag)
-        whole = cloudvolume_read(url, mip, lo, hi)
-        np.testing.assert_array_equal(whole, truth[(slice(None), *(slice(a, b) for a, b in zip(lo, hi)))])
-        # straddling chunk edges (chunks start at the voxel offset, every 32) and ending at the volume's edge
-        cut_lo = tuple(a + 29 if b - a > 40 else a for a, b in zip(lo, hi))
-        cut = cloudvolume_read(url, mip, cut_lo, hi)
-        np.testing.assert_array_equal(cut, truth[(slice(None), *(slice(a, b) for a, b in zip(cut_lo, hi)))])
+        assert_reads_exactly(url, mip, test_data.expected(layer, mag), lo, hi, layer)
 
 
 def test_info_describes_each_mag(open_gateway: Server) -> None:
@@ -81,10 +69,7 @@ def test_the_raw_tree_serves_segmentations_raw(open_gateway: Server, test_data: 
     url = f"{open_gateway.url}/data/precomputed_raw/{ORG}/wk_dataset/segmentation"
     assert {s["encoding"] for s in requests.get(f"{url}/info").json()["scales"]} == {"raw"}
     lo, hi = bbox_at_mag(MAGS[1])
-    truth = test_data.expected("segmentation", MAGS[1])
-    np.testing.assert_array_equal(
-        cloudvolume_read(url, 1, lo, hi), truth[(slice(None), *(slice(a, b) for a, b in zip(lo, hi)))]
-    )
+    assert_reads_exactly(url, 1, test_data.expected("segmentation", MAGS[1]), lo, hi, "segmentation raw")
 
 
 def test_zarr_source_layers(zarr_root: Path, server_factory: Callable[..., Server]) -> None:
@@ -95,9 +80,7 @@ def test_zarr_source_layers(zarr_root: Path, server_factory: Callable[..., Serve
     for array in arrays:
         mip = mips[array.layer] = mips.get(array.layer, -1) + 1
         url = f"{server.url}{TREE}/{ZARR_ORG}/{WK_DATASET}/{array.layer}"
-        read = cloudvolume_read(url, mip, array.bbox_lo, array.bbox_hi)
-        inside = (slice(None), *(slice(a, b) for a, b in zip(array.bbox_lo, array.bbox_hi)))
-        np.testing.assert_array_equal(read, array.expected()[inside], err_msg=array.id)
+        assert_reads_exactly(url, mip, array.expected(), array.bbox_lo, array.bbox_hi, array.id)
 
 
 def _chunk_keys(info: dict[str, Any], scale_index: int = 0) -> list[str]:
@@ -135,7 +118,7 @@ def test_meshes_of_the_sample(sample_root: Path, server_factory: Callable[..., S
     labels = sample_labels(sample_root)
     ids, counts = np.unique(labels[labels != 0], return_counts=True)
     largest = [int(i) for i in ids[np.argsort(-counts)][:2]]
-    vol = volume(f"{server.url}{TREE}/{SAMPLE_ORG}/{SAMPLE_DATASET}/segmentation")
+    vol = open_volume(f"{server.url}{TREE}/{SAMPLE_ORG}/{SAMPLE_DATASET}/segmentation")
     meshes = vol.mesh.get(largest)
     resolution = np.asarray(vol.resolution)
     for segment in largest:
@@ -235,15 +218,15 @@ def test_absent_chunks_are_404_and_a_storage_fault_is_a_server_error(
     absent = f"{server.url}{TREE}/{ORG}/corrupt/color_u16"
     assert_reason(requests.get(f"{absent}/1/37-69_21-53_5-37"), 404, "no stored data")
     with pytest.raises(EmptyVolumeException):
-        volume(absent)[37:69, 21:53, 5:37]
-    assert not volume(absent, fill_missing=True)[37:69, 21:53, 5:37].any()
+        open_volume(absent)[37:69, 21:53, 5:37]
+    assert not open_volume(absent, fill_missing=True)[37:69, 21:53, 5:37].any()
     url = f"{server.url}{TREE}/{ORG}/corrupt/color_u8"
     response = requests.get(f"{url}/1/37-69_21-53_5-37")
     assert response.status_code >= 500, (response.status_code, response.text[:300])
     assert "storage fault" in response.json()["error"]
     lo, _ = bbox_at_mag(MAGS[0])
     with pytest.raises(Exception) as raised:  # CloudVolume never turns the fault into zeros
-        volume(url, fill_missing=True)[lo[0] : lo[0] + 8, lo[1] : lo[1] + 8, lo[2] : lo[2] + 8]
+        open_volume(url, fill_missing=True)[lo[0] : lo[0] + 8, lo[1] : lo[1] + 8, lo[2] : lo[2] + 8]
     assert not isinstance(raised.value, EmptyVolumeException)
 
 

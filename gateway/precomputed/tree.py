@@ -9,6 +9,7 @@ storage: callers run :meth:`PrecomputedTree.answer` in a thread.
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import get_args
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..meshes.formats import PROPERTIES_DIRECTORY, PROPERTIES_INFO
 from ..meshes.service import MeshService
 from ..sources.catalog import Dataset, Layer
 from ..sources.mag import ChunkNotFound, MagSource
+from ..sources.metadata import PrecomputedDataType
 from ..sources.paths import is_safe_segment
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
@@ -33,8 +35,8 @@ TREES = {"precomputed": False, "precomputed_raw": True}  # tree name: whether ev
 INFO = "info"
 MESH_DIRECTORY = "mesh"
 MESH_KIND = "multires"  # the mesh service's source that the precomputed ``mesh`` directory is
-# The data types of the format (Neuroglancer's precomputed volume spec).
-DATA_TYPES = frozenset(("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32"))
+# The data types of the format (Neuroglancer's precomputed volume spec and its DataType: no int64, no float64).
+DATA_TYPES: tuple[str, ...] = get_args(PrecomputedDataType)
 VARY = (b"vary", b"Accept-Encoding")
 
 ListingRow = tuple[str, bool, str | None]  # name, is a directory, why it cannot be served
@@ -231,13 +233,13 @@ class PrecomputedTree:
 
     @staticmethod
     def _chunk(served: ServedScale, key: str) -> Resource:
-        """One chunk, read from the mag and encoded; absent where the source stores nothing (clients fill those)."""
+        """One chunk, read from the mag and encoded; absent (404) where the source knows that nothing is stored
+        in it and it reads as zeros, which is what precomputed clients fill an absent chunk with. The format
+        has no fill value to declare: a chunk of another fill value is answered with it."""
         scale, source = served.scale, served.source
         lo, hi = chunk_box(key, scale.voxel_offset, scale.end, scale.chunk_size)
-        if not source.holds_data(lo, hi):
-            raise ChunkNotFound(
-                "no stored data lies in this chunk: it reads as the fill value (CloudVolume: fill_missing=True)"
-            )
+        if source.fill_value == 0 and not source.holds_data(lo, hi):
+            raise ChunkNotFound("no stored data lies in this chunk: it reads as zeros (CloudVolume: fill_missing=True)")
         region = source.read_box(lo, hi)
         body = scale.encoding.encode(region.data)
         if region.sources is None:
@@ -253,7 +255,7 @@ def unusable_reason(layer: Layer) -> str | None:
         return "; ".join(layer.problems) or "it has no servable mag"
     dtype: np.dtype = layer.properties.dtype
     if dtype.name not in DATA_TYPES:
-        return f"its data type {dtype.name} is none of the precomputed format's ({', '.join(sorted(DATA_TYPES))})"
+        return f"its data type {dtype.name} is none of the precomputed format's ({', '.join(DATA_TYPES)})"
     return None
 
 
