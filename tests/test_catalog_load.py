@@ -3,8 +3,10 @@
 A lab member writes a dataset whose properties file asks for as much work as the gateway allows (the
 most layers a dataset may have, one of them broken), one that asks for more (more layers, more mags,
 more bytes: refused with the reason before any of it is validated or opened), and one whose properties
-are not JSON. While these are requested and listed, ``/healthz`` must keep answering in a small fraction
-of the time those loads take: loads and listings run in threads of their own bound, off the event loop.
+are not JSON. While these are requested and listed, the gateway's event loop must keep running within 100 ms
+(its own lag probe, in /metrics) and ``/healthz``, polled from another process, keep answering in a small
+fraction of the time those loads take: loads, listings and the pages of every dataset run in threads of
+their own bound, off the event loop, and the loaded catalog is kept out of the collector's full collections.
 And a dataset whose load found problems is not loaded again until something that load looked at changes.
 """
 
