@@ -1,17 +1,18 @@
 """Small PNG previews of a layer, so a person sees what a dataset holds before opening a viewer.
 
 A preview is the middle Z slice of the bounding box from a coarse mag: colour data contrast-stretched,
-segmentations coloured by id. Its ETag is made from what makes it change (the identities of the files
-read, or the voxels themselves where the reader cannot name its files), so every replica answers alike.
+segmentations coloured by id. Its ETag is made from what makes it change, known before a byte is read:
+the identities of the files its read covers (``MagSource.files_covering``, a stat each), so that every
+replica answers alike and a revalidation (304) in any worker, one that never made the preview too, costs
+those stats and no read or decode. Where a reader cannot name its files the voxels themselves decide, and
+a preview kept is read again after ``RECHECK_SECONDS``.
 
 What one preview may cost is known before a byte is read: the bytes its read decodes and the stored
 chunks it touches (``MagSource.decoded_bytes``). Past either bound a coarser mag or a smaller central
-window is read, and where none fits the answer is a 413 with the reason. A preview made is kept with
-the identities of the files it read: while a stat of each says they are unchanged it is answered again,
-and revalidated (304), without reading or decoding anything; a reader that cannot name its files is
-read again after ``RECHECK_SECONDS``. A damaged file raises the storage error unchanged: the HTTP layer
-answers 5xx for that image alone. The work runs in the threads of the limiter it is given (the one the
-meshes use), never in those that serve chunks.
+window is read, and where none fits the answer is a 413 with the reason. A preview made is kept while its
+files are the versions stat'ed. A damaged file raises the storage error unchanged: the HTTP layer answers
+5xx for that image alone. The work runs in the threads of the limiter it is given (the one the meshes
+use), never in those that serve chunks.
 """
 
 import io
@@ -23,9 +24,10 @@ import anyio
 import numpy as np
 from PIL import Image
 
-from gateway_storage import ByteLRU, FileSource, Store
+from gateway_storage import ByteLRU, FileChangedError, FileSource
 from gateway_storage.geometry import Vec3
 
+from .metrics import count_preview
 from .sources.mag import MagSource
 from .zarr.resource import Resource, bytes_resource, make_etag
 
@@ -192,53 +194,105 @@ class PreviewKey:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedPreview:
+    """A preview before its read: what it reads, and its validators where the stats of its files decide them.
+
+    ``files`` are the files the read covers with the identities a stat gave just now (None: absent); None
+    where the source cannot name them, and then the ETag is known only from the voxels read.
+    """
+
+    source: MagSource
+    key: PreviewKey
+    files: tuple[FileSource, ...] | None
+    etag: str | None
+    last_modified: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class MadePreview:
     resource: Resource
-    sources: list[FileSource] | None  # the files read, with their identities; None: the reader cannot say
     made_at: float  # time.monotonic()
 
 
 class Previews:
-    """Preview images of layers, kept with the identities of what they were made from.
+    """Preview images of layers, kept by the identities of the files they were made from.
 
-    :meth:`preview` is blocking; :meth:`answer` runs it in a thread of the limiter given.
+    :meth:`plan` (stats, no read) and :meth:`make` are blocking; :meth:`planned` and :meth:`answer` run
+    them in a thread of the limiter given. What a preview answers depends only on its files, so its ETag
+    is known from a stat of each before anything is read: a revalidation costs those stats in any worker,
+    whether or not it made the preview before.
     """
 
-    def __init__(self, max_bytes: int, store: Store, limiter: anyio.CapacityLimiter | None = None) -> None:
+    def __init__(self, max_bytes: int, limiter: anyio.CapacityLimiter | None = None) -> None:
         self.cache: ByteLRU[MadePreview] = ByteLRU(max_bytes)
-        self.store = store
         self.limiter = limiter if limiter is not None else anyio.CapacityLimiter(1)
 
-    async def answer(self, mags: Mapping[Vec3, MagSource], category: str) -> Resource:
-        return await anyio.to_thread.run_sync(self.preview, mags, category, limiter=self.limiter)
+    async def planned(self, mags: Mapping[Vec3, MagSource], category: str) -> PlannedPreview:
+        return await anyio.to_thread.run_sync(self.plan, mags, category, limiter=self.limiter)
+
+    async def answer(self, planned: PlannedPreview) -> Resource:
+        return await anyio.to_thread.run_sync(self.make, planned, limiter=self.limiter)
 
     def preview(self, mags: Mapping[Vec3, MagSource], category: str) -> Resource:
-        """The PNG preview of a layer given its mags; raises the storage error of a damaged file unchanged."""
+        """The PNG preview of a layer given its mags: :meth:`plan`, then :meth:`make`."""
+        return self.make(self.plan(mags, category))
+
+    def plan(self, mags: Mapping[Vec3, MagSource], category: str) -> PlannedPreview:
+        """What a preview of the layer reads (:func:`plan_read`) and, from a stat of each file that read
+        covers, its ETag; raises the storage error of a file that cannot be looked up unchanged."""
         source, lo, hi = plan_read(mags)
         key = PreviewKey(source.location_key, source.mag, lo, hi, category)
+        paths = source.files_covering(lo, hi)
+        if paths is None:
+            return PlannedPreview(source, key, None, None, None)
+        files = tuple((path, source.storage.identity(path)) for path in paths)
+        mtimes = [identity.mtime for _, identity in files if identity is not None]
+        return PlannedPreview(source, key, files, _etag(key, source, files), max(mtimes, default=None))
+
+    def make(self, planned: PlannedPreview) -> Resource:
+        """The PNG of a planned preview: kept while its files are the versions planned, else read and made.
+
+        The read must find the versions the plan stat'ed (else its voxels are not what the ETag names): a
+        file rewritten in between raises :class:`FileChangedError` (a 503, retried in a moment). A damaged
+        file raises its storage error unchanged.
+        """
+        key, source = planned.key, planned.source
         made = self.cache.get(key)
-        if made is not None and self._unchanged(made):
+        if made is not None and (
+            made.resource.etag == planned.etag
+            or (planned.files is None and time.monotonic() - made.made_at < RECHECK_SECONDS)
+        ):
+            count_preview("kept")
             return made.resource
-        region = source.read_box(lo, hi)
-        if region.sources is None:
-            origin: object = region.data.tobytes()  # the reader cannot name its files: the voxels decide
+        region = source.read_box(key.lo, key.hi)
+        if planned.files is None:
+            # the reader cannot name its files: the voxels decide
+            etag = make_etag(_RENDERING_VERSION, *_described(key, source), region.data.tobytes())
             last_modified = None
         else:
-            origin = sorted({(source.relative(path), identity) for path, identity in region.sources}, key=repr)
-            mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-            last_modified = max(mtimes, default=None)
-        etag = make_etag(_RENDERING_VERSION, source.location_key, source.mag, lo, hi, category, origin)
+            read = dict(region.sources) if region.sources is not None else None
+            for path, identity in planned.files:
+                now = read[path] if read is not None and path in read else source.storage.identity(path)
+                if now != identity:
+                    raise FileChangedError(f"{source.relative(path)} changed while its preview was read")
+            etag, last_modified = _etag(key, source, planned.files), planned.last_modified
         if made is not None and made.resource.etag == etag:
             resource = made.resource  # read again (the files could not be named), and unchanged
+            count_preview("kept")
         else:
-            png = encode_png(render_image(region.data[..., 0], category))
+            png = encode_png(render_image(region.data[..., 0], key.category))
             resource = bytes_resource(png, PNG, etag, last_modified)
-        size = len(resource.body or b"") + 64 * len(region.sources or ())
-        self.cache.put(key, MadePreview(resource, region.sources, time.monotonic()), size)
+            count_preview("made")
+        self.cache.put(key, MadePreview(resource, time.monotonic()), len(resource.body or b"") + 256)
         return resource
 
-    def _unchanged(self, made: MadePreview) -> bool:
-        """Whether the files a preview was made from are still the versions read (a stat each, no read)."""
-        if made.sources is None:
-            return time.monotonic() - made.made_at < RECHECK_SECONDS
-        return all(self.store.identity(path) == identity for path, identity in made.sources)
+
+def _described(key: PreviewKey, source: MagSource) -> tuple[object, ...]:
+    """What besides its files makes a preview: the read, the rendering and how the source decodes."""
+    return (key, source.kind, source.bbox.lo, source.bbox.hi, source.dtype.str, source.channels, source.fill_value)
+
+
+def _etag(key: PreviewKey, source: MagSource, files: tuple[FileSource, ...]) -> str:
+    """The ETag of a preview from its files' identities (named relative to the data root: alike on every replica)."""
+    origin = sorted(((source.relative(path), identity) for path, identity in files), key=repr)
+    return make_etag(_RENDERING_VERSION, *_described(key, source), origin)

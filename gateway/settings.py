@@ -33,6 +33,8 @@ from pydantic_settings import (
 
 from gateway_storage import remote_schemes, store_kind
 
+from .meshes.budget import MESH_SECONDS
+
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
 MAX_CHUNK_EDGE = 1024
 ENV_PREFIX = "ZARR_GATEWAY_"
@@ -158,6 +160,12 @@ class Settings(BaseSettings):
         description="voxels one multi-resolution mesh made on demand may read (every level of one segment); a "
         "larger segment is served from the layer's stored mesh set (mesh-segments), else answered 413; "
         "unset: 134217728 (128 Mi)",
+    )
+    mesh_seconds: float = Field(
+        default=MESH_SECONDS,
+        gt=0,
+        description="seconds of meshing one mesh request may take, checked before each box it meshes; past them "
+        "the work stops and the answer is a 503 with Retry-After and the reason",
     )
     remote_roots: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),

@@ -16,7 +16,7 @@ LAYERS = [
     (0, ("gateway_storage",)),  # the storage kernel and its geometry: a leaf (see test_the_storage_kernel_is_a_leaf)
     (
         0,
-        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras"),
+        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap"),
     ),  # leaves: import nothing of the project
     (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
     (2, ("gateway.sources",)),

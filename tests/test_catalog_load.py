@@ -3,15 +3,16 @@
 A lab member writes a dataset whose properties file asks for as much work as the gateway allows (the
 most layers a dataset may have, one of them broken), one that asks for more (more layers, more mags,
 more bytes: refused with the reason before any of it is validated or opened), and one whose properties
-are not JSON. While these are requested and listed, ``/healthz`` must keep answering in a small fraction
-of the time those loads take: loads and listings run in threads of their own bound, off the event loop.
+are not JSON. While these are requested and listed, the gateway's event loop must keep running within 100 ms
+(its own lag probe, in /metrics) and ``/healthz``, polled from another process, keep answering in a small
+fraction of the time those loads take: loads, listings and the pages of every dataset run in threads of
+their own bound, off the event loop, and the loaded catalog is kept out of the collector's full collections.
 And a dataset whose load found problems is not loaded again until something that load looked at changes.
 """
 
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 import requests
 import wkw
 from support.datasets import cube_layer, write_layers_properties
+from support.metrics import Samples, histogram_delta, scrape, value
+from support.polling import Poller
 from support.servers import Server
 
 from gateway.sources import catalog as catalog_module
@@ -27,15 +30,21 @@ from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES, 
 from gateway.sources.registry import SourceFormats
 from gateway_storage import LocalStore
 
-pytestmark = pytest.mark.serial  # /healthz latency while the bombs load: measured alone
+pytestmark = pytest.mark.serial  # /healthz latency and the event loop's lag while the bombs load: measured alone
 
 ORG = "bombs"
 EDGE = 32
-# /healthz latency while the bombs are requested and listed. A load on the event loop stalls it for
-# seconds; answered beside the loads, the median is a few milliseconds. A 2-core machine whose cores this
-# test's own requests keep busy delays some answers (scheduling, a collection: CI once saw a p95 of 102 ms
-# with a median of 4 ms), so the bounds sit between the two: most answers, the 95th percentile, within
-# 250 ms, and the slowest within two seconds.
+# The issue's promise, measured where it is kept: the gateway's event loop (its lag probe, in /metrics) runs a
+# timer due within 100 ms. The probe samples every LAG_INTERVAL_SECONDS (20 ms), and what still holds the loop
+# now and then is outside any request's control: a full collection of the cycle collector (it holds the
+# interpreter in whichever thread allocates; gateway/heap.py keeps the loaded catalog out of it) and, on a
+# busy 2-core machine, the other processes' turns for the cores. So 95% of the samples must be within 100 ms,
+# and the slowest within two seconds (a load average of 12 here once saw 1.2 s).
+LOOP_LAG_BOUND = 0.1
+LOOP_LAG_SHARE = 0.95
+LOOP_LAG_MAX_SECONDS = 2.0
+# /healthz as a client in a process of its own sees it: the loop's wait plus its own and the server's turns for
+# the two cores, which the test's requests keep busy (a load on the event loop stalls it for seconds).
 HEALTHZ_P95_SECONDS = 0.25
 HEALTHZ_MAX_SECONDS = 2.0
 POLL_SECONDS = 0.02
@@ -85,58 +94,46 @@ def served(root: Path, server_factory: Callable[..., Server]) -> Server:
     return server_factory(root)
 
 
-class HealthPoller:
-    """Polls /healthz every POLL_SECONDS on its own connection and keeps each answer's latency."""
-
-    def __init__(self, server: Server) -> None:
-        self.url = server.url + "/healthz"
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    answer = session.get(self.url, timeout=30)
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
-                except requests.RequestException as exc:
-                    self.failures.append(repr(exc))
-                self.latencies.append(time.perf_counter() - started)
-                self._stop.wait(POLL_SECONDS)
-
-    def __enter__(self) -> "HealthPoller":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-@pytest.fixture
-def polled(served: Server) -> Iterator[HealthPoller]:
-    with HealthPoller(served) as poller:
-        yield poller
-
-
-def _assert_healthy(poller: HealthPoller) -> None:
+def _assert_healthy(poller: Poller) -> None:
     latencies = sorted(poller.latencies)
     assert not poller.failures, poller.failures[:5]
     assert len(latencies) >= 20, f"only {len(latencies)} /healthz answers were measured"
     p95 = latencies[int(len(latencies) * 0.95)]
-    summary = f"{len(latencies)} answers: median {statistics.median(latencies) * 1000:.1f} ms, "
+    summary = f"/healthz, {len(latencies)} answers: median {statistics.median(latencies) * 1000:.1f} ms, "
     summary += f"p95 {p95 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms"
     print(summary)
     assert p95 < HEALTHZ_P95_SECONDS, summary
     assert latencies[-1] < HEALTHZ_MAX_SECONDS, summary
 
 
-def test_healthz_answers_while_bombs_are_requested_and_listed(served: Server, polled: HealthPoller) -> None:
-    """The first test of the module: the datasets are loaded (the listing loads them all) while it polls."""
+def _loop_lag(before: Samples, after: Samples) -> tuple[str, bool]:
+    """A summary of the loop's lag between two scrapes, and whether it kept within the bounds. The longest is
+    the worker's since it started (the module's server is new, and this is its first test)."""
+    buckets = histogram_delta(before, after, "zarr_gateway_event_loop_lag_seconds")
+    samples = buckets[-1][1]
+    median = next(bound for bound, count in buckets if count >= samples / 2)
+    p95 = next(bound for bound, count in buckets if count >= samples * 0.95)
+    within = max(count for bound, count in buckets if bound <= LOOP_LAG_BOUND)
+    longest = value(after, "zarr_gateway_event_loop_lag_max_seconds")
+    summary = f"event loop lag, {samples:.0f} samples: median <= {median * 1000:g} ms, p95 <= {p95 * 1000:g} ms, "
+    summary += f"{within / samples:.1%} within {LOOP_LAG_BOUND * 1000:g} ms, longest {longest * 1000:.1f} ms"
+    kept = samples >= 100 and within >= samples * LOOP_LAG_SHARE and longest < LOOP_LAG_MAX_SECONDS
+    return summary, kept
+
+
+def test_healthz_answers_while_bombs_are_requested_and_listed(served: Server) -> None:
+    """The first test of the module: the datasets are loaded (the listing loads them all) while the event loop's
+    lag is sampled by the gateway and /healthz is polled from another process."""
+    before = scrape(served)
+    with Poller(served.url + "/healthz", POLL_SECONDS) as poller:
+        _send_the_bombs(served)
+    summary, kept = _loop_lag(before, scrape(served))
+    print(summary)
+    _assert_healthy(poller)
+    assert kept, summary
+
+
+def _send_the_bombs(served: Server) -> None:
     started = time.perf_counter()
     while time.perf_counter() - started < 5.0:  # past a reload interval, so the broken layer is looked at again
         paths = ["/data/zarr/", f"/data/zarr/{ORG}/", "/data/zarr3/many/"]
@@ -146,7 +143,6 @@ def test_healthz_answers_while_bombs_are_requested_and_listed(served: Server, po
             assert requests.get(f"{served.url}/data/zarr/{ORG}/{name}/.zgroup", timeout=60).status_code == 409
         chunk = requests.get(f"{served.url}/data/zarr/{ORG}/heavy/layer7/1/0.0.0.0", timeout=60)
         assert chunk.status_code == 200, chunk.text
-    _assert_healthy(polled)
 
 
 @pytest.mark.parametrize(

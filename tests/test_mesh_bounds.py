@@ -201,6 +201,26 @@ def test_a_surface_under_the_bound_is_meshed(server: Server) -> None:
     assert triangles >= 8 * blobs_in_cube // 2, (triangles, blobs_in_cube)
 
 
+SLOW_MESH_SECONDS = 0.2  # the blob layer's multi-resolution mesh takes seconds of meshing: far past this
+
+
+def test_a_mesh_request_past_its_time_is_stopped_and_answered_503(
+    root: Path, server_factory: Callable[..., Server]
+) -> None:
+    """With ``mesh_seconds`` small, the blob layer's multi-resolution mesh (75 boxes, seconds of meshing) is
+    stopped at the first box past the deadline: a 503 with Retry-After and the reason, and once it is sent the
+    serving process spends no more CPU on it (the work stopped; it does not go on in a thread)."""
+    slow = server_factory(root, mesh_threads=1, mesh_seconds=SLOW_MESH_SECONDS)
+    answer = get(slow, f"{MESHES}/blobs/multires/1.index")
+    assert_reason(answer, 503, f"took more than the {SLOW_MESH_SECONDS:g} s", "the work was stopped")
+    assert int(answer.headers["Retry-After"]) > 0
+    with Spent(slow) as after:
+        time.sleep(2.0)
+    # meshing would keep a core busy; an idle worker spends milliseconds (its metrics timer, the lag probe)
+    assert after.cpu < 0.3, f"the worker spent {after.cpu:.2f} s of CPU in the 2 s after the 503"
+    assert_no_unexpected_errors(slow)
+
+
 def test_the_budget_stops_at_its_time_and_its_totals() -> None:
     slow = MeshBudget("a test mesh", seconds=0.0)
     slow.check_time()  # the first box starts the clock

@@ -36,7 +36,7 @@ from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, ren
 from gateway.settings import Settings
 from gateway.sources.catalog import Catalog, Dataset
 from gateway.sources.registry import SourceFormats
-from gateway_storage import LocalStore, StorageError, open_store
+from gateway_storage import StorageError, open_store
 from wkw_adapter import WkwError
 
 DATASET = "wk_dataset"
@@ -376,7 +376,7 @@ def test_snippets_hold_the_exact_urls_and_a_placeholder_only_when_needed(dataset
 
 @pytest.fixture(scope="module")
 def previews() -> Previews:
-    return Previews(1 << 24, LocalStore())
+    return Previews(1 << 24)
 
 
 def preview_of(previews: Previews, dataset: Dataset, layer: str) -> Image.Image:
@@ -502,7 +502,7 @@ def dataset_copy(test_data: WrittenDataset, tmp_path: Path) -> Path:
 def test_previews_are_cached_and_their_etag_follows_the_files_read(dataset_copy: Path) -> None:
     import wkw
 
-    previews = Previews(1 << 24, LocalStore())
+    previews = Previews(1 << 24)
     dataset = load(open_catalog(dataset_copy), ORG, DATASET)
     mags = dataset.layers["color_u16"].mags
     first = previews.preview(mags, "color")
@@ -510,7 +510,7 @@ def test_previews_are_cached_and_their_etag_follows_the_files_read(dataset_copy:
     assert again is first and previews.cache.hits == 1
     assert first.etag.startswith('"') and first.etag.endswith('"')
     replica = load(open_catalog(dataset_copy), ORG, DATASET)
-    other = Previews(1 << 24, LocalStore()).preview(replica.layers["color_u16"].mags, "color")
+    other = Previews(1 << 24).preview(replica.layers["color_u16"].mags, "color")
     assert other.etag == first.etag and other.body == first.body  # another replica answers alike
     lo, hi = bbox_at_mag((1, 1, 1))
     z = (lo[2] + hi[2] - 1) // 2
@@ -528,7 +528,7 @@ def test_a_corrupt_wkw_file_raises_the_storage_error(dataset_copy: Path) -> None
         data[data_offset:] = b"\xff" * (len(data) - data_offset)  # LZ4 blocks that do not decode
         path.write_bytes(bytes(data))
     dataset = load(open_catalog(dataset_copy), ORG, DATASET)
-    previews = Previews(1 << 24, LocalStore())
+    previews = Previews(1 << 24)
     with pytest.raises(WkwError):
         previews.preview(dataset.layers["color_u8"].mags, "color")
     truncated = dataset_copy / ORG / DATASET / "color_u16" / "1"

@@ -71,10 +71,12 @@ def create_app(settings: Settings) -> Edge:
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
     mesh_limiter = anyio.CapacityLimiter(settings.mesh_threads)  # meshes and previews: never the chunks' threads
-    previews = Previews(settings.cache_bytes // 16, store, mesh_limiter)
+    previews = Previews(settings.cache_bytes // 16, mesh_limiter)
     index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
     place = index_place(store, index_dir)
-    meshes = MeshService(store, place, settings.cache_bytes // 4, mesh_limiter, settings.multires_voxels)
+    meshes = MeshService(
+        store, place, settings.cache_bytes // 4, mesh_limiter, settings.multires_voxels, settings.mesh_seconds
+    )
     roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
     client = NeuroglancerClient.installed()
     if client is None and not settings.neuroglancer_url:

@@ -30,7 +30,7 @@ import anyio
 from gateway_storage import Store
 from gateway_storage.cache import CacheCounts
 
-from .. import metrics
+from .. import heap, metrics
 from ..settings import Settings
 from ..zarr.trees import NodeNotFound
 from .auth import TOKEN_HEADER, read_token
@@ -121,6 +121,7 @@ class Ops:
 
     async def metrics(self, request: Request) -> Answer:
         metrics.STATS.flush()
+        metrics.PROBE.flush()
         self.watch.sync()
         body, content_type = metrics.exposition()
         return Answer(200, raw_headers(NO_STORE), body, content_type)
@@ -166,8 +167,10 @@ class Ops:
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         self._hook_sigterm(asyncio.get_running_loop())
+        heap.freeze_long_lived()  # full collections walk only what is made from now on (see gateway/heap.py)
         try:
-            yield
+            async with metrics.loop_lag_probe():  # the worker's event loop lag, in /metrics
+                yield
         finally:
             metrics.process_exit()
 

@@ -112,6 +112,37 @@ class Reader:
 _CONDITIONAL = (b"if-match", b"if-none-match", b"if-modified-since", b"range")
 
 
+def _validators(etag: str, last_modified: float | None, cache_control: bytes) -> dict[str, str]:
+    validators = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control.decode()}
+    if last_modified is not None:
+        validators["Last-Modified"] = http_date(last_modified)
+    return validators
+
+
+def _decided_by_validators(
+    headers: Headers, validators: dict[str, str], etag: str, last_modified: float | None
+) -> Answer | None:
+    """The answer the request's conditions give from the validators alone (a 304; a 412 raised), else None."""
+    if_match = headers.get(b"if-match")
+    if if_match is not None and not _matches(if_match.decode("latin-1"), etag, weak=False):
+        raise HttpError(412, "If-Match does not match the current ETag", validators)
+    if_none_match = headers.get(b"if-none-match")
+    if if_none_match is not None:
+        if _matches(if_none_match.decode("latin-1"), etag, weak=True):
+            return Answer(304, raw_headers(validators))
+    elif _not_modified_since(header(headers, b"if-modified-since"), last_modified):
+        return Answer(304, raw_headers(validators))
+    return None
+
+
+def answer_by_validators(
+    headers: Headers, etag: str, last_modified: float | None, cache_control: bytes
+) -> Answer | None:
+    """What a conditional request gets from validators known before the body is made (a 304, a 412 raised),
+    or None where the body is needed: revalidation before work."""
+    return _decided_by_validators(headers, _validators(etag, last_modified, cache_control), etag, last_modified)
+
+
 async def send_resource(
     headers: Headers, method: str, resource: Resource, cache_control: bytes, reader: Reader
 ) -> Answer:
@@ -127,19 +158,11 @@ async def send_resource(
         if resource.last_modified is not None:
             out.append((b"last-modified", http_date(resource.last_modified).encode()))
         return Answer(200, out, b"" if method == "HEAD" else resource.body)
-    validators = {"ETag": resource.etag, "Accept-Ranges": "bytes", "Cache-Control": cache_control.decode()}
-    last_modified = None
-    if resource.last_modified is not None:
-        last_modified = validators["Last-Modified"] = http_date(resource.last_modified)
-    if_match = headers.get(b"if-match")
-    if if_match is not None and not _matches(if_match.decode("latin-1"), resource.etag, weak=False):
-        raise HttpError(412, "If-Match does not match the current ETag", validators)
-    if_none_match = headers.get(b"if-none-match")
-    if if_none_match is not None:
-        if _matches(if_none_match.decode("latin-1"), resource.etag, weak=True):
-            return Answer(304, raw_headers(validators))
-    elif _not_modified_since(header(headers, b"if-modified-since"), resource.last_modified):
-        return Answer(304, raw_headers(validators))
+    validators = _validators(resource.etag, resource.last_modified, cache_control)
+    decided = _decided_by_validators(headers, validators, resource.etag, resource.last_modified)
+    if decided is not None:
+        return decided
+    last_modified = validators.get("Last-Modified")
 
     head = method == "HEAD"
     spans = None

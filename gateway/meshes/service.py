@@ -17,7 +17,7 @@ from wkw_adapter import WkwError
 
 from ..sources.catalog import Dataset
 from ..zarr.resource import Resource
-from .budget import MeshBudget
+from .budget import MESH_SECONDS, MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, SegmentIndexRequired
 from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshWork
@@ -39,11 +39,13 @@ class MeshService:
         cache_bytes: int,
         limiter: anyio.CapacityLimiter,
         multires_voxels: int | None = None,
+        mesh_seconds: float = MESH_SECONDS,
     ) -> None:
         self.storage = storage
         self.place = place
         self.limiter = limiter
         self.multires_voxels = MULTIRES_VOXELS if multires_voxels is None else multires_voxels
+        self.mesh_seconds = mesh_seconds
         self.cache = MeshCache(cache_bytes)
         self.layers = MeshLayers()
         self.segments = Segments(storage, place, self.cache)
@@ -58,7 +60,7 @@ class MeshService:
         if source is None:
             raise MeshNotFound(f"no mesh source {kind!r}; there are {', '.join(MESH_SOURCES)}")
         meshes = self.layer(dataset, layer)
-        budget = MeshBudget(f"{kind}/{name} of layer {layer!r}")
+        budget = MeshBudget(f"{kind}/{name} of layer {layer!r}", self.mesh_seconds)
         work = MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
         return source.file(work, name)
 

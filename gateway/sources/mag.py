@@ -168,6 +168,17 @@ class MagSource:
         """Voxels of a box that lies inside the bounding box, as ``[c, x, y, z]``."""
         raise NotImplementedError
 
+    def files_covering(self, lo: Vec3, hi: Vec3) -> list[str] | None:
+        """Every file :meth:`read_box` of ``[lo, hi)`` would read, absent ones too, each once; None where the
+        source cannot name them before it reads. A stat of each tells, before any read, whether that read
+        could give other voxels than an earlier one (how a preview is revalidated without reading)."""
+        inner = self.bbox.clip(Box(lo, hi))
+        return [] if inner is None else self.files_inside(inner.lo, inner.size)
+
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str] | None:
+        """:meth:`files_covering` of a box that lies inside the bounding box."""
+        return None
+
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
         """False only where the source knows that nothing is stored for box ``[lo, hi)`` (it reads as the
         fill value), so that such a chunk is answered as absent instead of being made of fill values."""

@@ -198,6 +198,14 @@ class N5MagSource(MagSource):
         out[tuple(slice(0, n) for n in data.shape)] = data
         return out, None
 
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str]:
+        """The block files :meth:`read_inside` reads."""
+        lo, hi = self.axis_map.stored_box(offset, shape)
+        if any(h <= low for low, h in zip(lo, hi)):
+            return []
+        ranges = (range(a // b, -(-z // b)) for a, z, b in zip(lo, hi, self.block_shape))
+        return [self.storage.join(self.location, self._block_name(coords)) for coords in itertools.product(*ranges)]
+
 
 class N5Format(SourceFormat):
     """``dataFormat: n5``: a mag is an N5 dataset directory (it holds an ``attributes.json``); no caches."""

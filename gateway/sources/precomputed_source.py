@@ -227,6 +227,25 @@ class PrecomputedMagSource(MagSource):
         out[(slice(None), *(slice(a - o, b - o) for a, b, o in zip(lo, hi, offset)))] = data
         return out, None
 
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str]:
+        """The chunk files (or shards) :meth:`read_inside` reads."""
+        lo = [max(a, o) for a, o in zip(offset, self.voxel_offset)]
+        hi = [min(a + s, o + n) for a, s, o, n in zip(offset, shape, self.voxel_offset, self.size)]
+        if any(h <= low for low, h in zip(lo, hi)):
+            return []
+        ranges = [
+            range((a - o) // c, -(-(b - o) // c)) for a, b, o, c in zip(lo, hi, self.voxel_offset, self.chunk_size)
+        ]
+        sharding = self.sharding
+        if sharding is None:
+            names = (self._chunk_name(position) for position in itertools.product(*ranges))
+        else:
+            shards = (
+                sharding.locate(compressed_morton_code(p, self.grid_shape))[0] for p in itertools.product(*ranges)
+            )
+            names = (sharding.shard_name(shard) for shard in shards)
+        return [self.storage.join(self.location, name) for name in dict.fromkeys(names)]
+
     def _chunk_files(self, positions: list[tuple[int, ...]]) -> dict[tuple[int, ...], bytes]:
         def fetch(position: tuple[int, ...]) -> tuple[bytes, FileIdentity] | None:
             path = self.storage.join(self.location, self._chunk_name(position))

@@ -84,6 +84,11 @@ class WkwMagSource(MagSource):
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)
 
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str]:
+        edge = self.wkw.header.file_voxel_len
+        xs, ys, zs = (range(o // edge, (o + n - 1) // edge + 1) for o, n in zip(offset, shape))
+        return [self.wkw.file_path((x, y, z)) for x in xs for y in ys for z in zs]
+
     @property
     def stored_chunk_shape(self) -> tuple[int, int, int, int]:
         edge = self.wkw.header.block_len

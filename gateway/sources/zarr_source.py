@@ -235,6 +235,14 @@ class ZarrMagSource(MagSource):
         out[tuple(slice(0, n) for n in data.shape)] = data
         return out, None
 
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str]:
+        """The chunk files (or shards) :meth:`read_inside` reads."""
+        lo, hi = self.axis_map.stored_box(offset, shape)
+        if any(h <= low for low, h in zip(lo, hi)):
+            return []
+        covered = itertools.product(*(range(a // g, -(-b // g)) for a, b, g in zip(lo, hi, self.array.inner_chunks)))
+        return list(dict.fromkeys(map(self._file_of, covered)))
+
     def _decode(
         self, stored: dict[tuple[int, ...], tuple[bytes, str, FileIdentity] | None], lo: list[int], hi: list[int]
     ) -> np.ndarray:

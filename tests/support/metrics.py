@@ -25,3 +25,10 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+def histogram_delta(before: Samples, after: Samples, name: str) -> list[tuple[float, float]]:
+    """The observations of histogram ``name`` between two scrapes, as ``(upper bound, how many at most it)``."""
+    bounds = {labels[0][1] for sample, labels in after if sample == f"{name}_bucket"}  # le="0.1", le="+Inf"
+    counts = [(float(le), delta(before, after, f"{name}_bucket", le=le)) for le in bounds]
+    return sorted(counts)

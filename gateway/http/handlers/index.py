@@ -2,12 +2,13 @@
 
 from dataclasses import dataclass
 
+from ...zarr.resource import Resource
 from ...zarr.trees import TREES
 from ..messages import Answer, Request
 from ..pages.landing import HOME_TREE, Landing
 from ..pages.listing import Entry
 from .access import Authorizer
-from .listings import Listings
+from .listings import Listings, Readable
 from .pages import Pages
 from .sender import Sender
 
@@ -29,8 +30,13 @@ class IndexHandler:
         token = self.access.token(request)
         entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
         if token is None and not self.access.open:
-            page = Landing({}, note=NO_TOKEN_NOTE)
-        else:
-            readable = await self.listings.readable(await self.access.authorize(token, ()))
-            page = self.pages.landing(request, token, HOME_TREE, readable)
-        return await self.sender.send(request, self.pages.landing_page("/", entries, page, "zarr-gateway"))
+            return await self.sender.send(
+                request, self.pages.landing_page("/", entries, Landing({}, note=NO_TOKEN_NOTE), "zarr-gateway")
+            )
+
+        def page(readable: Readable) -> Resource:
+            landing = self.pages.landing(request, token, HOME_TREE, readable)
+            return self.pages.landing_page("/", entries, landing, "zarr-gateway")
+
+        grant = await self.access.authorize(token, ())
+        return await self.sender.send(request, await self.listings.readable(grant, page))

@@ -1,11 +1,17 @@
 """The organizations and datasets a grant may see, listed in the catalog threads (names alone where names
 decide, so that no dataset is loaded to list them)."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from ...sources.catalog import BrokenDataset, Dataset
 from ..auth import Grant, granted_names
 from ..errors import HiddenRoots, HttpError
 from ..pages.listing import Entry
 from .datasets import Datasets
+
+T = TypeVar("T")
+Readable = dict[str, list[Dataset | BrokenDataset]]  # by organization
 
 
 class Listings:
@@ -48,17 +54,18 @@ class Listings:
 
         return await self.datasets.call(entries)
 
-    async def readable(self, grant: Grant | None) -> dict[str, list[Dataset | BrokenDataset]]:
-        """The datasets ``grant`` may read by organization, each organization where it may read one (every one
-        when open, empty ones too). Every dataset is loaded, so it runs in a thread, never on the event loop."""
+    async def readable(self, grant: Grant | None, render: Callable[[Readable], T]) -> T:
+        """``render`` of the datasets ``grant`` may read by organization, each organization where it may read one
+        (every one when open, empty ones too). Every dataset is loaded, and a page of them all costs as much
+        again, so both run in a catalog thread, never on the event loop."""
 
-        def readable() -> dict[str, list[Dataset | BrokenDataset]]:
+        def readable() -> T:
             found = {}
             for organization in self.catalog.organizations():
                 datasets = self.catalog.datasets(organization)
                 names = granted_names(grant, organization, [dataset.name for dataset in datasets])
                 if grant is None or names:
                     found[organization] = [dataset for dataset in datasets if dataset.name in names]
-            return found
+            return render(found)
 
         return await self.datasets.call(readable)

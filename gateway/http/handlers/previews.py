@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from ...metrics import count_preview
 from ...previews import Previews
 from ..errors import HttpError
 from ..messages import Answer, Request
@@ -12,7 +13,7 @@ from .sender import Sender
 
 @dataclass(frozen=True, slots=True)
 class PreviewHandler:
-    """A layer's preview, after the same access decision as its data."""
+    """A layer's preview, after the same access decision as its data; revalidated before it is made."""
 
     access: Authorizer
     previews: Previews
@@ -24,4 +25,12 @@ class PreviewHandler:
         layer = dataset.layers.get(target.layer)
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {target.layer!r}; there are {', '.join(dataset.layers)}")
-        return await self.sender.send(request, await self.previews.answer(layer.mags, layer.properties.category))
+        planned = await self.previews.planned(layer.mags, layer.properties.category)
+        if planned.etag is None:  # known only from the voxels read
+            return await self.sender.send(request, await self.previews.answer(planned))
+        answer, made = await self.sender.send_made(
+            request, planned.etag, planned.last_modified, lambda: self.previews.answer(planned)
+        )
+        if not made:
+            count_preview("revalidated")
+        return answer

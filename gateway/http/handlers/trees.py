@@ -23,7 +23,7 @@ from ..urls import DataTarget, Level, parse_data_path
 from .access import Authorizer
 from .chunks import Chunks
 from .datasets import Datasets
-from .listings import Listings
+from .listings import Listings, Readable
 from .pages import Pages, listing, page_token
 from .sender import Sender
 
@@ -68,10 +68,13 @@ class TreeRoot:
 
     async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
         check_placed(target)
-        readable = await self.listings.readable(grant)
-        entries = [Entry(organization, True) for organization in readable]
-        page = self.pages.landing(request, token, target.tree.name, readable)
-        return await self.sender.send(request, self.pages.landing_page(target.base, entries, page, target.tree.name))
+
+        def page(readable: Readable) -> Resource:
+            entries = [Entry(organization, True) for organization in readable]
+            landing = self.pages.landing(request, token, target.tree.name, readable)
+            return self.pages.landing_page(target.base, entries, landing, target.tree.name)
+
+        return await self.sender.send(request, await self.listings.readable(grant, page))
 
 
 @dataclass(frozen=True, slots=True)
