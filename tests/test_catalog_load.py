@@ -9,7 +9,6 @@ And a dataset whose load found problems is not loaded again until something that
 """
 
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import requests
 import wkw
 from support.datasets import cube_layer, write_layers_properties
+from support.health import HealthPoller
 from support.servers import Server
 
 from gateway.sources import catalog as catalog_module
@@ -38,7 +38,6 @@ EDGE = 32
 # 250 ms, and the slowest within two seconds.
 HEALTHZ_P95_SECONDS = 0.25
 HEALTHZ_MAX_SECONDS = 2.0
-POLL_SECONDS = 0.02
 HEAVY = ("heavy", "heavy1", "heavy2", "heavy3")
 
 
@@ -83,38 +82,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def served(root: Path, server_factory: Callable[..., Server]) -> Server:
     return server_factory(root)
-
-
-class HealthPoller:
-    """Polls /healthz every POLL_SECONDS on its own connection and keeps each answer's latency."""
-
-    def __init__(self, server: Server) -> None:
-        self.url = server.url + "/healthz"
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    answer = session.get(self.url, timeout=30)
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
-                except requests.RequestException as exc:
-                    self.failures.append(repr(exc))
-                self.latencies.append(time.perf_counter() - started)
-                self._stop.wait(POLL_SECONDS)
-
-    def __enter__(self) -> "HealthPoller":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @pytest.fixture

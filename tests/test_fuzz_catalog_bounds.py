@@ -20,7 +20,6 @@ One gateway; 40 examples (about 30 s on a loaded 2-core machine).
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import wkw
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.datasets import cube_layer
+from support.health import HealthPoller
 from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
@@ -180,45 +180,18 @@ def served(root: Path, server_factory: Callable[..., Server]) -> Server:
     return server_factory(root)
 
 
-class HealthWatch:
-    """Polls /healthz on its own connection for as long as the module runs; keeps failures and the slowest."""
-
-    def __init__(self, server: Server) -> None:
-        self.url = server.url + "/healthz"
-        self.failures: list[str] = []
-        self.slowest = 0.0
-        self.answers = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with requests.Session() as session:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    answer = session.get(self.url, timeout=30)
-                    if answer.status_code != 200:
-                        self.failures.append(f"{answer.status_code} {answer.text[:200]}")
-                except requests.RequestException as exc:
-                    self.failures.append(repr(exc))
-                self.slowest = max(self.slowest, time.perf_counter() - started)
-                self.answers += 1
-                self._stop.wait(0.05)
-
-    def check(self) -> None:
-        assert not self.failures, self.failures[:5]
-        assert self.slowest < HEALTHZ_STALL_SECONDS, f"/healthz took {self.slowest:.2f} s"
+def _assert_answering(poller: HealthPoller) -> None:
+    assert not poller.failures, poller.failures[:5]
+    slowest = max(poller.latencies, default=0.0)
+    assert slowest < HEALTHZ_STALL_SECONDS, f"/healthz took {slowest:.2f} s"
 
 
 @pytest.fixture(scope="module")
-def health(served: Server) -> Iterator[HealthWatch]:
-    watch = HealthWatch(served)
-    watch._thread.start()
-    yield watch
-    watch._stop.set()
-    watch._thread.join()
-    watch.check()
-    assert watch.answers > 0
+def health(served: Server) -> Iterator[HealthPoller]:
+    with HealthPoller(served, interval=0.05) as poller:
+        yield poller
+    _assert_answering(poller)
+    assert poller.latencies, "/healthz was never asked"
 
 
 _organizations = itertools.count()
@@ -237,7 +210,7 @@ def _assert_answer(answer: requests.Response, what: str) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(document=documents())
 def test_every_generated_properties_file_is_served_or_refused_with_its_reason(
-    root: Path, served: Server, health: HealthWatch, document: Document
+    root: Path, served: Server, health: HealthPoller, document: Document
 ) -> None:
     started = time.perf_counter()
     organization = f"o{next(_organizations)}"
@@ -279,7 +252,7 @@ def test_every_generated_properties_file_is_served_or_refused_with_its_reason(
         assert group.status_code in (200, 409), group.text[:300]
     for listing in ("organization", "tree"):
         assert answers[listing].status_code == 200, answers[listing].text[:300]
-    health.check()
+    _assert_answering(health)
     assert_no_unexpected_errors(served)
     event(
         f"took {'over 2 s' if time.perf_counter() - started > 2 else 'under 2 s'}",

@@ -51,8 +51,9 @@ from gateway.sources.catalog import MAX_PROPERTIES_BYTES, Catalog, Dataset
 from gateway.sources.documents import MAX_DOCUMENT_BYTES
 from gateway.sources.mag import ChunkNotFound, MagSource, SourceError
 from gateway.sources.registry import SourceFormats
+from gateway.sources.watched import WatchedStore
 from gateway.zarr.shards import plan_shard, read_shard
-from gateway_storage import FileIdentity, LocalStore, StorageError, Store
+from gateway_storage import FileIdentity, LocalStore, StorageError
 from wkw_adapter import WkwError
 
 ORG, DATASET = "fuzz", "layer"
@@ -76,51 +77,23 @@ def lz4_bound(size: int) -> int:
 # --- a store that notes what the real reader reads ---------------------------------------------------------
 
 
-class RecordingStore(Store):
-    """A real :class:`LocalStore`; every read it performs is noted as ``(path, bytes)``."""
+class RecordingStore(WatchedStore):
+    """A real :class:`LocalStore` (through the catalog's own pass-through store); every read it performs is noted
+    as ``(path, bytes)``."""
 
     def __init__(self, inner: LocalStore) -> None:
-        self.inner = inner
-        self.root = inner.root
-        self.is_local = inner.is_local
+        super().__init__(inner)
         self.reads: list[tuple[str, int]] = []
-
-    def join(self, base: str, *parts: str) -> str:
-        return self.inner.join(base, *parts)
-
-    def resolve(self, path: str) -> str | None:
-        return self.inner.resolve(path)
-
-    def root_of(self, path: str) -> str:
-        return self.inner.root_of(path)
-
-    def locate(self, location: str) -> str | None:
-        return self.inner.locate(location)
-
-    def relative(self, path: str) -> str:
-        return self.inner.relative(path)
-
-    def identity(self, path: str) -> FileIdentity | None:
-        return self.inner.identity(path)
 
     def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
         self.reads.append((path, size))  # what the real reader is asked for: it reads exactly this
-        return self.inner._read(path, offset, size, expected, settled)
+        return super()._read(path, offset, size, expected, settled)
 
     def _read_whole(self, path: str, limit: int) -> tuple[bytes, FileIdentity] | None:
-        found = self.inner._read_whole(path, limit)
+        found = super()._read_whole(path, limit)
         if found is not None:
             self.reads.append((path, len(found[0])))
         return found
-
-    def require_directory(self, path: str) -> None:
-        self.inner.require_directory(path)
-
-    def list_directories(self, path: str) -> list[str]:
-        return self.inner.list_directories(path)
-
-    def is_directory(self, path: str) -> bool:
-        return self.inner.is_directory(path)
 
     def taken(self) -> list[tuple[str, int]]:
         reads, self.reads = self.reads, []
