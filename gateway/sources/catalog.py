@@ -1,6 +1,7 @@
 """Discovering datasets under the data root and loading them, re-reading only what changed."""
 
 import dataclasses
+import errno
 import logging
 import threading
 import time
@@ -364,10 +365,19 @@ class Catalog:
             candidates = [storage.join(directory, path.removeprefix("./"))]
         else:
             candidates = [storage.join(directory, layer, name) for name in mag_names(mag)]
+        # A path from the properties that no file can have (a NUL, an unpaired surrogate, too long for the system)
+        # holds no mag: that mag's problem, not the whole dataset's.
         for candidate in candidates:
-            resolved = storage.resolve(candidate)
-            if resolved is not None and source_format.holds_mag(resolved):
-                return resolved
+            try:
+                resolved = storage.resolve(candidate)
+            except ValueError:  # a NUL or an unpaired surrogate (UnicodeEncodeError)
+                continue
+            try:
+                if resolved is not None and source_format.holds_mag(resolved):
+                    return resolved
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:
+                    raise  # a storage fault, not a name
         return None
 
 

@@ -70,6 +70,11 @@ def viewer_layers(
     ]
 
 
+# A card's viewer link opens every layer of a dataset of a few layers, and only its own layer of a larger one:
+# so the page grows with its layers, not with their square (999 layers would make 168 MB of links).
+LINK_LAYERS = 16
+
+
 def build_dataset_page(
     dataset: Dataset,
     tree: str,
@@ -113,7 +118,14 @@ def build_dataset_page(
                 mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
                 preview_url=with_token(preview, token),
                 neuroglancer_url=neuroglancer_link(
-                    neuroglancer_url, source, name, properties.category, scale.factor, scale.unit, layers, bbox.box
+                    neuroglancer_url,
+                    source,
+                    name,
+                    properties.category,
+                    scale.factor,
+                    scale.unit,
+                    layers if len(layers) <= LINK_LAYERS else [shown for shown in layers if shown["name"] == name],
+                    bbox.box,
                 ),
             )
         )
