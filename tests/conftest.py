@@ -1,4 +1,5 @@
-"""Shared fixtures: the session's datasets and real gateway servers. Everything else lives in ``support``."""
+"""Shared fixtures: the session's datasets and real gateway servers, and the modules' order (longest first).
+Everything else lives in ``support``."""
 
 import fcntl
 import json
@@ -13,11 +14,17 @@ import pytest
 import requests
 from support.browser import INSTALL_HINT, Browser, chromium_path
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset, write_test_root
+from support.ordering import longest_first
 from support.processes import free_port
 from support.servers import Server, start_server
 from support.zarr_datasets import build_zarr_root
 
 from gateway.sample import make_sample
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first, so that pytest-xdist does not start one of minutes last."""
+    longest_first(items)
 
 
 @pytest.fixture(scope="session")

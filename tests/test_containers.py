@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
+import yaml
 from support.datasets import LAYERS, ORG, OTHER_TOKEN, TOKEN, WrittenDataset, mag_name
 from support.mesh_reads import read_a_mesh_fragment
 from support.processes import free_port, stop_process
@@ -228,12 +229,13 @@ class Stack:
     env_file: Path
     url: str
     tokens_dir: Path
+    override: Path  # the test's compose override: shorter health-check intervals (write_health_override)
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> str:
         # Debian's docker-compose 1.29 applies deploy.replicas only in compatibility mode.
         command = [_tool("docker-compose"), "--compatibility", "--project-name", self.project]
-        command += ["--env-file", str(self.env_file), "--file", str(COMPOSE_FILE), *args]
-        return _run(command, self.engine.env, timeout, check)
+        command += ["--env-file", str(self.env_file), "--file", str(COMPOSE_FILE), "--file", str(self.override)]
+        return _run([*command, *args], self.engine.env, timeout, check)
 
     def containers(self, service: str | None = None, all_states: bool = False) -> list[str]:
         filters = ["--filter", f"label=com.docker.compose.project={self.project}"]
@@ -275,6 +277,33 @@ class Stack:
         tails = {c[:12]: "\n".join(self.logs(c)[-20:]) for c in self.containers(all_states=True)}
         details = "\n".join(f"{c}:\n{tail}" for c, tail in tails.items())
         raise AssertionError(f"not {count} healthy containers: {states}\n{details}")
+
+
+# Docker probes a container first one interval after it starts, then every interval: with the file's 15 s, the
+# stack turns healthy half a minute after `up` (the proxy waits for a healthy gateway), a scaled replica 15 s
+# after it starts. The test's override probes with the same commands every 2 s, and gives a container as long as
+# the file does before its failures count (start period plus retries times the interval); the rest is the file's.
+HEALTH_INTERVAL_SECONDS = 2
+
+
+def _seconds(duration: str) -> int:
+    match = re.fullmatch(r"(\d+)s", duration)
+    assert match, f"a compose duration in whole seconds: {duration!r}"
+    return int(match.group(1))
+
+
+def write_health_override(directory: Path) -> Path:
+    """A compose file that merges into deploy/docker-compose.yml: each service's health check more often."""
+    services = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    checks = {name: service["healthcheck"] for name, service in services.items() if "healthcheck" in service}
+    assert set(checks) == {"gateway", "proxy"}, "every service of the stack has a health check"
+    override = {}
+    for name, check in checks.items():
+        grace = _seconds(check.get("start_period", "0s")) + check["retries"] * _seconds(check["interval"])
+        override[name] = {"healthcheck": {"interval": f"{HEALTH_INTERVAL_SECONDS}s", "start_period": f"{grace}s"}}
+    path = directory / "docker-compose.health.yml"
+    path.write_text(yaml.safe_dump({"services": override}))
+    return path
 
 
 def make_data_root(test_data: WrittenDataset, directory: Path) -> Path:
@@ -361,7 +390,12 @@ def stack(engine: Engine, images: dict[str, str], test_data: WrittenDataset) -> 
     env_file.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
     port = settings["PUBLIC_PORT"].rsplit(":", 1)[1]
     deployed = Stack(
-        engine, settings["COMPOSE_PROJECT_NAME"], env_file, f"http://127.0.0.1:{port}", Path(settings["TOKENS_DIR"])
+        engine,
+        settings["COMPOSE_PROJECT_NAME"],
+        env_file,
+        f"http://127.0.0.1:{port}",
+        Path(settings["TOKENS_DIR"]),
+        write_health_override(directory),
     )
     try:
         deployed.compose("up", "--detach", "--no-build")

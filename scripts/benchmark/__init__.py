@@ -23,7 +23,8 @@ benchmark-only build without the block check (unchecked) shows that check's cost
 
 Servers and the load generator share the machine's cores, so absolute figures depend on the machine
 and on what else runs there; the ratios, taken within one run, are what to compare. ``--short`` (CI)
-spends a few seconds per case and scales every workload down; the figures come from the full mode.
+spends a second per case, measures the cases of a group (and the routes of a Zipf row) side by side, and
+scales every workload down: it shows that every case runs and reports; the figures come from the full mode.
 
 Modules: config (workloads, cases), dataset, keys (request sequences), processes and nginx (the
 servers), apps (the floors and xpublish), load (wrk and walk.lua), prepare (reference bytes and

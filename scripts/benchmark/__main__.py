@@ -30,7 +30,9 @@ from .zipf import run_zipf
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="scripts/bench", description=(package_doc or "").split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="CI mode: a few seconds per case, small workloads")
+    parser.add_argument(
+        "--short", action="store_true", help="CI mode: a second per case, cases side by side, small workloads"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench-out", help="results directory (default bench-out)")
     parser.add_argument("--work", type=Path, help="data and scratch directory (default OUT/work)")
     parser.add_argument("--workers", type=int, help="workers of every Python server (default: 1 short, 2 full)")

@@ -48,6 +48,9 @@ class Mode:
     profile: int  # default seconds of py-spy sampling (0: off)
     zipf_draws: int = 0  # length of each Zipf sequence of chunk keys (the viewer's workload)
     workers: int = 2  # default worker processes of every Python server (short: one, which starts in half the time)
+    # The measured runs of a group's cases at once rather than one after another (short: every case is run and
+    # reported in a fraction of the time; its figures, taken side by side, are not compared)
+    side_by_side: bool = False
 
 
 SHORT = Mode(
@@ -66,6 +69,7 @@ SHORT = Mode(
     profile=0,
     zipf_draws=5_000,
     workers=1,
+    side_by_side=True,
 )
 FULL = Mode(
     name="full",

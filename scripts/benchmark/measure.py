@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +181,19 @@ def run_groups(
         broken: dict[Case, str] = {}
         try:
             for number in range(run.mode.rounds):
-                for case, target in targets.items():
-                    if case in broken:
-                        continue
-                    try:
-                        if number == 0 and run.mode.warmup:
-                            run_wrk(target.server.url, target.paths, run.mode.warmup, case.token)
-                        rounds[case].append(_measured_round(run, case, target))
-                    except Exception as exc:
-                        broken[case] = f"{type(exc).__name__}: {exc}"
+                measured = run.measure(
+                    {
+                        case: partial(_round, run, case, target, warm_up=number == 0)
+                        for case, target in targets.items()
+                        if case not in broken
+                    },
+                    slow=[case for case in targets if case.kind in PEERS],
+                )
+                for case, outcome in measured.items():
+                    if isinstance(outcome, Exception):
+                        broken[case] = f"{type(outcome).__name__}: {outcome}"
+                    else:
+                        rounds[case].append(outcome)
                 log(f"[{keyset}] round {number + 1} of {run.mode.rounds} done")
             if run.profile:
                 _profile(run, targets, broken)
@@ -207,6 +212,13 @@ def run_groups(
 
 MIN_REQUESTS = 8  # a round that completes fewer is measured again, for twice as long
 MAX_STRETCH = 16  # ... up to this many times the mode's duration
+
+
+def _round(run: Run, case: Case, target: Target, warm_up: bool) -> dict[str, Any]:
+    """One measured round of a case, after the mode's warm-up if it is the first."""
+    if warm_up and run.mode.warmup:
+        run_wrk(target.server.url, target.paths, run.mode.warmup, case.token)
+    return _measured_round(run, case, target)
 
 
 def _measured_round(run: Run, case: Case, target: Target) -> dict[str, Any]:

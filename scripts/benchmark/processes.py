@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .config import GATEWAYS, REPO, SCRIPTS, UNCHECKED, WITH_TOKENS
+from .config import GATEWAYS, REPO, SCRIPTS, UNCHECKED, WITH_TOKENS, log
 
 
 class Client:
@@ -24,6 +24,8 @@ class Client:
     def __init__(self, port: int) -> None:
         self.port = port
         self.local = threading.local()
+        self.lock = threading.Lock()
+        self.connections: set[http.client.HTTPConnection] = set()  # every thread's, so that close() reaches them
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
         for attempt in range(2):
@@ -31,6 +33,8 @@ class Client:
             if connection is None:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
                 self.local.connection = connection
+                with self.lock:
+                    self.connections.add(connection)
             try:
                 connection.request("GET", path, headers=headers or {})
                 response = connection.getresponse()
@@ -39,9 +43,19 @@ class Client:
             except (OSError, http.client.HTTPException):
                 connection.close()
                 self.local.connection = None
+                with self.lock:
+                    self.connections.discard(connection)
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the connections of every thread (those of finished threads stay open until garbage collection,
+        and a server stopping gracefully waits for its idle keep-alive connections: Granian up to its timeout)."""
+        with self.lock:
+            for connection in self.connections:
+                connection.close()
+            self.connections.clear()
 
     def get_ok(self, path: str, headers: dict[str, str] | None = None) -> bytes:
         status, body, _ = self.get(path, headers)
@@ -83,7 +97,7 @@ def status_kib(pid: int, name: str) -> int | None:
 
 
 class Server:
-    """A server process group we started; stopped by its own process-group id."""
+    """A server we started, in a process group of its own (what is left of the group when it stops is killed)."""
 
     def __init__(
         self, name: str, args: list[str], port: int, log_path: Path, env: dict[str, str], scratch: Path | None = None
@@ -123,7 +137,9 @@ class Server:
                 pass
             time.sleep(0.1)
         for _ in range(8 * workers):  # every worker answers (connections land on workers in turn)
-            Client(self.port).get(path, headers)
+            fresh = Client(self.port)
+            fresh.get(path, headers)
+            fresh.close()
 
     def workers(self) -> list[int]:
         return _children(self.process.pid) or [self.process.pid]
@@ -147,10 +163,14 @@ class Server:
         return [v / 1024 for v in values if v is not None]
 
     def terminate(self) -> None:
-        """Ask the process group to stop (SIGTERM), without waiting."""
+        """Ask the server to stop (SIGTERM to the process we started, which stops its workers, as a container
+        runtime does), without waiting, once our connections to it are closed. SIGTERM to the whole group
+        reaches a Granian worker twice (from us and from its supervisor), and its stop then hung, now and
+        then, until the supervisor's kill timeout."""
+        self.client.close()
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -158,9 +178,10 @@ class Server:
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.kill()
                 self.process.wait(10)
+        with contextlib.suppress(ProcessLookupError):  # whatever of the group is left
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.log_file.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -169,10 +190,13 @@ class Server:
 def stop_all(servers: Iterable[Server]) -> None:
     """Stop servers side by side: each is asked first, then each is waited for."""
     servers = list(servers)
+    started = time.monotonic()
     for server in servers:
         server.terminate()
     for server in servers:
         server.stop()
+        if time.monotonic() - started > 5:
+            log(f"stopping {server.name} took until {time.monotonic() - started:.1f} s")
 
 
 @contextlib.contextmanager

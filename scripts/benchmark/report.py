@@ -251,7 +251,8 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
         f"share the same {m['cores']} cores. Python servers: uvicorn {m['versions'].get('uvicorn', '?')} with "
         f"{run.workers} workers (uvloop, httptools), and the rows 'on granian' Granian "
         f"{m['versions'].get('granian', '?')} with {run.workers} workers (HTTP/1.1); nginx "
-        f"{m['versions'].get('nginx', '?')}: 2 workers, sendfile, access log off.",
+        f"{m['versions'].get('nginx', '?')}: 2 workers, sendfile, access log off."
+        + (" The cases of each group ran side by side, sharing the cores: no figure compares." * run.mode.side_by_side),
         "",
         f"Data: layers of {EXTENT[0]}x{EXTENT[1]}x{EXTENT[2]} voxels at mag 1 (32 GiB of uint8 or 64 GiB of "
         f"uint16 each, virtual), {facts['disk_bytes'] / 2**20:.0f} MiB of WKW files; LZ4HC blocks of 32 KiB stored in "

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,11 +65,20 @@ def _start_routes(run: Run, config: str, stack: ExitStack) -> dict[str, Route]:
 
 def _prime(run: Run, route: Route, keyset: str, keys: list[Request], token: str | None) -> None:
     """One pass over every key, by the route's own protocol (a cache's key may hold the scheme)."""
-    paths = write_paths(run.paths(f"{keyset}-distinct"), keys)
+    paths = write_paths(run.paths(f"{keyset}-{route.kind}-distinct"), keys)  # a file per route: they may run at once
     base = route.h2_base or route.entry.url
     stats = run_h2load(base, paths, token, once=True, http1=route.h2_base is None)
     if stats["errors"] or stats["requests"] != len(keys):
         raise RuntimeError(f"the pass over {len(keys)} keys: {stats['requests']} answered, {stats['errors']} failed")
+
+
+def _load(
+    run: Run, route: Route, keyset: str, sequence: list[Request], paths: Path, token: str | None, warm: bool
+) -> dict[str, Any]:
+    """One row's load by its route: cold as the servers are, warm after one pass over every key."""
+    if warm:
+        _prime(run, route, keyset, distinct(sequence), token)
+    return load_round(route.entry, paths, run.mode.duration, token, route.serving, route.h2_base)
 
 
 def _check(run: Run, route: Route, keyset: str, keys: list[Request], token: str | None) -> None:
@@ -102,15 +114,18 @@ def run_zipf(run: Run, sequences: dict[str, list[Request]]) -> None:
                     run.fail(case, f"starting the servers failed: {type(exc).__name__}: {exc}")
                 continue
             for temperature in TEMPERATURES:
-                for kind, route in routes.items():
+                measured = run.measure(
+                    {
+                        kind: partial(_load, run, route, keyset, sequence, paths, token, temperature == "warm")
+                        for kind, route in routes.items()
+                    }
+                )
+                for kind, outcome in measured.items():
                     case = cases[(kind, temperature)]
-                    try:
-                        if temperature == "warm":
-                            _prime(run, route, keyset, distinct(sequence), token)
-                        stats = load_round(route.entry, paths, run.mode.duration, token, route.serving, route.h2_base)
-                        run.record(case, summarize(case, [stats], route.gateway))
-                    except Exception as exc:
-                        run.fail(case, f"{type(exc).__name__}: {exc}")
+                    if isinstance(outcome, Exception):
+                        run.fail(case, f"{type(outcome).__name__}: {outcome}")
+                    else:
+                        run.record(case, summarize(case, [outcome], routes[kind].gateway))
                 log(f"[{keyset}] {temperature} rows done")
             for kind, route in routes.items():
                 try:
