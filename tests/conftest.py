@@ -64,8 +64,8 @@ def zarr_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+def _servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """A factory of gateways, each stopped when the factory's scope ends."""
     servers: list[Server] = []
     log_dir = tmp_path_factory.mktemp("logs")
 
@@ -84,6 +84,20 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
             server.process.kill()
 
 
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """Gateways that a module starts, stopped when it ends: an idle gateway still wakes 60 times a second
+    (its loop-lag probe, uvicorn's tick), and a run's hundreds of them, left until the session ended, took
+    a whole core of the two."""
+    yield from _servers(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """The few gateways that many modules share (``gateway``, ``sharded_gateway``)."""
+    yield from _servers(tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("auth") / "tokens.json"
@@ -92,15 +106,15 @@ def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gateway(test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server]) -> Server:
+def gateway(test_data: WrittenDataset, tokens_file: Path, session_servers: Callable[..., Server]) -> Server:
     """The default server: tokens required, v3 plain layout."""
-    return server_factory(test_data.root, tokens_file=tokens_file)
+    return session_servers(test_data.root, tokens_file=tokens_file)
 
 
 @pytest.fixture(scope="session")
-def sharded_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server]) -> Server:
+def sharded_gateway(test_data: WrittenDataset, session_servers: Callable[..., Server]) -> Server:
     """An open server whose v3 tree is sharded."""
-    return server_factory(test_data.root, v3_layout="sharded")
+    return session_servers(test_data.root, v3_layout="sharded")
 
 
 @pytest.fixture(scope="module")

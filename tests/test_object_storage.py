@@ -49,14 +49,14 @@ class S3Root:
 # --- fixtures ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
     server = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_root(moto: Moto, test_data: WrittenDataset, zarr_root: Path) -> S3Root:
     """The session's data root and the Zarr datasets, uploaded file by file under ``s3://gateway-data/root``."""
     arrays = served_arrays(zarr_root)
@@ -67,7 +67,7 @@ def s3_root(moto: Moto, test_data: WrittenDataset, zarr_root: Path) -> S3Root:
     return S3Root(f"s3://{BUCKET}/{PREFIX}", {a.id: a for a in arrays})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def proxy(moto: Moto) -> Iterator[CountingProxy]:
     proxy = CountingProxy(moto.endpoint)
     proxy.start()
@@ -75,14 +75,14 @@ def proxy(moto: Moto) -> Iterator[CountingProxy]:
     proxy.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def direct_gateway(s3_root: S3Root, moto: Moto, server_factory: Callable[..., Server]) -> Server:
     """Reads moto directly; the v3 tree of WKW layers is sharded."""
     with aws_environment(moto.endpoint):
         return server_factory(s3_root.url, v3_layout="sharded")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def proxied_gateway(s3_root: S3Root, proxy: CountingProxy, server_factory: Callable[..., Server]) -> Server:
     """The same settings, reading through the counting proxy."""
     with aws_environment(proxy.endpoint):
