@@ -30,6 +30,8 @@ from support.servers import Server, assert_no_unexpected_errors
 
 from gateway_storage import FileUnsettledError, LocalStore
 
+pytestmark = pytest.mark.slow  # writer processes rewrite chunks for seconds while readers read them
+
 ORG, DATASET = "rewrites", "ds"
 REWRITE_EDGE = 128  # one chunk of 2 MiB per array: a rewrite of it takes long enough to be overlapped by reads
 STEP = 32 << 10  # the bytes of each write call when the writer goes piece by piece

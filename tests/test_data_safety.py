@@ -24,6 +24,8 @@ from support.servers import Server
 from gateway.settings import Settings
 from gateway_storage import FileChangedError, FileUnsettledError, LocalStore
 
+pytestmark = pytest.mark.slow  # files rewritten for seconds while they are read
+
 ORG, DATASET = "org", "ds"
 BLOCK = 32
 FILE_LEN = 4  # blocks per file side: one file of 128^3 voxels, 64 raw blocks of 32 KiB

@@ -520,6 +520,17 @@ def _hammer(url: str, headers: list[dict[str, str]], at_least: int = 10) -> list
     return statuses
 
 
+def _first_refusal(url: str, **request: Any) -> requests.Response:
+    """The first 429 of up to 5 requests, fewer than the burst of 10 that a client's fresh bucket would let pass:
+    a busy machine may leave a 5r/s bucket a token between two requests, but not five."""
+    for _ in range(5):
+        response = requests.get(url, timeout=10, **request)
+        if response.status_code == 429:
+            return response
+        assert response.status_code == 200, (response.status_code, response.text[:200])
+    raise AssertionError(f"5 requests after the burst and none refused: {url}")
+
+
 def _rate_limited_proxy(
     pair: list[Server], tmp_path: Path, per: str, rate: str = "5r/s", burst: str = "10", **settings: str
 ) -> Proxy:
@@ -543,8 +554,8 @@ def test_request_rates_are_limited_at_the_proxy(pair: list[Server], tmp_path: Pa
         statuses = _hammer(url, [HEADERS] * 100)
         assert statuses[:10] == [200] * 10, "the burst passes"
         assert set(statuses) == {200, 429}
-        refused = requests.get(url, headers=HEADERS, timeout=10)
-        assert refused.status_code == 429 and refused.json()["status"] == 429
+        refused = _first_refusal(url, headers=HEADERS)
+        assert refused.json()["status"] == 429
         assert refused.headers["Retry-After"] == "1"
         assert refused.headers["Access-Control-Allow-Origin"] == "*"
         other_client = requests.get(url, headers={**HEADERS, "X-Forwarded-For": "198.51.100.7"}, timeout=10)
@@ -563,8 +574,7 @@ def test_the_rate_can_be_limited_per_token(pair: list[Server], tmp_path: Path) -
     try:
         url = f"{strict.url}{DATASET}/color_u8/1/.zarray"
         _hammer(url, [HEADERS] * 40)
-        refused = requests.get(url, params={"token": TOKEN}, timeout=10)
-        assert refused.status_code == 429, "the same token in the query counts alike"
+        refused = _first_refusal(url, params={"token": TOKEN})  # the same token in the query counts alike
         assert refused.headers["Retry-After"] == "1"
         other = requests.get(
             f"{strict.url}{THEIRS}/color_u8/1/.zarray", headers={"X-Auth-Token": OTHER_TOKEN}, timeout=10

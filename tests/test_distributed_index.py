@@ -28,6 +28,8 @@ from gateway.batch.segment_index import SegmentLayer
 from gateway.meshes.build import box_cubes, index_boxes
 from gateway.meshes.index import SegmentIndex, build_index
 
+pytestmark = pytest.mark.slow  # dask.distributed clusters, runs killed midway and resumed
+
 REPO = Path(__file__).resolve().parent.parent
 ORG, NAME = "batch_org", "cells"
 RUN_SECONDS = 300  # a bound on waiting for one run, never a timed assertion

@@ -39,6 +39,8 @@ from support.servers import Server, assert_no_unexpected_errors
 from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.sources.documents import MAX_DEPTH
 
+pytestmark = pytest.mark.slow  # hundreds of generated cases
+
 EDGE = 32
 SHARED = ("shared", "template")  # the dataset whose one mag the good layers read
 MAG_PATH = "../../shared/template/color/1"

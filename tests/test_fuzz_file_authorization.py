@@ -38,6 +38,8 @@ from hypothesis import strategies as st
 from support.datasets import cube_layer, write_layers_properties
 from support.servers import Server, assert_no_unexpected_errors
 
+pytestmark = pytest.mark.slow  # hundreds of generated cases
+
 EDGE = 32
 SECRET, EVIL = "secret_org", "evil_org"
 SECRET_VALUE, OWN_VALUE = 0xAB, 0x11

@@ -56,6 +56,8 @@ from gateway.zarr.shards import plan_shard, read_shard
 from gateway_storage import FileIdentity, LocalStore, StorageError
 from wkw_adapter import WkwError
 
+pytestmark = pytest.mark.slow  # hundreds of generated cases
+
 ORG, DATASET = "fuzz", "layer"
 EDGE, CHUNK, INNER = 64, 32, 16
 BIG = 512 << 20

@@ -926,6 +926,7 @@ def test_the_base_alone_stops_start_up_naming_the_missing_root(tree: Path, tmp_p
     assert "root" in log and "invalid settings" in log
 
 
+@pytest.mark.slow  # a pod's gateway waits out its start-up probes of a store that never answers
 def test_an_unreachable_store_keeps_the_pod_unready_and_says_why(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:

@@ -30,6 +30,8 @@ from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.meshes.stored import STAMP
 
+pytestmark = pytest.mark.slow  # dask.distributed clusters making mesh sets
+
 REPO = Path(__file__).resolve().parent.parent
 RUN_SECONDS = 600  # bound of one run (never a measured time)
 MANIFEST = f"/data/meshes/{ORGANIZATION}/{DATASET}/{LAYER}/multires/{TUBE}.index"

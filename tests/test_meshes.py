@@ -35,6 +35,8 @@ from support.servers import Server
 from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 from gateway_storage.geometry import vec3
 
+pytestmark = pytest.mark.slow  # meshing whole segments
+
 MESH_TOKEN = "mesh-test-token"
 VOXEL = np.asarray(VOXEL_SIZE_NM)
 

@@ -448,6 +448,7 @@ def s3_gateway(
         moto.stop()
 
 
+@pytest.mark.slow  # moto's S3 server, every layer read whole
 @pytest.mark.parametrize("tree", ["zarr", "zarr3"])
 def test_every_layer_reads_exactly_from_s3(s3_gateway: Server, expected: Expected, tree: str) -> None:
     for spec in LAYERS:

@@ -17,6 +17,8 @@ import pytest
 from support.datasets import LAYERS, MAGS, ORG, WrittenDataset
 from support.servers import Server
 
+pytestmark = pytest.mark.slow  # napari's reader, and ome-zarr from a venv of its own
+
 REPO = Path(__file__).resolve().parents[1]
 VOXEL_SIZE = (11.24, 11.24, 28.0)  # what the main test dataset declares, in nanometres
 TREES = {"zarr": "0.4", "zarr3": "0.5", "zarr3-sharded": "0.5"}

@@ -34,6 +34,8 @@ from support.zarr_datasets import (
 from gateway_storage import LocalStore
 from wkw_adapter import WkwFileCache, WkwMag
 
+pytestmark = pytest.mark.slow  # moto's S3 server, every layer read whole by each client
+
 BUCKET = "gateway-data"
 PREFIX = "root"
 WKW_DATASET = "wk_dataset"

@@ -29,6 +29,8 @@ from support.servers import Server
 
 from gateway import extras
 
+pytestmark = pytest.mark.slow  # imports checked in fresh interpreters
+
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # The project's own modules: the packages, the benchmark (scripts/ on its path) and the test modules.

@@ -43,6 +43,8 @@ from gateway.sample import DATASET as SAMPLE_DATASET
 from gateway.sample import ORGANIZATION as SAMPLE_ORG
 from gateway_storage.geometry import mag_name
 
+pytestmark = pytest.mark.slow  # CloudVolume reading whole layers, some from moto's S3 server
+
 TREE = "/data/precomputed"
 IDENTITY = {"Accept-Encoding": "identity"}
 

@@ -27,6 +27,8 @@ from gateway.sample import DATASET as SAMPLE_DATASET
 from gateway.sample import ORGANIZATION as SAMPLE_ORG
 from gateway.sample import VOXEL_SIZE_NM
 
+pytestmark = pytest.mark.slow  # CloudVolume and tensorstore reading whole layers
+
 TREE = "/data/precomputed"
 DATASET = f"{TREE}/{ORG}/wk_dataset"
 IDENTITY = {"Accept-Encoding": "identity"}

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support.servers import Server
 
+pytestmark = pytest.mark.slow  # every README snippet, one in a venv of its own
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 SAMPLE_URL = "http://127.0.0.1:8000"

@@ -39,6 +39,8 @@ from support.zarr_datasets import (
     check_array,
 )
 
+pytestmark = pytest.mark.slow  # object-store emulators and an HTTPS server, layers read whole by two clients
+
 BUCKET = "gateway-data"
 PREFIX = "root"
 WKW_DATASET = "wk_dataset"

@@ -31,6 +31,8 @@ from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MeshSetBlockFailed
 from gateway.sources.metadata import PrecomputedSharding
 from gateway.sources.precomputed_source import MAX_MINISHARD_INDEX_BYTES, Sharding
 
+pytestmark = pytest.mark.slow  # mesh sets written and read back whole
+
 BASE = f"/data/meshes/{mesh_sets.ORGANIZATION}/{mesh_sets.DATASET}/{mesh_sets.LAYER}/multires/"
 VOXEL = np.asarray(VOXEL_NM)
 
