@@ -498,6 +498,22 @@ def test_encode_file_raw_equals_wkw_bytes(tmp_path: Path, dtype: npt.DTypeLike, 
     assert data_file(tmp_path / "ours", (1, 0, 1)).read_bytes() == data_file(path, (1, 0, 1)).read_bytes()
 
 
+@pytest.mark.parametrize("block_type", [BlockType.RAW, BlockType.LZ4HC], ids=lambda t: t.name)
+def test_a_region_that_fills_part_of_a_file_is_written_as_wkw_writes_it(tmp_path: Path, block_type: BlockType) -> None:
+    """The writer encodes the blocks outside the region once, as one empty block: the file is still wkw's."""
+    data = random_voxels(np.random.default_rng(9), np.uint16, (1, 11, 5, 9))  # 2 x 1 x 2 of the file's 64 blocks
+    whole = np.zeros((1, 32, 32, 32), dtype=np.uint16, order="F")
+    whole[:, 3:14, 3:8, 5:14] = data
+    with create_wkw(tmp_path / "theirs", np.uint16, 1, block_type, block_len=8, file_len=4) as ds:
+        ds.write((0, 0, 0), whole)  # a compressed file is written whole
+    header = WkwHeader.create(np.uint16, 1, block_type, block_len=8, file_len=4)
+    assert len(write_mag(str(tmp_path / "ours"), header, data, (3, 3, 5))) == 1
+    ours, theirs = (data_file(tmp_path / name, (0, 0, 0)).read_bytes() for name in ("ours", "theirs"))
+    assert decode_file_blocks(ours) == decode_file_blocks(theirs)  # the bytes too, uncompressed
+    assert block_type is not BlockType.RAW or ours == theirs
+    assert np.array_equal(wkw_read(tmp_path / "ours", (0, 0, 0), (32, 32, 32)), whole)
+
+
 @pytest.mark.parametrize("block_type", [BlockType.LZ4, BlockType.LZ4HC], ids=lambda t: t.name)
 @pytest.mark.parametrize(("dtype", "num_channels"), [(np.uint8, 3), (np.uint32, 1)])
 def test_encode_file_compressed_decodes_like_wkw(

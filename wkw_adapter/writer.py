@@ -4,24 +4,34 @@ import os
 
 import numpy as np
 
-from gateway_storage.geometry import Vec3
+from gateway_storage.geometry import Box, Vec3
 
 from .file import compress_block
 from .header import WkwHeader
-from .morton import morton_decode
+from .morton import morton_grid
 from .region import copy_overlap
 
 
-def encode_file(header: WkwHeader, cube: np.ndarray) -> bytes:
-    """The bytes of a data file holding ``cube`` (``[c, x, y, z]``, one file's extent)."""
+def encode_file(header: WkwHeader, cube: np.ndarray, filled: Box | None = None) -> bytes:
+    """The bytes of a data file holding ``cube`` (``[c, x, y, z]``, one file's extent).
+
+    ``filled``, where given, holds every voxel of the cube that is not zero. A file holds every block of its
+    extent, and a dataset's edge files are mostly empty (98 % of the sample's blocks): the blocks outside
+    ``filled`` are one empty block, encoded once.
+    """
     side = header.block_len
     header = header.with_data_offset(header.file_data_offset)
+    whole = Box((0, 0, 0), (header.file_voxel_len,) * 3)
+    in_order = np.unravel_index(np.argsort(morton_grid(header.file_len), axis=None), (header.file_len,) * 3)
+    empty = compress_block(bytes(header.block_bytes), header.block_type)
     blocks = []
-    for index in range(header.blocks_per_file):
-        bx, by, bz = morton_decode(index)
-        block = cube[:, bx * side : (bx + 1) * side, by * side : (by + 1) * side, bz * side : (bz + 1) * side]
-        raw = np.asarray(block, dtype=header.dtype).tobytes(order="F")
-        blocks.append(compress_block(raw, header.block_type))
+    for bx, by, bz in zip(*(axis.tolist() for axis in in_order)):
+        box = Box.sized((bx * side, by * side, bz * side), (side, side, side))
+        if (filled or whole).clip(box) is None:
+            blocks.append(empty)
+            continue
+        block = cube[(slice(None), *box.slices())]
+        blocks.append(compress_block(np.asarray(block, dtype=header.dtype).tobytes(order="F"), header.block_type))
     parts = [header.encode()]
     if header.block_type.compressed:
         ends = np.cumsum([len(b) for b in blocks], dtype=np.uint64) + np.uint64(header.data_offset)
@@ -48,10 +58,10 @@ def write_mag(directory: str, header: WkwHeader, data: np.ndarray, offset: Vec3 
         for cy in range(offset[1] // edge, (end[1] - 1) // edge + 1):
             for cx in range(offset[0] // edge, (end[0] - 1) // edge + 1):
                 cube = np.zeros((header.num_channels, edge, edge, edge), dtype=header.dtype, order="F")
-                copy_overlap(cube, (cx * edge, cy * edge, cz * edge), data, offset)
+                filled = copy_overlap(cube, (cx * edge, cy * edge, cz * edge), data, offset)
                 path = os.path.join(directory, f"z{cz}", f"y{cy}", f"x{cx}.wkw")
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
-                    f.write(encode_file(header, cube))
+                    f.write(encode_file(header, cube, filled))
                 written.append(path)
     return written
