@@ -5,11 +5,26 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import requests
 
 T = TypeVar("T")
+
+
+class ChildProcess(Protocol):
+    """What the tests do with a server's process: a ``subprocess.Popen`` or a forked gateway."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 def free_port() -> int:
@@ -20,7 +35,7 @@ def free_port() -> int:
         return port
 
 
-def stop_process(process: "subprocess.Popen[bytes]", timeout: float = 10, stop_signal: int = signal.SIGTERM) -> None:
+def stop_process(process: ChildProcess, timeout: float = 10, stop_signal: int = signal.SIGTERM) -> None:
     """Ask a process to stop with ``stop_signal``; kill it if it has not stopped ``timeout`` seconds later."""
     if process.poll() is not None:
         return
@@ -52,7 +67,7 @@ class StartError(RuntimeError):
 
 def wait_until_answering(
     url: str,
-    process: "subprocess.Popen[bytes]",
+    process: ChildProcess,
     timeout: float,
     describe: Callable[[], str],
     interval: float = 0.05,

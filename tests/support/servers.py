@@ -10,6 +10,7 @@ from typing import Any
 
 import requests
 
+from .forkserver import ForkedProcess, fork_server, forkable
 from .processes import free_port, wait_until_answering
 
 TEST_SERVER_ENV = "GATEWAY_TEST_SERVER"  # uvicorn (default) or granian: the HTTP server of every test gateway
@@ -18,7 +19,7 @@ TEST_SERVER_ENV = "GATEWAY_TEST_SERVER"  # uvicorn (default) or granian: the HTT
 @dataclass
 class Server:
     url: str
-    process: "subprocess.Popen[bytes]"
+    process: "subprocess.Popen[bytes] | ForkedProcess"
     log_path: Path
 
     def log(self) -> str:
@@ -43,9 +44,10 @@ class Server:
 
 
 def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
-    """A gateway over ``root`` with ``settings`` as command-line flags, once it answers."""
+    """A gateway over ``root`` with ``settings`` as command-line flags, once it answers: a fork of the fork
+    server where the imports of a fresh interpreter would not differ (:mod:`.forkserver`), else one."""
     port = free_port()
-    args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port)]
+    args = ["serve", "--root", str(root), "--port", str(port)]
     settings.setdefault("workers", 1)  # one process per test server keeps the suite light on 2 cores
     settings.setdefault("server", os.environ.get(TEST_SERVER_ENV) or "uvicorn")
     if "settings_file" not in settings:  # a flag would override the file's settle_seconds
@@ -56,8 +58,14 @@ def start_server(root: Path, log_dir: Path, **settings: object) -> Server:
         args += [f"--{key.replace('_', '-')}", str(value)]
     log_path = log_dir / f"gateway-{port}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
-    with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    process: subprocess.Popen[bytes] | ForkedProcess
+    if forkable(settings, env):
+        process = fork_server().start(["gateway", *args], env, log_path)
+    else:
+        with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", *args], stdout=log_file, stderr=subprocess.STDOUT, env=env
+            )
     url = f"http://127.0.0.1:{port}"
     # /healthz, not /: the landing page loads every dataset, which a test may want to see loaded first itself
     wait_until_answering(url + "/healthz", process, 30, lambda: f"gateway: {log_path.read_text()}", interval=0.1)
