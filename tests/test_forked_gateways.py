@@ -84,3 +84,11 @@ def test_starts_whose_imports_would_differ_take_a_fresh_interpreter(settings: di
     assert not forkable({"workers": 1, **settings}, os.environ)
     assert not forkable({"workers": 1}, {**os.environ, "PROMETHEUS_MULTIPROC_DIR": "/tmp/m"})
     assert not forkable({"workers": 1}, {**os.environ, "PYTHONWARNINGS": "error"})
+
+
+def test_a_variable_a_test_set_for_its_gateway_is_not_taken_for_the_fork_server_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test that sets PYTHONPATH for its gateway (monkeypatch) gets a fresh interpreter that sees it."""
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    assert not forkable({"workers": 1}, os.environ)

@@ -41,15 +41,19 @@ PREIMPORTED = (  # what ``gateway serve`` with uvicorn imports before it answers
 )
 
 
+# The fork server's environment: this pytest process's as it started, before a test changed it (monkeypatch)
+STARTING_ENV = dict(os.environ)
+
+
 def _inherited_by_import(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that change what an import does, which a fork cannot take back."""
     return {k: v for k, v in env.items() if k.startswith(("PYTHON", "PROMETHEUS", "prometheus", "OPENBLAS"))}
 
 
 def forkable(settings: Mapping[str, object], env: Mapping[str, str]) -> bool:
-    """Whether a gateway with these command-line ``settings`` and ``env`` may be a fork of this process."""
+    """Whether a gateway with these command-line ``settings`` and ``env`` may be a fork of the fork server."""
     single = str(settings.get("workers", 1)) == "1" and settings.get("server", "uvicorn") == "uvicorn"
-    imports_alike = _inherited_by_import(env) == _inherited_by_import(os.environ)
+    imports_alike = _inherited_by_import(env) == _inherited_by_import(STARTING_ENV)
     return single and imports_alike and "settings_file" not in settings and "metrics_dir" not in settings
 
 
@@ -90,7 +94,11 @@ class _ForkServer:
 
     def __init__(self) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parent
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).parent,
+            env=STARTING_ENV,
         )
         self._lock = threading.Lock()
         self.ask({"poll": 0})  # once its imports are done: a start's wait for its port counts only its own
