@@ -24,7 +24,7 @@ import pytest
 import requests
 from support.clients import read_tensorstore, read_zarr_python
 from support.datasets import ORG, TOKEN, WrittenDataset, v2_chunk_paths
-from support.processes import free_port, wait_until
+from support.processes import free_port, stop_process, wait_until
 from support.proxy import Proxy, address, start_proxy, tool
 from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
 from support.servers import Server
@@ -199,7 +199,9 @@ def _start_gateway_on(port: int, root: Path, log_path: Path, **settings: object)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    assert wait_until(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), timeout=30), log_path.read_text()[-2000:]
+    if not wait_until(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), timeout=30):
+        stop_process(process)  # not left running for a later test to trip over
+        pytest.fail(f"replica on port {port} not ready: {log_path.read_text()[-2000:]}")
     return process
 
 
@@ -285,25 +287,27 @@ def test_a_rolling_restart_fails_no_request(
     """SIGTERM to each replica in turn, each back (ready) before the next, while readers keep reading."""
     ports = [free_port() for _ in range(3)]
     logs = [tmp_path / f"replica-{i}.log" for i in range(3)]
-    replicas = [_start_gateway_on(p, test_data.root, log, tokens_file=tokens_file) for p, log in zip(ports, logs)]
-    proxy = start_proxy(tmp_path / "nginx", [f"127.0.0.1:{p}" for p in ports])
-    load = Load(proxy.url, _expected_answers(gateway.url, MIXED_PATHS))
-    workers = load.run(threads=6)
+    replicas: list[subprocess.Popen[bytes]] = []
     try:
-        for i, port in enumerate(ports):
+        for port, log in zip(ports, logs):
+            replicas.append(_start_gateway_on(port, test_data.root, log, tokens_file=tokens_file))
+        proxy = start_proxy(tmp_path / "nginx", [f"127.0.0.1:{p}" for p in ports])
+        load = Load(proxy.url, _expected_answers(gateway.url, MIXED_PATHS))
+        workers = load.run(threads=6)
+        try:
+            for i, port in enumerate(ports):
+                _progress(load)
+                replicas[i].send_signal(signal.SIGTERM)
+                # uvicorn re-raises the signal once its graceful shutdown is done
+                assert replicas[i].wait(TIMEOUT) in (0, -signal.SIGTERM), logs[i].read_text()[-2000:]
+                replicas[i] = _start_gateway_on(port, test_data.root, logs[i], tokens_file=tokens_file)
             _progress(load)
-            replicas[i].send_signal(signal.SIGTERM)
-            # uvicorn re-raises the signal once its graceful shutdown is done
-            assert replicas[i].wait(TIMEOUT) in (0, -signal.SIGTERM), logs[i].read_text()[-2000:]
-            replicas[i] = _start_gateway_on(port, test_data.root, logs[i], tokens_file=tokens_file)
-        _progress(load)
+        finally:
+            load.finish(workers)
+            proxy.stop()
     finally:
-        load.finish(workers)
-        proxy.stop()
         for replica in replicas:
-            replica.terminate()
-        for replica in replicas:
-            replica.wait(30)
+            stop_process(replica, 30)
     print(f"rolling restart: {dict(load.statuses)} answers, {len(load.problems)} problems")
     assert not load.problems, load.problems[:10]
     assert set(load.statuses) == {200}, load.statuses

@@ -1,10 +1,12 @@
 """Child processes and loopback ports: what every real server of the tests (gateway, nginx, moto) needs."""
 
+import secrets
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import requests
@@ -27,12 +29,32 @@ class ChildProcess(Protocol):
     def kill(self) -> None: ...
 
 
+def _ephemeral_ports_start() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 unless configured otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback TCP port nobody listens on right now, from below the range of outgoing connections.
+
+    Port 0 would give one of that range, which any outgoing connection may take before the server meant to
+    have it binds it: the load tests open thousands, and a replica once met "Address already in use".
+    """
+    below = _ephemeral_ports_start()
+    if below < 11000:  # an unusual range: the kernel's own choice, then
+        below = 0
+    while True:
+        port = 10000 + secrets.randbelow(below - 10000) if below else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen: int = s.getsockname()[1]
+            return chosen
 
 
 def stop_process(process: ChildProcess, timeout: float = 10, stop_signal: int = signal.SIGTERM) -> None:
