@@ -21,13 +21,13 @@ def encode_file(header: WkwHeader, cube: np.ndarray, filled: Box | None = None) 
     """
     side = header.block_len
     header = header.with_data_offset(header.file_data_offset)
-    whole = Box((0, 0, 0), (header.file_voxel_len,) * 3)
+    region = filled if filled is not None else Box((0, 0, 0), (header.file_voxel_len,) * 3)
     in_order = np.unravel_index(np.argsort(morton_grid(header.file_len), axis=None), (header.file_len,) * 3)
     empty = compress_block(bytes(header.block_bytes), header.block_type)
     blocks = []
     for bx, by, bz in zip(*(axis.tolist() for axis in in_order)):
         box = Box.sized((bx * side, by * side, bz * side), (side, side, side))
-        if (filled or whole).clip(box) is None:
+        if region.clip(box) is None:
             blocks.append(empty)
             continue
         block = cube[(slice(None), *box.slices())]

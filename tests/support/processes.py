@@ -44,10 +44,8 @@ def free_port() -> int:
     have it binds it: the load tests open thousands, and a replica once met "Address already in use".
     """
     below = _ephemeral_ports_start()
-    if below < 11000:  # an unusual range: the kernel's own choice, then
-        below = 0
-    while True:
-        port = 10000 + secrets.randbelow(below - 10000) if below else 0
+    while True:  # below an unusual range (from under 11000): the kernel's own choice
+        port = 10000 + secrets.randbelow(below - 10000) if below >= 11000 else 0
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
