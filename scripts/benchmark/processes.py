@@ -153,6 +153,20 @@ class Server:
                 total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 
+    def wait_until_idle(self, timeout: float = 120.0, interval: float = 0.5) -> bool:
+        """Wait until the server spends under a tenth of ``interval`` on CPU in one ``interval`` (False: not
+        within ``timeout``): a server that goes on computing answers whose client hung up (a dask-backed peer
+        does) would otherwise meet the next load with a backlog."""
+        deadline = time.monotonic() + timeout
+        before = self.cpu_seconds()
+        while time.monotonic() < deadline:
+            time.sleep(interval)
+            now = self.cpu_seconds()
+            if now - before < interval / 10:
+                return True
+            before = now
+        return False
+
     def peak_rss_mb(self) -> float | None:
         """The largest VmHWM (peak resident set) among the worker processes."""
         values = [v for v in (status_kib(pid, "VmHWM") for pid in self.workers()) if v is not None]
