@@ -28,6 +28,8 @@ import requests
 import wkw
 import zarr
 from scipy import ndimage
+from support.datasets import ORG, WrittenDataset
+from support.file_reads import FileReads
 from support.processes import free_port, stop_process
 from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
@@ -602,6 +604,25 @@ def test_segment_labels_where_the_dataset_has_them(
     document = get(server, synthetic_base() + "segment_properties/info").json()
     (label,) = [p for p in document["inline"]["properties"] if p["type"] == "label"]
     assert label["values"] == ["the ball"]
+
+
+def test_a_segment_list_is_made_once_though_its_index_outgrows_the_cache(
+    test_data: WrittenDataset, server_factory: Callable[..., Server]
+) -> None:
+    """The test data's segmentation is noise: scanned, its index (each segment's cubes) takes about 100 MB,
+    more than the meshes' cache (a quarter of ``cache_bytes``), while the list itself (1.3 MB) fits. Asked
+    again, the list is the cached one: no second scan of the layer, 3 s of CPU each."""
+    server = server_factory(test_data.root, cache_bytes=16 << 20)
+    path = f"/data/meshes/{ORG}/wk_dataset/segmentation/multires/segment_properties/info"
+    with FileReads(test_data.root / ORG / "wk_dataset" / "segmentation") as reads:
+        first = requests.get(server.url + path, timeout=120)
+        assert first.status_code == 200 and reads.read_since(), "the first list scans the layer"
+        for _ in range(2):
+            again = requests.get(server.url + path, timeout=120)
+            assert (again.status_code, again.content) == (200, first.content)
+            assert again.headers["ETag"] == first.headers["ETag"]
+            read = reads.read_since()
+            assert not read, f"asked again, the list read {sorted(map(str, read))[:5]}"
 
 
 # --- the dataset page ------------------------------------------------------------------------------

@@ -33,11 +33,14 @@ class SegmentsKey:
 
 @dataclass(frozen=True, slots=True)
 class PropertiesKey:
-    """The ``segment_properties/info`` of a layer: its index and the version of its labels file."""
+    """The ``segment_properties/info`` of a layer, by what settles it: the data's stamp, the version of the
+    layer's index file (with the stamp, it says whether that file or a scan lists the segments) and the version
+    of its labels file. Not by the index itself, which may be too large for the cache: the document is found
+    without it."""
 
     layer: LayerKey
     stamp: str
-    index: int  # ``id()`` of the index object it lists: a rescan of the same stamp is another index
+    index_version: str | None
     labels_version: str | None
 
 

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from gateway_storage import LocalStore, Store
+from gateway_storage import FileIdentity, LocalStore, Store
 
 from ..sources.catalog import Dataset
 from ..sources.documents import load_json
@@ -93,14 +93,18 @@ class Segments:
     def stamp(self, meshes: LayerMeshes) -> str:
         return meshes.stamp(self.storage.is_local)
 
-    def _read_index(self, meshes: LayerMeshes) -> SegmentIndex | None:
-        store = self.place.store
+    def _index_identity(self, meshes: LayerMeshes) -> FileIdentity | None:
+        """The layer's index file, if it has one."""
         if not self.place.holds_indexes():
             return None
-        path = self.place.location(meshes.dataset, meshes.name)
-        identity = store.identity(path)
+        return self.place.store.identity(self.place.location(meshes.dataset, meshes.name))
+
+    def _read_index(self, meshes: LayerMeshes) -> SegmentIndex | None:
+        store = self.place.store
+        identity = self._index_identity(meshes)
         if identity is None:
             return None
+        path = self.place.location(meshes.dataset, meshes.name)
         if identity.size > MAX_INDEX_BYTES:
             raise SegmentIndexCorrupt(f"segment index {store.relative(path)} is larger than {MAX_INDEX_BYTES}")
         found = store.read_whole(path, limit=MAX_INDEX_BYTES)
@@ -109,7 +113,9 @@ class Segments:
     def index(self, meshes: LayerMeshes, scan: bool = True) -> SegmentIndex:
         """The layer's segments: its index file when that describes the current data, else a scan of a small
         layer; otherwise a 409 that says to run ``index-segments``."""
-        stamp = self.stamp(meshes)
+        return self._index_at(meshes, self.stamp(meshes), scan)
+
+    def _index_at(self, meshes: LayerMeshes, stamp: str, scan: bool = True) -> SegmentIndex:
         key = SegmentsKey(meshes.key, stamp)
         cached: SegmentIndex | None = self.cache.get(key)
         if cached is not None:
@@ -140,13 +146,19 @@ class Segments:
 
     def properties(self, meshes: LayerMeshes) -> bytes:
         """``segment_properties/info``: the segments (the largest ``MAX_LISTED_SEGMENTS``), voxels and labels."""
-        index = self.index(meshes)
+        stamp = self.stamp(meshes)
+        index_identity = self._index_identity(meshes)
         labels_path = self.storage.join(meshes.dataset.directory, f"{meshes.name}{LABELS_SUFFIX}")
         labels_identity = self.storage.identity(labels_path)
-        labels_version = None if labels_identity is None else labels_identity.version
-        key = PropertiesKey(meshes.key, index.stamp, id(index), labels_version)
+        key = PropertiesKey(
+            meshes.key,
+            stamp,
+            None if index_identity is None else index_identity.version,
+            None if labels_identity is None else labels_identity.version,
+        )
 
         def render() -> bytes:
+            index = self._index_at(meshes, stamp)
             labels = self._labels(meshes, labels_path)
             ids, voxels = index.ids, index.voxels
             if len(ids) > MAX_LISTED_SEGMENTS:
