@@ -27,6 +27,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     longest_first(items)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def environment_as_found() -> Iterator[None]:
+    """Each module leaves the process's environment as it found it. dask.distributed's nannies set
+    OPENBLAS_NUM_THREADS and others in the process that starts them and never unset them; every later
+    module's gateways then had imports unlike the fork server's, and were fresh interpreters again."""
+    saved = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+    yield
+    for name in [name for name in os.environ if name not in saved and not name.startswith("PYTEST_")]:
+        del os.environ[name]
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def test_data(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
     return write_test_root(tmp_path_factory.mktemp("root"))
