@@ -224,6 +224,10 @@ def _check_answers(server: Server, dataset: str) -> None:
         f"/preview/{ORG}/{dataset}/layer.png",
     ):
         response = get(server, path)
+        if path.startswith("/preview/") and response.status_code == 413:
+            # a crafted block size can make one preview decode more than its bound: refused before the read
+            assert "too large or too many to preview" in response.json()["error"], response.text[:300]
+            continue
         assert response.status_code in (200, 404, 409), (path, response.status_code, response.text[:300])
         if response.status_code != 200:
             assert "internal error" not in response.json()["error"], (path, response.text[:300])
