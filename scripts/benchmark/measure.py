@@ -233,7 +233,7 @@ def _measured_round(run: Run, case: Case, target: Target) -> dict[str, Any]:
     longer = STRETCH * run.mode.duration
     log(f"{case.name} [{case.keyset}]: {stats['requests']} requests in {run.mode.duration} s; again for {longer} s")
     if not target.server.wait_until_idle():
-        log(f"{case.name} [{case.keyset}]: the server was still busy after two minutes")
+        log(f"{case.name} [{case.keyset}]: the server was still busy when the longer round began")
     return load_round(target.server, target.paths, longer, case.token, target.serving)
 
 
