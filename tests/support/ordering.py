@@ -12,28 +12,32 @@ from collections import Counter
 
 import pytest
 
-# Seconds a module took in scripts/test's parallel run on a busy two-core machine (its --durations and
-# single-module runs); a rough guide, refreshed when the suite's shape changes. Unlisted modules are shorter.
+# Seconds a module took in scripts/test's parallel run on a busy two-core machine (a per-test timeline of one
+# whole run); a rough guide, refreshed when the suite's shape changes. Unlisted modules are shorter.
 KNOWN_SECONDS = {
-    "test_containers.py": 300,  # builds the images, starts the compose stack in a Docker engine of its own
-    "test_bench.py": 210,  # the benchmark's short mode
-    "test_failover.py": 200,  # the soak: two minutes of load through nginx
-    "test_viewers.py": 150,  # Neuroglancer in Chromium
-    "test_packaging.py": 100,  # fresh venvs installed from the package index
-    "test_own_viewer.py": 100,
-    "test_precomputed_tree.py": 90,
-    "test_distributed_index.py": 60,
-    "test_deploy.py": 60,
-    "test_kubernetes.py": 60,
-    "test_remote_roots.py": 60,
-    "test_mesh_viewer.py": 50,
-    "test_stored_meshes.py": 50,
-    "test_object_storage.py": 50,
-    "test_proxy_cache.py": 40,
-    "test_ops.py": 40,
-    "test_sample.py": 30,
-    "test_stored_mesh_viewer.py": 30,
-    "test_tls_proxy.py": 30,
+    "test_containers.py": 400,  # builds the images, starts the compose stack in a Docker engine of its own
+    "test_bench.py": 310,  # the benchmark's short mode
+    "test_failover.py": 280,  # the soak: two minutes of load through nginx
+    "test_remote_roots.py": 220,  # S3, GCS and Azure emulators
+    "test_object_storage.py": 180,
+    "test_packaging.py": 160,  # fresh venvs installed from the package index
+    "test_viewers.py": 160,  # Neuroglancer in Chromium
+    "test_distributed_index.py": 120,  # dask.distributed clusters
+    "test_precomputed_sources.py": 120,
+    "test_meshes.py": 90,
+    "test_own_viewer.py": 90,
+    "test_precomputed_tree.py": 80,
+    "test_n5_precomputed.py": 75,
+    "test_stored_meshes.py": 75,
+    "test_mesh_viewer.py": 70,
+    "test_kubernetes.py": 50,
+    "test_hostile_data.py": 50,
+    "test_deploy.py": 45,
+    "test_servers.py": 35,
+    "test_proxy_cache.py": 30,
+    "test_mesh_segments.py": 25,
+    "test_data_safety.py": 25,
+    "test_chunk_rewrites.py": 25,
 }
 
 

@@ -1,10 +1,12 @@
 """Child processes and loopback ports: what every real server of the tests (gateway, nginx, moto) needs."""
 
+import os
 import secrets
 import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -37,6 +39,25 @@ def _ephemeral_ports_start() -> int:
         return 32768
 
 
+# The ports free_port handed out lately in this process: a caller may take several before it binds any.
+_RECENT_PORTS: deque[int] = deque(maxlen=256)
+LOWEST_TEST_PORT = 10000
+
+
+def _port_share(below: int) -> range:
+    """This process's share of the test ports: pytest-xdist's workers draw from disjoint slices.
+
+    Drawn from one range, two workers that each start a server at the same moment once chose the same
+    port; the loser met "Address already in use" while the other's server answered its readiness probe.
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0):
+        return range(LOWEST_TEST_PORT, below)
+    size = (below - LOWEST_TEST_PORT) // int(count)
+    start = LOWEST_TEST_PORT + int(worker[2:]) % int(count) * size
+    return range(start, start + size)
+
+
 def free_port() -> int:
     """A loopback TCP port nobody listens on right now, from below the range of outgoing connections.
 
@@ -44,14 +65,18 @@ def free_port() -> int:
     have it binds it: the load tests open thousands, and a replica once met "Address already in use".
     """
     below = _ephemeral_ports_start()
+    share = _port_share(below) if below >= LOWEST_TEST_PORT + 1000 else range(0)
     while True:  # below an unusual range (from under 11000): the kernel's own choice
-        port = 10000 + secrets.randbelow(below - 10000) if below >= 11000 else 0
+        port = share[secrets.randbelow(len(share))] if len(share) >= 1000 else 0
+        if port in _RECENT_PORTS:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             chosen: int = s.getsockname()[1]
+            _RECENT_PORTS.append(chosen)
             return chosen
 
 
