@@ -64,9 +64,8 @@ def free_port() -> int:
     Port 0 would give one of that range, which any outgoing connection may take before the server meant to
     have it binds it: the load tests open thousands, and a replica once met "Address already in use".
     """
-    below = _ephemeral_ports_start()
-    share = _port_share(below) if below >= LOWEST_TEST_PORT + 1000 else range(0)
-    while True:  # below an unusual range (from under 11000): the kernel's own choice
+    share = _port_share(_ephemeral_ports_start())
+    while True:  # a share too small to draw from (an unusual range, or very many workers): the kernel's choice
         port = share[secrets.randbelow(len(share))] if len(share) >= 1000 else 0
         if port in _RECENT_PORTS:
             continue
