@@ -8,6 +8,7 @@ runs from a venv of its own (scripts/tiled-venv, made on first use), the HTTP/2 
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -106,3 +107,29 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     assert {f"gateway:main@{http}" for http in HTTP_SERVERS} <= servers
     assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian", "rsgi@granian"} <= servers
     assert {"tiled@uvicorn", "xpublish@uvicorn", "proxy-h2:zipf32@uvicorn", "gateway:zipf64@uvicorn"} <= servers
+
+
+def test_a_failed_case_names_the_log_lines_that_are_not_2xx_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    """A case with failed requests quotes the end of its server's log without the answered requests: the
+    failures' lines, in either log format (rendered here by the gateway's own access log), the last four."""
+    from benchmark.measure import unusual_lines
+
+    from gateway.logs import AccessLog
+
+    logger = logging.getLogger("gateway.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the level the gateway runs it at; below it, no access line is written
+    try:
+        for log_format in ("json", "text"):
+            access = AccessLog()
+            access.log_format = log_format
+            for status in (200, 503, 206, 500, 204, 404, 200, 416):
+                access.write("id", "GET", f"/data/zarr/org/ds/color/1/0.0.{status}", status, 12, 1.0)
+            access.flush()
+            tail = "a line the tail cut\n" + capsys.readouterr().err + "ERROR gateway: storage fault: x0.wkw\n"
+            kept = unusual_lines(tail)
+            assert [("0.0.500" in kept[0]), ("0.0.404" in kept[1]), ("0.0.416" in kept[2])] == [True] * 3, kept
+            assert kept[3] == "ERROR gateway: storage fault: x0.wkw", kept
+            assert len(kept) == 4 and len(unusual_lines(tail, most=9)) == 5, kept
+    finally:
+        logger.setLevel(level)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -203,11 +204,25 @@ def run_groups(
                     run.fail(case, broken[case])
                 elif rounds[case]:
                     rss_of = None if case.kind in ("nginx", "proxy") else target.server
-                    run.record(case, summarize(case, rounds[case], rss_of))
+                    result = summarize(case, rounds[case], rss_of)
+                    if result.error and target.started:  # its log goes with the server below: say why here
+                        unusual = unusual_lines(target.server.log_tail(64_000))
+                        result.error += f"; its log, but for 2xx answers, ends with {unusual}"
+                    run.record(case, result)
             started = [target.server for target in targets.values() if target.started]
             stop_all(started)
             for server in started:
                 server.log_path.unlink(missing_ok=True)
+
+
+ANSWERED = re.compile(r'"status": 2\d\d,|gateway\.access: .* 2\d\d \d+B ')  # a gateway's 2xx access line
+
+
+def unusual_lines(log_tail: str, most: int = 4) -> list[str]:
+    """The last lines of the tail of a server's log that are not a 2xx access line (JSON or text): why answers
+    failed. The first line is left out, as the tail may have cut it."""
+    lines = log_tail.splitlines()[1:]
+    return [line[:300] for line in lines if not ANSWERED.search(line)][-most:]
 
 
 MIN_REQUESTS = 8  # a round that completes fewer is measured again, once, for longer
