@@ -47,7 +47,9 @@ class CompressedSegmentation(ChunkEncoding):
     def encode(self, voxels: np.ndarray) -> bytes:
         import compressed_segmentation
 
-        labels = np.asfortranarray(np.moveaxis(voxels, 0, -1))  # [x, y, z, c], channels encoded one by one
+        # [x, y, z, c], channels encoded one by one. The library takes only a writable buffer (its typed
+        # memoryviews are not const), and a read may be a read-only view of a decoded block: copied then.
+        labels = np.require(np.moveaxis(voxels, 0, -1), requirements=("F_CONTIGUOUS", "WRITEABLE"))
         body: bytes = compressed_segmentation.compress(labels, block_size=BLOCK_SIZE, order="F")
         return body
 

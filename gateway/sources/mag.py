@@ -71,6 +71,10 @@ class Region:
     ``sources`` lists the identity of every file read (an exact validator);
     None means the reader cannot say, and the caller derives the ETag from
     the bytes themselves.
+
+    ``data`` may be a read-only view of a decoded or cached block (a whole aligned block is handed out
+    without a copy): whoever writes into it, or hands it to a library that takes only writable buffers,
+    copies it first.
     """
 
     data: np.ndarray

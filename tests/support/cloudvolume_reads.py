@@ -31,14 +31,17 @@ def boxes_across_edges(lo: Corner, hi: Corner, chunk: int = 32) -> list[tuple[Co
     return [(lo, hi), (late, hi), (lo, early)]
 
 
-def assert_reads_exactly(url: str, mip: int, truth: np.ndarray[Any, Any], lo: Corner, hi: Corner, label: str) -> None:
-    """CloudVolume reads each box of :func:`boxes_across_edges` at ``mip`` as ``truth`` holds it.
+def assert_reads_exactly(
+    url: str, mip: int, truth: np.ndarray[Any, Any], lo: Corner, hi: Corner, label: str, chunk: int = 32
+) -> None:
+    """CloudVolume reads each box of :func:`boxes_across_edges` (chunks of ``chunk``) at ``mip`` as ``truth``
+    holds it.
 
     ``truth`` is ``[c, x, y, z]`` in the mag's voxels from the origin (the reference reader's read of the
     source); CloudVolume's answer is compared with it moved to channel last, data type included.
     """
     volume = open_volume(url, mip=mip)
-    for a, b in boxes_across_edges(lo, hi):
+    for a, b in boxes_across_edges(lo, hi, chunk):
         read = np.asarray(volume[a[0] : b[0], a[1] : b[1], a[2] : b[2]])
         want = np.moveaxis(truth[(slice(None), *(slice(x, y) for x, y in zip(a, b)))], 0, -1)
         where = f"{label}, mip {mip}, [{a}, {b})"

@@ -27,6 +27,7 @@ KNOWN_SECONDS = {
     "test_meshes.py": 90,
     "test_own_viewer.py": 90,
     "test_precomputed_tree.py": 80,
+    "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
     "test_n5_precomputed.py": 75,
     "test_stored_meshes.py": 75,
     "test_mesh_viewer.py": 70,
