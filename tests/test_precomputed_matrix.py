@@ -29,8 +29,8 @@ from support.precomputed_matrix import (
     Case,
     LayerSpec,
     Truth,
-    _pairs,
     layer_of,
+    pairs_of,
     pairwise_cases,
     valid,
     write_dataset,
@@ -103,8 +103,8 @@ def test_the_cases_cover_every_pair_of_axis_values() -> None:
     for axis, values in AXES.items():
         assert {case[axis] for case in CASES} == set(values), axis
     product = (dict(zip(AXES, values)) for values in itertools.product(*AXES.values()))
-    possible = set().union(*(_pairs(case) for case in product if valid(case)))
-    chosen = set().union(*(_pairs(case) for case in CASES))
+    possible = set().union(*(pairs_of(case) for case in product if valid(case)))
+    chosen = set().union(*(pairs_of(case) for case in CASES))
     assert possible - chosen == set()
     assert ("encoding", "compressed_segmentation", "source", "precomputed") in possible  # the pairs are real
     assert ("category", "segmentation", "channels", 3) not in possible

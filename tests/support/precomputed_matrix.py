@@ -65,7 +65,7 @@ def valid(case: Mapping[str, Any]) -> bool:
     )
 
 
-def _pairs(case: Mapping[str, Any]) -> set[tuple[str, Any, str, Any]]:
+def pairs_of(case: Mapping[str, Any]) -> set[tuple[str, Any, str, Any]]:
     names = sorted(case)
     return {(a, case[a], b, case[b]) for a, b in itertools.combinations(names, 2)}
 
@@ -76,16 +76,16 @@ def pairwise_cases(axes: Mapping[str, tuple[Any, ...]], required: Iterable[Case]
     names = list(axes)
     everything = [dict(zip(names, values)) for values in itertools.product(*axes.values())]
     candidates = [case for case in everything if valid(case)]
-    uncovered = set().union(*(_pairs(case) for case in candidates))
+    uncovered = set().union(*(pairs_of(case) for case in candidates))
     chosen: list[Case] = []
     for case in required:
         assert valid(case) and set(case) == set(names), case
         chosen.append(case)
-        uncovered -= _pairs(case)
+        uncovered -= pairs_of(case)
     while uncovered:
-        best = max(candidates, key=lambda case: len(_pairs(case) & uncovered))
+        best = max(candidates, key=lambda case: len(pairs_of(case) & uncovered))
         chosen.append(best)
-        uncovered -= _pairs(best)
+        uncovered -= pairs_of(best)
     return chosen
 
 
