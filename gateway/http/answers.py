@@ -17,6 +17,7 @@ import anyio
 from gateway_storage import ByteLRU, StorageError
 
 from ..zarr.resource import Resource
+from .budget import MemoryBudget
 
 # No answer larger than this share of the budget is kept, so that a few large chunks cannot flush the many
 # small ones a viewer asks for again.
@@ -42,10 +43,16 @@ class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chun
 
 class AnswerCache:
     """Answers with a body and the versions of every file they were made from, by bytes, least recently used
-    first out; ``max_bytes`` 0 keeps none. ``hits`` and ``misses`` count answers given from here and made."""
+    first out; ``max_bytes`` 0 keeps none. ``hits`` and ``misses`` count answers given from here and made.
 
-    def __init__(self, max_bytes: int) -> None:
+    Its bytes count against the worker's ``budget``: an answer is kept only where the work in flight leaves
+    room, and kept answers give way (least recently used first) when work needs their room."""
+
+    def __init__(self, max_bytes: int, budget: MemoryBudget | None = None) -> None:
         self.max_bytes = max_bytes
+        self.budget = budget
+        if budget is not None:
+            budget.kept = self
         self.largest = max_bytes // LARGEST_SHARE
         self._kept: ByteLRU[Resource] = ByteLRU(max_bytes)
         self.hits = 0
@@ -58,6 +65,10 @@ class AnswerCache:
     @property
     def size_bytes(self) -> int:
         return self._kept.size_bytes
+
+    def shrink_to(self, nbytes: int) -> None:
+        """Drop the least recently used answers until at most ``nbytes`` are kept."""
+        self._kept.shrink_to(nbytes)
 
     async def current(self, key: AnswerKey, threads: anyio.CapacityLimiter) -> Resource | None:
         """The answer kept under ``key`` if every file it was made from is still the version read, else None.
@@ -89,5 +100,5 @@ class AnswerCache:
         if body is None or answer.made_from is None:
             return  # a reader (a virtual shard streams) or a body whose files are unknown
         size = len(body) + ENTRY_BYTES + FILE_BYTES * len(answer.made_from.files)
-        if size <= self.largest:
+        if size <= self.largest and (self.budget is None or self.budget.can_keep(size)):
             self._kept.put(key, answer, size)
