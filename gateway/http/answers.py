@@ -73,19 +73,17 @@ class AnswerCache:
     async def current(self, key: AnswerKey, threads: anyio.CapacityLimiter) -> Resource | None:
         """The answer kept under ``key`` if every file it was made from is still the version read, else None.
 
-        Local files are checked here, on the event loop (a stat each); a remote store's in a thread of
-        ``threads``, as making the answer would be. A check that fails with a storage fault is a miss:
-        making the answer again meets the fault and answers it as the error map says.
+        The check (a stat per file for local files, a request per object for a remote store) runs in a thread
+        of ``threads``, where reads run, never on the event loop: an answer made of small WKW file cubes names
+        hundreds of files. A check that fails with a storage fault is a miss: making the answer again meets
+        the fault and answers it as the error map says.
         """
         kept = self._kept.get(key)
         if kept is not None:
             versions = kept.made_from
             assert versions is not None, "only answers that name their files are kept"
             try:
-                if versions.store.is_local:
-                    unchanged = versions.current()
-                else:
-                    unchanged = await anyio.to_thread.run_sync(versions.current, limiter=threads)
+                unchanged = await anyio.to_thread.run_sync(versions.current, limiter=threads)
             except (StorageError, OSError):
                 unchanged = False
             if unchanged:
