@@ -13,6 +13,7 @@ from typing import get_args
 
 import numpy as np
 
+from gateway_storage import StoreUnavailableError
 from gateway_storage.geometry import mag_name
 
 from ..extras import MESHES, MissingExtraError
@@ -187,6 +188,8 @@ class PrecomputedTree:
                 f"no layer {name!r} in {dataset.organization}/{dataset.name}; there are {', '.join(dataset.layers)}"
             )
         reason = unusable_reason(layer)
+        if layer.away is not None:
+            raise StoreUnavailableError(f"layer {name!r} cannot be reached: {layer.away}")
         if reason is not None:
             raise NodeNotFound(f"no servable layer {name!r} in {dataset.organization}/{dataset.name}: {reason}")
         key = (dataset.organization, dataset.name, name, raw_only)
