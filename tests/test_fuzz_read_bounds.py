@@ -23,8 +23,9 @@ jump table alone.
 
 Metadata multipliers: Hypothesis writes metadata-only Zarr layers (v2 and v3, chunks absent) of generated
 channels (a few, around what fits the budget, around ``MAX_CHANNELS``, a bomb of 16,384) and data types; every
-tree's chunk is costed before it is built: unusable past ``MAX_CHANNELS``, a 413 past the whole memory budget,
-served within it, and the worker's peak memory stays within the budget (16 examples, about 10 s).
+tree's chunk (and the layer's preview) is costed before it is built: unusable past ``MAX_CHANNELS``, a 413 past
+the whole memory budget, served within it, and the worker's peak memory stays within the budget (16 examples,
+about 10 s).
 
 Examples: 50 per kind in process (about 10 s in all), 12 per kind through the gateway (about 30 s in all), on
 a 2-core machine that other test runs keep busy.
@@ -591,9 +592,13 @@ def multiplied_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def multiplied(multiplied_root: Path, server_factory: Callable[..., Server]) -> Server:
-    return server_factory(
+    server = server_factory(
         multiplied_root, chunk_memory_bytes=MULTIPLIED_BUDGET, chunk_edge=MULTIPLIED_EDGE, codec="none"
     )
+    # a first preview imports the image libraries (tens of MiB, once): not what an example measures
+    _metadata_only_layer(multiplied_root / ORG / "warm", 1, "uint8", 2, 1)
+    requests.get(f"{server.url}/preview/{ORG}/warm/many.png", timeout=120)
+    return server
 
 
 def _metadata_only_layer(dataset: Path, channels: int, dtype: str, version: int, chunk_channels: int) -> None:
@@ -656,6 +661,12 @@ def test_every_chunk_a_metadata_multiplier_declares_is_costed_before_it_is_built
                 assert got.status_code in (200, 404), where  # 404: absent, read as the fill value (0)
                 if got.status_code == 200:
                     assert not any(got.content), where
+        # the layer's preview: made within the same budget, else refused with the reason (or past its own bound)
+        preview = session.get(f"{multiplied.url}/preview/{ORG}/{name}/many.png", timeout=120)
+        where = ("preview", channels, dtype, version, preview.status_code, preview.text[:300])
+        assert preview.status_code in (200, 404, 413), where
+        if preview.status_code != 200:
+            assert preview.json()["error"], where
     assert peak.growth < MULTIPLIED_BUDGET + SLACK_RSS, (
         f"{channels} x {dtype}: the worker grew by {peak.growth >> 20} MiB"
     )

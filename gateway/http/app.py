@@ -65,8 +65,14 @@ log = logging.getLogger("gateway")
 
 def create_app(settings: Settings) -> Edge:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    own = [str(path) for path in (settings.tokens_file, settings.settings_file, settings.store_headers_file) if path]
     store = open_store(
-        settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
+        settings.root,
+        settings.extra_roots,
+        settings.settle_seconds,
+        settings.remote_roots,
+        headers=headers,
+        own_files=own,
     )
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
@@ -125,7 +131,7 @@ def create_app(settings: Settings) -> Edge:
     )
     mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
     mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender), "mesh")
-    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender), "preview")
+    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
