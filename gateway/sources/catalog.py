@@ -365,7 +365,7 @@ class Catalog:
                 self._files.identity(current)
             except StoreUnavailableError as exc:
                 return f"{exc} (a volume that is away?)"
-            except (OSError, StorageError):
+            except (OSError, StorageError, ValueError):  # ValueError: a name no file can have (a NUL, a surrogate)
                 pass
             current = posixpath.dirname(current)
         return None
