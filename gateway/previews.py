@@ -207,6 +207,14 @@ class PlannedPreview:
     etag: str | None
     last_modified: float | None
 
+    @property
+    def working_bytes(self) -> int:
+        """The most memory making it holds, from the metadata: the chunks its read decodes, the slice it
+        reads, and the image made of it (what it holds of the worker's memory budget)."""
+        shape = (self.key.hi[0] - self.key.lo[0], self.key.hi[1] - self.key.lo[1], self.key.hi[2] - self.key.lo[2])
+        voxels = shape[0] * shape[1] * shape[2] * self.source.channels * self.source.dtype.itemsize
+        return self.source.decoded_bytes(shape) + 2 * voxels
+
 
 @dataclass(frozen=True, slots=True)
 class MadePreview:

@@ -90,7 +90,8 @@ class Settings(BaseSettings):
         default=1 << 30,
         ge=0,
         description="memory that the chunks one worker produces at once may hold (decoded blocks, the chunk, "
-        "its encoded copy); requests beyond it wait their turn, and a chunk larger than it runs alone; 0: no bound",
+        "its encoded copy) and the chunk answers it keeps; requests beyond it wait their turn, and a chunk that would "
+        "hold more than all of it is refused (413) before any work; 0: no bound",
     )
     settings_file: Path | None = Field(default=None, description="JSON or KEY=VALUE file of settings")
     log_format: Literal["auto", "json", "text"] = Field(

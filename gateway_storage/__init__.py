@@ -104,10 +104,11 @@ def open_store(
     timeout: float = 10.0,
     max_attempts: int = 4,
     headers: Mapping[str, Mapping[str, str]] | None = None,
+    own_files: Sequence[str] = (),
 ) -> Store:
     """The data root (a local path or ``file://`` URL with its extra trusted roots, or a store URL of
     :data:`STORE_KINDS`) and the remote roots mag paths may name; ``headers`` by URL prefix (see
-    :func:`headers_for`).
+    :func:`headers_for`); ``own_files`` the server's own files, never served however linked.
 
     Objects in a bucket are replaced whole and read by version, so neither extra roots nor the settle
     time apply there.
@@ -116,7 +117,7 @@ def open_store(
     main = (
         kind.open(root, timeout, max_attempts, headers_for(root, headers or {}))
         if kind is not None
-        else LocalStore(root.removeprefix("file://"), extra_roots, settle_seconds)
+        else LocalStore(root.removeprefix("file://"), extra_roots, settle_seconds, own_files=own_files)
     )
     remotes = [open_remote_root(url, timeout, max_attempts, headers_for(url, headers or {})) for url in remote_roots]
     return RoutedStore(main, remotes) if remotes else main

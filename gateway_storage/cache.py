@@ -49,9 +49,17 @@ class ByteLRU(Generic[V]):
                 return
             self._entries[key] = (value, nbytes)
             self._bytes += nbytes
-            while self._bytes > self.max_bytes:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self._bytes -= evicted
+            self._evict_past(self.max_bytes)
+
+    def shrink_to(self, nbytes: int) -> None:
+        """Drop the least recently used entries until at most ``nbytes`` are held."""
+        with self._lock:
+            self._evict_past(nbytes)
+
+    def _evict_past(self, nbytes: int) -> None:
+        while self._bytes > nbytes and self._entries:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted
 
 
 class CacheCounts(Protocol):

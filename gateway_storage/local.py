@@ -87,6 +87,11 @@ class LocalStore(Store):
     new write stamps a new time, which the check after each read sees. A
     rename, utime or chmod after the last write moves ctime past mtime: that
     file's writer had finished, and it is trusted at once.
+
+    ``own_files`` are the server's own files (its tokens file, settings): a hard link to one inside the root
+    has no other path to give it away, so a file of several links is compared with each of them, by device
+    and inode, when it is opened, and refused if it is one; the kernel's ``protected_hardlinks`` is not
+    relied on.
     """
 
     is_local = True
@@ -97,8 +102,10 @@ class LocalStore(Store):
         extra_roots: Sequence[str] = (),
         settle_seconds: float = 0.0,
         max_open_files: int = 256,
+        own_files: Sequence[str] = (),
     ) -> None:
         self.contained = root is not None
+        self.own_files = tuple(own_files)
         self.root = "" if root is None else os.path.realpath(root)
         self.roots: tuple[str, ...] = (self.root, *map(os.path.realpath, extra_roots)) if root is not None else ()
         self.max_open_files = max_open_files
@@ -174,6 +181,19 @@ class LocalStore(Store):
             self._check_absent(path)
             return None
 
+    def _check_not_own(self, opened: os.stat_result, path: str) -> None:
+        """Refuse a file that is a hard link to one of the server's own files (looked up now: they may have
+        been replaced since start-up). Only a file of several links can be one, so others cost nothing."""
+        if opened.st_nlink < 2:
+            return
+        for own in self.own_files:
+            try:
+                found = os.stat(own)
+            except OSError:
+                continue
+            if (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino):
+                raise OutsideRootError(f"{self.relative(path)} is a hard link to one of the server's own files")
+
     def _check_absent(self, path: str) -> None:
         """Raise StoreUnavailableError unless a missing ``path`` may be absent as a format means it.
 
@@ -237,6 +257,7 @@ class LocalStore(Store):
                 self._check_absent(path)
                 return None
             self._check_inside(handle.fd, path)
+            self._check_not_own(handle.opened, path)
             before = handle.opened
             refuse_oversized(self.relative(path), before.st_size, limit)
             started = time.time_ns()
@@ -265,6 +286,7 @@ class LocalStore(Store):
                 return handle
         handle = _OpenFile(path)
         self._check_inside(handle.fd, path)
+        self._check_not_own(handle.opened, path)
         if _local_identity(handle.opened) != expected:
             raise FileChangedError(f"{self.relative(path)} changed while it was being opened")
         with self._lock:

@@ -9,10 +9,12 @@ gets no cached answer; with the budget 0 the gateway answers as it did before th
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import numcodecs
 import numpy as np
 import pytest
@@ -23,6 +25,10 @@ from support.metrics import Samples, delta, scrape, value
 from support.processes import wait_until
 from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
 from support.servers import Server
+
+from gateway.http.answers import INLINE_CHECK_FILES, AnswerCache, AnswerKey
+from gateway.zarr.resource import OCTET_STREAM, FileVersions, bytes_resource
+from gateway_storage import FileIdentity, LocalStore
 
 ORG, DATASET = "test_org", "cached"
 TOP_LEFT = (20, 10, 6)
@@ -459,3 +465,39 @@ def test_answers_from_an_object_store_are_checked_by_the_object_s_version(
     finally:
         proxy.stop()
         moto.stop()
+
+
+class _ThreadNotingStore(LocalStore):
+    """A real local store that notes the thread of every identity it looks up."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.threads: set[int] = set()
+
+    def identity(self, path: str) -> FileIdentity | None:
+        self.threads.add(threading.get_ident())
+        return super().identity(path)
+
+
+@pytest.mark.parametrize("files", [1, INLINE_CHECK_FILES, INLINE_CHECK_FILES + 1, 512])
+def test_a_kept_answer_of_many_files_is_checked_off_the_event_loop(tmp_path: Path, files: int) -> None:
+    """An answer made of small WKW file cubes names hundreds of files: their stats run in a chunk thread, while
+    a few stats (cheaper than the hand-off) run where the cheap chunk's own reads do, on the loop."""
+    store = _ThreadNotingStore(str(tmp_path))
+    sources = []
+    for n in range(files):
+        path = tmp_path / f"z{n}.wkw"
+        path.write_bytes(b"x")
+        sources.append((str(path), store.identity(str(path))))
+    answers = AnswerCache(16 << 20)  # an answer naming 512 files holds 128 KiB of their names
+    key = AnswerKey("zarr", ("o", "d", "l", "1"), "made-as", (0, 0, 0, 0))
+    answers.keep(key, bytes_resource(b"chunk", OCTET_STREAM, made_from=FileVersions(store, tuple(sources))))
+    store.threads.clear()
+
+    async def current() -> tuple[bool, int]:
+        found = await answers.current(key, anyio.CapacityLimiter(2))
+        return found is not None, threading.get_ident()
+
+    found, loop_thread = anyio.run(current)
+    assert found and store.threads
+    assert (loop_thread in store.threads) == (files <= INLINE_CHECK_FILES), (files, store.threads, loop_thread)

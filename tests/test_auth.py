@@ -14,6 +14,8 @@ from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.processes import free_port
 from support.servers import Server
 
+from gateway.http.auth import Tokens
+
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
 PROTECTED = {
     "chunk": f"{DATASET}/color_u8/1/0.2.2.1",
@@ -214,3 +216,28 @@ def test_unsupported_chunk_edge_stops_start_up(tmp_path: Path) -> None:
     assert "48" in result.stderr
     for allowed in ("32", "64", "128", "256"):
         assert allowed in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("pattern", "granted", "refused"),
+    [
+        ("lab/ds[1]", ["ds[1]"], ["ds1", "ds[2]"]),
+        ("lab/ds?", ["ds?"], ["ds1", "dsx"]),
+        ("lab/[!a]*", ["[!a]x"], ["bx", "ax"]),
+        ("lab/public_*", ["public_", "public_[1]", "public_a*b"], ["private_a", "xpublic_a"]),
+        ("*/*", ["ds1", "ds[1]"], []),
+    ],
+)
+def test_only_a_star_is_a_wildcard_in_a_grant_pattern(
+    tmp_path: Path, pattern: str, granted: list[str], refused: list[str]
+) -> None:
+    """Dataset names hold brackets and question marks: in a pattern they stand for themselves."""
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tokens": {"t": [pattern]}}))
+    grant = Tokens.load(path).grant("t")
+    assert grant is not None
+    for name in granted:
+        assert grant.allows("lab", name), (pattern, name)
+    for name in refused:
+        assert not grant.allows("lab", name), (pattern, name)
+    assert grant.allows("lab", "ds1") == (pattern == "*/*")  # fnmatch read "ds[1]" as a set: it granted ds1

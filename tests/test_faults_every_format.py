@@ -19,6 +19,7 @@ import pytest
 import requests
 from support.format_layers import EDGE, FORMATS
 from support.layers import layer_entry, write_properties
+from support.processes import wait_until
 from support.servers import Server, assert_reason
 
 from gateway_storage import AnchoredStore, LocalStore, StoreUnavailableError
@@ -103,6 +104,22 @@ def test_every_format_on_a_volume_that_went_is_a_fault_not_zeros(
     os.rmdir(volume)  # and then none
     for coords in (STORED, HOLE):
         assert_faults(answers(server, coords, list(FORMATS)), "not there")
+
+
+def test_every_format_on_a_volume_away_when_it_is_loaded_is_a_fault_not_zeros(
+    tmp_path: Path, server_factory: Callable[..., Server]
+) -> None:
+    """The volume is away before the dataset is first loaded: its layers are listed as unavailable with the
+    reason, their chunks are 503s in every tree (as after the load), and they are served once it is back."""
+    server, volume = layers_on_a_volume(tmp_path, server_factory)
+    os.rename(volume, tmp_path / "unmounted")  # the dataset is loaded by the first request that names it
+    for coords in (STORED, HOLE):
+        assert_faults(answers(server, coords, list(FORMATS)), "cannot be reached", "symlink")
+    listing = requests.get(f"{server.url}/data/zarr/{ORG}/{DATASET}/", timeout=60)
+    assert listing.status_code == 200 and listing.text.count("volume that is away") >= len(FORMATS), listing.text
+    os.rename(tmp_path / "unmounted", volume)
+    assert wait_until(lambda: all(r.status_code == 200 for r in answers(server, STORED, list(FORMATS)).values()), 60)
+    assert_served(server)
 
 
 def layers_in_the_root(tmp_path: Path) -> tuple[Path, Path]:

@@ -33,9 +33,12 @@ import wkw
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.datasets import cube_layer
+from support.measure import PeakRss, bytes_read
 from support.polling import Poller
 from support.servers import Server, assert_no_unexpected_errors
 
+from gateway.meshes.index import MAX_INDEX_BYTES
+from gateway.meshes.segments import MAX_LABELS, MAX_LABELS_BYTES, PAGE_INDEX_BYTES
 from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.sources.documents import MAX_DEPTH
 
@@ -292,3 +295,84 @@ def _page_bytes(root: Path, served: Server, layers: int) -> int:
 def test_a_dataset_page_grows_with_its_layers_not_their_square(root: Path, served: Server) -> None:
     few, many = _page_bytes(root, served, 25), _page_bytes(root, served, 100)
     assert many < 6 * few, f"25 layers: {few} bytes, 100 layers: {many} bytes (4 times the layers)"
+
+
+# --- derived files a page view reads: labels and indexes near and past their bounds (issue 40, item 2) -------
+
+LABELS = ["none", "named", "long name under the byte bound", "past the entries", "past the bytes", "not JSON"]
+INDEXES = ["none", "sparse, past what a page reads", "sparse, the largest index there may be", "not an index"]
+NAME = "segment-one"  # the label every labels file within its bounds gives segment 1
+PAGE_READ_BYTES = 1 << 20  # what a page view may read once its derived files were looked at once
+DERIVED_RSS = 96 << 20  # parsing any planted file whole would add hundreds of MiB
+
+
+def _plant_labels(path: Path, kind: str) -> None:
+    if kind == "none":
+        return
+    if kind == "not JSON":
+        path.write_bytes(b"{" * 1000)
+        return
+    if kind == "past the bytes":
+        path.write_text(json.dumps({"1": NAME}))
+        os.truncate(path, MAX_LABELS_BYTES + 1)  # a sparse tail: refused on its size, never read
+        return
+    labels = {"1": NAME}
+    if kind == "long name under the byte bound":
+        labels["999999"] = "x" * (MAX_LABELS_BYTES - 100)
+    elif kind == "past the entries":  # short entries: well under the byte bound
+        labels |= {str(i): "" for i in range(2, MAX_LABELS + 2)}
+    path.write_text(json.dumps(labels))
+
+
+def _plant_index(path: Path, kind: str) -> None:
+    if kind == "not an index":
+        path.write_bytes(os.urandom(1 << 16))
+    elif kind != "none":
+        with open(path, "wb") as file:  # all NULs, however large: nothing a page may read whole
+            file.truncate(PAGE_INDEX_BYTES + 1 if kind.startswith("sparse, past") else MAX_INDEX_BYTES)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(labels=st.sampled_from(LABELS), index=st.sampled_from(INDEXES))
+def test_derived_files_a_page_reads_are_bounded_before_parsing_and_their_failures_remembered(
+    root: Path, served: Server, health: Poller, labels: str, index: str
+) -> None:
+    """A segmentation layer with a generated labels file and index file beside it: three views of its dataset
+    page and its segment properties in the mesh and precomputed trees are each answered (200 or a JSON
+    reason), the worker grows by tens of MiB at most, a page view after the first reads almost nothing (what it
+    found, or failed to, is remembered until a file changes), labels within their bounds are listed and others
+    ignored, and ``/healthz`` keeps answering."""
+    organization = f"derived{next(_organizations)}"
+    dataset = root / organization / "ds"
+    layer = {**cube_layer("seg", "wkw", EDGE), "category": "segmentation", "elementClass": "uint32"}
+    _write(root, organization, "ds", [{**layer, "largestSegmentId": 2}])
+    with wkw.Dataset.create(str(dataset / "seg" / "1"), wkw.Header(np.uint32, block_len=EDGE, file_len=1)) as ds:
+        ds.write((0, 0, 0), (np.arange(EDGE**3, dtype=np.uint32).reshape((EDGE,) * 3) % 3))
+    _plant_labels(dataset / "seg.segment-labels.json", labels)
+    _plant_index(dataset / "seg.segment-index.npz", index)
+    event(f"labels: {labels}; index: {index}")
+    page = f"{served.url}/data/zarr/{organization}/ds/"
+    properties = [
+        f"{served.url}/data/meshes/{organization}/ds/seg/multires/segment_properties/info",
+        f"{served.url}/data/precomputed/{organization}/ds/seg/segment_properties/info",
+    ]
+    with requests.Session() as session, PeakRss(served) as peak:
+        first = session.get(page, timeout=120)
+        before = bytes_read(served)
+        again = [session.get(page, timeout=120) for _ in range(2)]
+        read_again = bytes_read(served) - before
+        answers = [session.get(url, timeout=120) for url in properties]
+    for answer in [first, *again, *answers]:
+        _assert_answer(answer, answer.url)
+    assert first.status_code == 200 and all(a.status_code == 200 for a in again), first.text[:300]
+    assert read_again < PAGE_READ_BYTES, f"two more page views read {read_again} bytes ({labels}, {index})"
+    assert peak.growth < DERIVED_RSS, f"the worker grew by {peak.growth >> 20} MiB ({labels}, {index})"
+    for answer in answers:
+        if index != "none":  # a damaged index is a storage fault with the reason, found without reading it whole
+            assert answer.status_code == 500 and "segment index" in answer.json()["error"], answer.text[:300]
+            continue
+        assert answer.status_code == 200, (answer.url, answer.text[:300])  # a layer this small is scanned
+        listed = NAME in answer.text
+        assert listed == (labels in ("named", "long name under the byte bound")), (labels, answer.text[:300])
+    _assert_answering(health)
+    assert_no_unexpected_errors(served)

@@ -21,11 +21,18 @@ within what the geometry allows, and every 200 GET is exactly the voxels.
 The WKW layers are also read as the v3 tree's virtual shards (``gateway/zarr/shards.py``), laid out from the
 jump table alone.
 
+Metadata multipliers: Hypothesis writes metadata-only Zarr layers (v2 and v3, chunks absent) of generated
+channels (a few, around what fits the budget, around ``MAX_CHANNELS``, a bomb of 16,384) and data types; every
+tree's chunk (and the layer's preview) is costed before it is built: unusable past ``MAX_CHANNELS``, a 413 past
+the whole memory budget, served within it, and the worker's peak memory stays within the budget (16 examples,
+about 10 s).
+
 Examples: 50 per kind in process (about 10 s in all), 12 per kind through the gateway (about 30 s in all), on
 a 2-core machine that other test runs keep busy.
 """
 
 import itertools
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -49,7 +56,7 @@ from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.sources.catalog import MAX_PROPERTIES_BYTES, Catalog, Dataset
 from gateway.sources.documents import MAX_DOCUMENT_BYTES
-from gateway.sources.mag import ChunkNotFound, MagSource, SourceError
+from gateway.sources.mag import MAX_CHANNELS, ChunkNotFound, MagSource, SourceError
 from gateway.sources.registry import SourceFormats
 from gateway.sources.watched import WatchedStore
 from gateway.zarr.shards import plan_shard, read_shard
@@ -563,3 +570,104 @@ def _check_chunk_requests(
         else:
             assert ranged.status_code == got.status_code, (where, ranged.status_code)
     return 6 * layer.allowance(touched)
+
+
+# --- metadata multipliers: what a few bytes of metadata declare, costed before anything is built ---------------
+
+MULTIPLIED_BUDGET = 24 << 20  # chunk_memory_bytes of the gateway below: chunks of a few channels are past it
+MULTIPLIED_EDGE = 32  # its served chunk edge
+SLACK_RSS = 16 << 20  # what a worker's memory moves by besides what it builds for a chunk
+# Channels near the bounds: a few, around what fits the budget, around MAX_CHANNELS, and a channel bomb.
+CHANNELS = st.one_of(
+    st.integers(1, 8),
+    st.integers(MAX_CHANNELS - 2, MAX_CHANNELS + 2),
+    st.sampled_from([64, 96, 128, 200, 1024, 16384]),
+)
+
+
+@pytest.fixture(scope="module")
+def multiplied_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-multipliers")
+
+
+@pytest.fixture(scope="module")
+def multiplied(multiplied_root: Path, server_factory: Callable[..., Server]) -> Server:
+    server = server_factory(
+        multiplied_root, chunk_memory_bytes=MULTIPLIED_BUDGET, chunk_edge=MULTIPLIED_EDGE, codec="none"
+    )
+    # a first preview imports the image libraries (tens of MiB, once): not what an example measures
+    _metadata_only_layer(multiplied_root / ORG / "warm", 1, "uint8", 2, 1)
+    requests.get(f"{server.url}/preview/{ORG}/warm/many.png", timeout=120)
+    return server
+
+
+def _metadata_only_layer(dataset: Path, channels: int, dtype: str, version: int, chunk_channels: int) -> None:
+    """A Zarr layer of ``channels`` x 64³ whose chunks are all absent (made of the fill value if asked for)."""
+    shape, chunks = [channels, EDGE, EDGE, EDGE], [chunk_channels, 32, 32, 32]
+    entry = {**layer_entry("many", "zarr" if version == 2 else "zarr3"), "elementClass": dtype}
+    write_properties(dataset, [{**entry, "numChannels": channels}])
+    mag = dataset / "many" / "1"
+    mag.mkdir(parents=True)
+    if version == 2:
+        zarray = {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": np.dtype(dtype).str, "order": "C"}
+        (mag / ".zarray").write_text(json.dumps({**zarray, "compressor": None, "fill_value": 0, "filters": None}))
+        return
+    grid = {"name": "regular", "configuration": {"chunk_shape": chunks}}
+    document = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": dtype, "chunk_grid": grid}
+    keys = {"name": "default", "configuration": {"separator": "/"}}
+    codecs = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    (mag / "zarr.json").write_text(
+        json.dumps({**document, "chunk_key_encoding": keys, "fill_value": 0, "codecs": codecs})
+    )
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    channels=CHANNELS,
+    dtype=st.sampled_from(["uint8", "uint16", "uint64"]),
+    version=st.sampled_from([2, 3]),
+    whole=st.booleans(),
+)
+def test_every_chunk_a_metadata_multiplier_declares_is_costed_before_it_is_built(
+    multiplied_root: Path, multiplied: Server, channels: int, dtype: str, version: int, whole: bool
+) -> None:
+    """A metadata-only Zarr layer of generated channels and data type (chunks absent: made of the fill value):
+    past ``MAX_CHANNELS`` the mag is unusable with the reason; else each tree's chunk (v2, v3, xarray,
+    precomputed) whose working memory is past the whole budget is a 413 naming it, one within it is served, and
+    the worker never grows past the budget."""
+    name = f"m{next(_datasets)}"
+    _metadata_only_layer(multiplied_root / ORG / name, channels, dtype, version, channels if whole else 1)
+    served_chunk = channels * MULTIPLIED_EDGE**3 * np.dtype(dtype).itemsize
+    event(
+        "unusable" if channels > MAX_CHANNELS else "past the budget" if 3 * served_chunk > MULTIPLIED_BUDGET else "fits"
+    )
+    base = f"{multiplied.url}/data/{{tree}}/{ORG}/{name}"
+    paths = {
+        "zarr": "/many/1/0.0.0.0",
+        "zarr3": "/many/1/c/0/0/0/0",
+        "xarray": "/1/many/c/0/0/0/0" if channels > 1 else "/1/many/c/0/0/0",
+        "precomputed": "/many/1/0-32_0-32_0-32",
+    }
+    with requests.Session() as session, PeakRss(multiplied) as peak:
+        for tree, path in paths.items():
+            got = session.get(base.format(tree=tree) + path, timeout=120)
+            where = (tree, channels, dtype, version, got.status_code, got.text[:300] if got.status_code >= 400 else "")
+            if channels > MAX_CHANNELS:  # the xarray tree has no mag at all: its only layer is unusable
+                assert got.status_code == 404, where
+                assert tree == "xarray" or f"{channels} channels" in got.json()["error"], where
+            elif 3 * served_chunk > MULTIPLIED_BUDGET:  # the chunk, its copy and what it decodes: past the budget
+                assert got.status_code == 413 and "chunk_memory_bytes" in got.json()["error"], where
+            elif 4 * served_chunk <= MULTIPLIED_BUDGET:  # within it, with every copy a tree makes
+                assert got.status_code in (200, 404), where  # 404: absent, read as the fill value (0)
+                if got.status_code == 200:
+                    assert not any(got.content), where
+        # the layer's preview: made within the same budget, else refused with the reason (or past its own bound)
+        preview = session.get(f"{multiplied.url}/preview/{ORG}/{name}/many.png", timeout=120)
+        where = ("preview", channels, dtype, version, preview.status_code, preview.text[:300])
+        assert preview.status_code in (200, 404, 413), where
+        if preview.status_code != 200:
+            assert preview.json()["error"], where
+    assert peak.growth < MULTIPLIED_BUDGET + SLACK_RSS, (
+        f"{channels} x {dtype}: the worker grew by {peak.growth >> 20} MiB"
+    )
+    assert_no_unexpected_errors(multiplied)

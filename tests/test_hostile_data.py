@@ -157,7 +157,8 @@ def test_neighbours_of_absurd_geometry_are_served(geometry: Root) -> None:
 # --- 2. memory and the event loop ---------------------------------------------------------------------
 
 HEAVY_EDGE = 256  # the served chunk edge of the heavy gateway: one chunk decodes 16 MiB of uint8
-BUDGET = 40 * MIB  # less than one heavy chunk's working memory: heavy chunks run one at a time
+HEAVY_NEED = 48 * MIB  # a heavy chunk's working memory: its 16 MiB of decoded blocks, the chunk, its encoded copy
+BUDGET = 64 * MIB  # more than one heavy chunk's working memory, less than two: heavy chunks run one at a time
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +168,12 @@ def heavy(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[...
     write_properties(root / "big" / "ds", [wkw_layer("color", "uint8", [0, 0, 0], edge)])
     data = compressible((HEAVY_EDGE,) * 3, "uint8", 2)
     write_wkw(root / "big" / "ds" / "color" / "1", data, wkw.Header.BLOCK_TYPE_LZ4, 32, 8)
-    # a uint64 layer of which nothing is stored: its chunks are 128 MiB of zeros if made
-    write_properties(root / "big" / "empty", [wkw_layer("ids", "uint64", [0, 0, 0], edge)])
-    write_header(root / "big" / "empty" / "ids" / "1", WkwHeader.create("uint64", 1, BlockType.LZ4, 32, 8))
+    # layers of which nothing is stored: a uint8 chunk is 16 MiB of zeros if made, and a uint64 one 128 MiB,
+    # which with its encoded copy is more than the whole budget
+    layers = [wkw_layer("ids", "uint8", [0, 0, 0], edge), wkw_layer("ids64", "uint64", [0, 0, 0], edge)]
+    write_properties(root / "big" / "empty", layers)
+    for name, dtype in (("ids", "uint8"), ("ids64", "uint64")):
+        write_header(root / "big" / "empty" / name / "1", WkwHeader.create(dtype, 1, BlockType.LZ4, 32, 8))
     # No answer cache: every request makes its heavy chunk, which is the load these tests put on the worker.
     server = server_factory(root, chunk_edge=HEAVY_EDGE, threads=8, chunk_memory_bytes=BUDGET, answer_cache_bytes=0)
     return Root(server, root)
@@ -181,7 +185,22 @@ def test_a_chunk_of_absent_data_is_not_materialized(heavy: Root) -> None:
         responses = [get(heavy.server, f"/data/zarr/big/empty/ids/1/0.0.0.{0}") for _ in range(4)]
     for response in responses:
         assert_reason(response, 404, "fill value")  # what Zarr clients read as the fill value, 0
-    assert peak.growth < 48 * MIB, f"4 absent 256^3 uint64 chunks grew the worker by {peak.growth / MIB:.0f} MiB"
+    assert peak.growth < 12 * MIB, f"4 absent 256^3 uint8 chunks grew the worker by {peak.growth / MIB:.0f} MiB"
+
+
+def test_a_chunk_larger_than_the_whole_budget_is_refused_before_any_work(heavy: Root) -> None:
+    """Every tree costs a chunk from the metadata first: past the whole budget it is a 413 with the reason, and
+    nothing of it is built (a uint64 chunk of 256^3 voxels holds 384 MiB with its copies; the budget is 64)."""
+    paths = [
+        "/data/zarr/big/empty/ids64/1/0.0.0.0",
+        "/data/zarr3/big/empty/ids64/1/c/0/0/0/0",
+        "/data/precomputed/big/empty/ids64/1/0-256_0-256_0-256",
+    ]
+    with PeakRss(heavy.server) as peak:
+        for path in paths:
+            assert_reason(get(heavy.server, path), 413, "chunk_memory_bytes", str(BUDGET))
+    assert peak.growth < 12 * MIB, f"refused chunks grew the worker by {peak.growth / MIB:.0f} MiB"
+    assert get(heavy.server, "/data/zarr/big/empty/ids64/1/.zarray").status_code == 200  # its metadata is served
 
 
 def test_heavy_chunks_in_flight_stay_within_the_memory_budget(heavy: Root) -> None:

@@ -38,6 +38,7 @@ ORG, OTHER_ORG = "lab", "other"
 EDGE, CHUNK = 64, 32
 LINKED_CHUNK = (1, 1, 1)  # the source chunk of every layer that is a symlink to the canary
 TOKENS_CHUNK = (1, 0, 0)  # the Zarr v2 chunk that is a symlink to the tokens file
+HARDLINKED_CHUNK = (0, 1, 0)  # the Zarr v2 chunk that is a hard link to the tokens file
 
 
 def documented_statuses() -> set[int]:
@@ -143,6 +144,9 @@ def planted(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[.
         _link(path, canary)
     x, y, z = TOKENS_CHUNK
     _link(dataset / "zarr2" / "1" / f"{x}.{y}.{z}", tokens)
+    hardlinked = dataset / "zarr2" / "1" / ".".join(map(str, HARDLINKED_CHUNK))
+    hardlinked.unlink()
+    os.link(tokens, hardlinked)  # what the kernel's protected_hardlinks allows the file's owner
     # a dataset, a properties file and an organization out of the root, each naming the canary
     _properties(outside / "dataset", [_layer(CANARY, "wkw")])
     (root / ORG / "linked").symlink_to(outside / "dataset")
@@ -231,6 +235,13 @@ def test_the_linked_tokens_file_and_directories_are_refused(planted: Planted) ->
     assert answer.status == 500 and b"outside the data root" in answer.body
     for target in (f"/data/zarr/{ORG}/", f"/data/zarr/{ORG}/linked/", f"/data/zarr/{ORG}/props_link/", "/data/zarr/"):
         check(planted, "GET", target, [("X-Auth-Token", GOOD)])
+
+
+def test_a_hard_link_to_the_tokens_file_is_never_served(planted: Planted) -> None:
+    key = _served_key("zarr", HARDLINKED_CHUNK)
+    answer = check(planted, "GET", f"/data/zarr/{ORG}/ds/zarr2/1/{key}", [("X-Auth-Token", GOOD)])
+    assert answer.status == 500 and b"hard link to one of the server's own files" in answer.body, answer.body
+    assert GOOD.encode() not in answer.body
 
 
 # --- generated requests -------------------------------------------------------------------------------------

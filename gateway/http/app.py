@@ -65,8 +65,14 @@ log = logging.getLogger("gateway")
 
 def create_app(settings: Settings) -> Edge:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    own = [str(path) for path in (settings.tokens_file, settings.settings_file, settings.store_headers_file) if path]
     store = open_store(
-        settings.root, settings.extra_roots, settings.settle_seconds, settings.remote_roots, headers=headers
+        settings.root,
+        settings.extra_roots,
+        settings.settle_seconds,
+        settings.remote_roots,
+        headers=headers,
+        own_files=own,
     )
     catalog = Catalog(store, SourceFormats(store, settings.cache_bytes // 2))
     shards = ShardPlans(settings.cache_bytes // 2)
@@ -95,8 +101,9 @@ def create_app(settings: Settings) -> Edge:
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
-    answers = AnswerCache(settings.answer_cache_bytes)
-    chunks = Chunks(chunk_threads, MemoryBudget(settings.chunk_memory_bytes), answers)
+    memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
+    answers = AnswerCache(settings.answer_cache_bytes, memory)
+    chunks = Chunks(chunk_threads, memory, answers)
     levels: dict[Level, LevelHandler] = {
         Level.TREE: TreeRoot(listings, pages, sender),
         Level.ORGANIZATION: OrganizationListing(listings, sender),
@@ -120,11 +127,11 @@ def create_app(settings: Settings) -> Edge:
     trees = Endpoint(TreeHandler(access, levels), None)  # the label (chunk, metadata, listing) is the target's
     mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
     precomputed_trees = Endpoint(
-        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads), None
+        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads, memory), None
     )
     mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
     mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender), "mesh")
-    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender), "preview")
+    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}

@@ -13,11 +13,11 @@ surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which
 holds a comma or surrounding blanks.
 """
 
-import fnmatch
 import hmac
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -67,20 +67,24 @@ class _TokensFile(BaseModel):
         return tokens
 
 
-def _pattern(pattern: str) -> tuple[str, str]:
+def _part(pattern: str) -> re.Pattern[str]:
+    """One part of a grant pattern: ``*`` stands for any run of characters, every other character for itself
+    (``[``, ``]`` and ``?`` too: dataset names hold them, and ``lab/ds[1]`` must not grant ``lab/ds1``)."""
+    return re.compile(".*".join(map(re.escape, pattern.split("*"))), re.DOTALL)
+
+
+def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
     """An ``<org>/<dataset pattern>`` the tokens file was checked to hold as its two parts."""
     organization, _, dataset = pattern.partition("/")
-    return organization, dataset
+    return _part(organization), _part(dataset)
 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    patterns: tuple[tuple[str, str], ...]
+    patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
 
     def allows(self, organization: str, dataset: str) -> bool:
-        return any(
-            fnmatch.fnmatchcase(organization, org) and fnmatch.fnmatchcase(dataset, ds) for org, ds in self.patterns
-        )
+        return any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
 
 
 class Tokens:

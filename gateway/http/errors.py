@@ -35,6 +35,7 @@ from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
+from .budget import OverBudget
 from .messages import Answer, ClientGone, HttpError, raw_headers
 from .ranges import PositionTooLong, TooManyRanges
 
@@ -69,6 +70,7 @@ RULES: dict[type[BaseException], ErrorRule] = {
     MeshTooLarge: ErrorRule(413),
     MeshTooSlow: ErrorRule(503, retry_after="10"),
     PreviewTooLarge: ErrorRule(413),
+    OverBudget: ErrorRule(413),  # what a request would build is more than the worker's whole memory budget
     MissingExtraError: ErrorRule(501, logged=True),  # a feature whose extra is not installed (meshes)
     SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
     FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be

@@ -45,6 +45,17 @@ class PropertiesKey:
 
 
 @dataclass(frozen=True, slots=True)
+class LargestKey:
+    """A few of a layer's largest segments for its dataset page, by the data's stamp and the version of its index
+    file: found once per version, and a failure to find them remembered (as none) until either changes."""
+
+    layer: LayerKey
+    stamp: str
+    index_version: str | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class MultiresKey:
     """A segment's multi-resolution manifest and data file, made together."""
 
@@ -72,7 +83,7 @@ class StoredKey:
     segment: int
 
 
-MeshKey = SegmentsKey | PropertiesKey | MultiresKey | LegacyKey | StoredKey
+MeshKey = SegmentsKey | PropertiesKey | LargestKey | MultiresKey | LegacyKey | StoredKey
 
 
 class MeshCache(ByteLRU[Any]):

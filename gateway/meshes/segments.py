@@ -6,16 +6,19 @@ directory opened as a store of its own (for data roots mounted read-only). Eithe
 store, so containment, versions and the size bound hold for it as for any data file.
 """
 
+import io
 import logging
+import zipfile
 from abc import ABC, abstractmethod
 
 import numpy as np
 
-from gateway_storage import FileIdentity, LocalStore, Store
+from gateway_storage import FileIdentity, LocalStore, StorageError, Store
+from wkw_adapter import WkwError
 
 from ..sources.catalog import Dataset
 from ..sources.documents import load_json
-from .cache import MeshCache, PropertiesKey, SegmentsKey
+from .cache import LargestKey, MeshCache, PropertiesKey, SegmentsKey
 from .encoding import json_bytes, segment_properties
 from .errors import MeshInputError, SegmentIndexRequired
 from .index import MAX_INDEX_BYTES, SCAN_VOXELS, SegmentIndex, SegmentIndexCorrupt, build_index
@@ -27,8 +30,14 @@ log = logging.getLogger("gateway.meshes")
 INDEX_SUFFIX = ".segment-index.npz"
 MESH_SET_SUFFIX = ".meshes"  # a directory: the stored mesh set (gateway/meshes/stored.py)
 LABELS_SUFFIX = ".segment-labels.json"
-MAX_LABELS_BYTES = 64 << 20  # a segment labels file larger than this is ignored (and said so in the log)
+# The largest index file a dataset page reads (for a few of the largest segments to select in its viewer link):
+# about a million segments. A larger one is read only when its segments are asked for.
+PAGE_INDEX_BYTES = 64 << 20
 MAX_LISTED_SEGMENTS = 100_000  # segment properties list at most this many segments, the largest
+# A segment labels file larger than this, or naming more segments, is ignored (and said so in the log): a name
+# for each listed segment (``MAX_LISTED_SEGMENTS``) at tens of bytes each. Both are checked before it is parsed.
+MAX_LABELS_BYTES = 8 << 20
+MAX_LABELS = 2 * MAX_LISTED_SEGMENTS
 
 
 class IndexPlace(ABC):
@@ -107,6 +116,7 @@ class Segments:
         path = self.place.location(meshes.dataset, meshes.name)
         if identity.size > MAX_INDEX_BYTES:
             raise SegmentIndexCorrupt(f"segment index {store.relative(path)} is larger than {MAX_INDEX_BYTES}")
+        check_archive(store, path, identity)
         found = store.read_whole(path, limit=MAX_INDEX_BYTES)
         return None if found is None else SegmentIndex.from_bytes(found[0], meshes.title)
 
@@ -133,6 +143,30 @@ class Segments:
                 f"{meshes.grid.voxels} voxels, more than the {SCAN_VOXELS} scanned on demand; run `{command}`"
             )
         return self.cache.made(key, lambda: build_index(meshes.grid, meshes.name, stamp), _nbytes)
+
+    def largest(self, meshes: LayerMeshes, count: int) -> list[int]:
+        """A few of the largest segments, for a page every client that opens the dataset reads: from an index
+        held already, or from an index file of at most ``PAGE_INDEX_BYTES``; never a scan, never a larger file
+        (which only a request for the segments themselves reads). Found once per version of the data and of
+        the index file, whoever asks meanwhile; a failure is remembered, as none, until either changes."""
+        stamp = self.stamp(meshes)
+        identity = self._index_identity(meshes)
+        key = LargestKey(meshes.key, stamp, None if identity is None else identity.version, count)
+        return self.cache.made(key, lambda: self._find_largest(meshes, stamp, identity, count), _list_bytes)
+
+    def _find_largest(self, meshes: LayerMeshes, stamp: str, identity: FileIdentity | None, count: int) -> list[int]:
+        held: SegmentIndex | None = self.cache.get(SegmentsKey(meshes.key, stamp))
+        if held is not None:
+            return held.largest(count)
+        if identity is None or identity.size > PAGE_INDEX_BYTES:
+            return []
+        try:
+            return self._index_at(meshes, stamp, scan=False).largest(count)
+        except SegmentIndexRequired:
+            return []
+        except (SegmentIndexCorrupt, OSError, StorageError, WkwError) as exc:  # a page never fails for one layer
+            log.warning("largest segments of layer %s: %s (until its index file or data change)", meshes.name, exc)
+            return []
 
     def can_list(self, meshes: LayerMeshes) -> bool:
         """Whether segment properties can be answered now (an index, or a layer small enough to scan)."""
@@ -181,11 +215,73 @@ class Segments:
             found = self.storage.read_whole(path, limit=MAX_LABELS_BYTES)
             if found is None:
                 return {}
-            document = load_json(found[0])
+            document = load_json(found[0], max_values=MAX_LABELS + 1)  # the object and each name
+            if not isinstance(document, dict) or len(document) > MAX_LABELS:
+                raise ValueError(f"it is not an object of at most {MAX_LABELS} ids and names")
             return {parse_segment_id(str(k)): str(v) for k, v in document.items()}
         except (ValueError, AttributeError, MeshInputError) as exc:
             log.warning("segment labels of layer %s are not a JSON object of id to name: %s", meshes.name, exc)
             return {}
+
+
+# An index is a zip archive (numpy's npz) of a few arrays: its directory is read first, in pieces of at most
+# this many bytes, and must account for the file, before the file is read whole.
+DIRECTORY_READ_BYTES = 1 << 20
+ARCHIVE_SLACK = 64 << 10  # what an archive holds beside its members' data: headers and its directory
+
+
+class _StoredFile(io.RawIOBase):
+    """A file of a store as a seekable file object read by bounded positioned reads: what ``zipfile`` needs to
+    read an archive's directory without reading its members."""
+
+    def __init__(self, store: Store, path: str, identity: FileIdentity) -> None:
+        self.store, self.path, self.identity = store, path, identity
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.identity.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: "memoryview | bytearray") -> int:  # type: ignore[override]
+        size = min(len(buffer), max(0, self.identity.size - self.position))
+        if size == 0:
+            return 0
+        data = self.store.read(self.path, self.position, size, self.identity, limit=DIRECTORY_READ_BYTES)
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def check_archive(store: Store, path: str, identity: FileIdentity) -> None:
+    """Refuse an index file that is not a zip archive whose members account for its size and unpack within
+    ``MAX_INDEX_BYTES``, reading only its directory: a file of NULs, however large, is refused before it is
+    read. :class:`SegmentIndexCorrupt` with the reason."""
+    where = f"segment index {store.relative(path)}"
+    try:
+        with zipfile.ZipFile(io.BufferedReader(_StoredFile(store, path, identity), 1 << 16)) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise SegmentIndexCorrupt(f"{where} is unreadable: {exc}") from None
+    unpacked = sum(member.file_size for member in members)
+    stored = sum(member.compress_size for member in members)
+    if unpacked > MAX_INDEX_BYTES:
+        raise SegmentIndexCorrupt(f"{where} unpacks to more than {MAX_INDEX_BYTES} bytes")
+    if identity.size > stored + ARCHIVE_SLACK * max(1, len(members)):
+        raise SegmentIndexCorrupt(f"{where} holds {identity.size} bytes, of which its members are {stored}")
+
+
+def _list_bytes(ids: list[int]) -> int:
+    return 64 + 32 * len(ids)
 
 
 def _nbytes(index: SegmentIndex) -> int:

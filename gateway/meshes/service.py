@@ -70,10 +70,11 @@ class MeshService:
 
     def largest_segments(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> list[int]:
         """A few of the largest segments, for a viewer link: from a current index or a scan made already,
-        never from a new scan (listings are read by every client that opens the dataset), else none."""
+        never from a new scan (listings are read by every client that opens the dataset), else none
+        (:meth:`Segments.largest`: once per version, bounded)."""
         try:
             meshes = self.layer(dataset, layer)
-            return self.segments.index(meshes, scan=False).largest(count)
+            return self.segments.largest(meshes, count)
         except (SegmentIndexRequired, MeshInputError, MeshNotFound):
             return []
         except (OSError, StorageError, WkwError) as exc:  # a page must not fail for a fault in one layer's data

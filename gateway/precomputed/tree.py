@@ -13,6 +13,7 @@ from typing import get_args
 
 import numpy as np
 
+from gateway_storage import StoreUnavailableError
 from gateway_storage.geometry import mag_name
 
 from ..extras import MESHES, MissingExtraError
@@ -160,6 +161,16 @@ class PrecomputedTree:
             raise MalformedKey(f"{rest!r} is not a chunk key: they are x0-x1_y0-y1_z0-z1, directly below the scale")
         return _coded(self._chunk(served, below[1]), gzip)
 
+    def working_bytes(self, dataset: Dataset, target: PrecomputedTarget) -> int:
+        """The most memory answering ``target`` holds at once, from the metadata alone (0 but for a chunk): the
+        blocks it decodes, the chunk, its encoded body and a gzipped copy. Cheap: no file is read."""
+        if len(target.names) < 3 or len(target.below) != 2 or target.below[0] in (MESH_DIRECTORY, PROPERTIES_DIRECTORY):
+            return 0
+        source = self.volume(dataset, target.names[2], target.raw_only).scale(target.below[0]).source
+        edge = (self.chunk_edge,) * 3
+        chunk = self.chunk_edge**3 * source.channels * source.dtype.itemsize
+        return source.decoded_bytes(edge) + 3 * chunk
+
     # --- volumes ------------------------------------------------------------------------------
 
     def layer_rows(self, dataset: Dataset) -> list[ListingRow]:
@@ -177,6 +188,8 @@ class PrecomputedTree:
                 f"no layer {name!r} in {dataset.organization}/{dataset.name}; there are {', '.join(dataset.layers)}"
             )
         reason = unusable_reason(layer)
+        if layer.away is not None:
+            raise StoreUnavailableError(f"layer {name!r} cannot be reached: {layer.away}")
         if reason is not None:
             raise NodeNotFound(f"no servable layer {name!r} in {dataset.organization}/{dataset.name}: {reason}")
         key = (dataset.organization, dataset.name, name, raw_only)

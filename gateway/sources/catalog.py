@@ -4,6 +4,7 @@ import dataclasses
 import errno
 import functools
 import logging
+import posixpath
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,9 @@ class Layer:
     # The datasets whose directories hold its mags' real paths (none for a mag in an extra or remote root):
     # a token reads the layer only if it is granted every one of them.
     owners: set[Owner] = field(default_factory=set)
+    # Why its data cannot be reached now (a symlinked volume away when it was loaded), if that is why it has no
+    # mag: its chunks are then a storage fault (503), never absent data (404), until a reload finds the volume.
+    away: str | None = None
 
 
 @dataclass
@@ -311,7 +315,9 @@ class Catalog:
         for entry in layer.mag_entries():
             mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, source_format)
             if mag_directory is None:
-                loaded.problems.append(f"mag {mag_name(entry.mag)}: {self._not_found(entry.path)}")
+                away = self._away(directory, layer.name, entry.path)
+                loaded.away = loaded.away or away
+                loaded.problems.append(f"mag {mag_name(entry.mag)}: {away or self._not_found(entry.path)}")
                 continue
             try:
                 owner = self._owner(mag_directory)
@@ -346,6 +352,23 @@ class Catalog:
         if len(parts) < DATASET_DEPTH:
             raise SourceError("its directory lies in no dataset's directory")
         return parts[0], parts[1]
+
+    def _away(self, directory: str, layer: str, path: str | None) -> str | None:
+        """Why a mag directory that was not found is away rather than absent, from the store: a symlink on its
+        way below the dataset's directory whose target is gone (a volume not mounted); None if nothing says so.
+        Looked up through the watched store, so the dataset is loaded again once the volume is back."""
+        if path is not None and is_absolute_location(path):
+            return None
+        current = self._files.join(directory, path.removeprefix("./") if path else layer)
+        while current.startswith(directory + "/"):
+            try:
+                self._files.identity(current)
+            except StoreUnavailableError as exc:
+                return f"{exc} (a volume that is away?)"
+            except (OSError, StorageError, ValueError):  # ValueError: a name no file can have (a NUL, a surrogate)
+                pass
+            current = posixpath.dirname(current)
+        return None
 
     def _not_found(self, path: str | None) -> str:
         """Why a mag directory was not found: a URL the operator did not allow is said to be one."""

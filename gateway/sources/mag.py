@@ -99,6 +99,12 @@ class NativeEncoding:
     v3_codecs: tuple[dict[str, Any], ...] = ()  # as its zarr.json says
 
 
+# Every served chunk holds every channel of its voxels, so channels multiply what one chunk costs: a few bytes of
+# metadata could declare thousands (chunks absent, made of the fill value). A WKW header holds at most 255;
+# multiplexed imaging writes tens. More make the mag unusable with the reason.
+MAX_CHANNELS = 256
+
+
 class MagSource:
     """One mag of a layer. Voxels outside the bounding box are never returned."""
 
@@ -125,6 +131,8 @@ class MagSource:
         return ChunkNotFound(f"the source holds no such {what}: it reads as the fill value")
 
     def __init__(self, mag: Vec3, bbox: BoundingBox, dtype: np.dtype, channels: int, fill_value: float = 0) -> None:
+        if not 1 <= channels <= MAX_CHANNELS:
+            raise SourceError(f"{channels} channels: a mag holds 1 to {MAX_CHANNELS} (each served chunk holds all)")
         self.mag = mag
         self.bbox = bbox.box.at_mag(mag)  # in this mag's voxels
         self.dtype = dtype

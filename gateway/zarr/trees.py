@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway_storage import StoreUnavailableError
 from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
 from ..sources.catalog import Dataset
@@ -79,6 +80,9 @@ class DatasetView:
         if found is None:
             where = f"{self.dataset.organization}/{self.dataset.name}"
             reason = self.unusable.get(name)
+            layer = self.dataset.layers.get(name)
+            if layer is not None and layer.away is not None:
+                raise StoreUnavailableError(f"layer {name!r} of {where} cannot be reached: {layer.away}")
             if reason is not None:
                 raise NodeNotFound(f"no servable {self.tree.group_kind} {name!r} in {where}: {reason}")
             raise NodeNotFound(

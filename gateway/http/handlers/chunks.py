@@ -1,5 +1,5 @@
 """Chunks and shards: kept answers while their files are unchanged, cheap ones on the event loop, the rest in a
-chunk thread within the memory budget."""
+chunk thread within the memory budget (a chunk larger than the whole budget is a 413 before any work)."""
 
 from dataclasses import dataclass
 
@@ -38,6 +38,7 @@ class Chunks:
         return made
 
     async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:
+        self.memory.check(node.working_bytes)  # a need no wait could grant is refused before any work
         for attempt in (1, 2):
             try:
                 cheap = node.cheap_chunk(index)

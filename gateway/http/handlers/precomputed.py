@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import anyio
 
 from ...precomputed.tree import PrecomputedTree, parse_precomputed_path
+from ..budget import MemoryBudget
 from ..messages import Answer, Request
 from .access import Authorizer
 from .datasets import Datasets
@@ -16,7 +17,8 @@ from .sender import Sender
 
 @dataclass(frozen=True, slots=True)
 class PrecomputedHandler:
-    """The precomputed trees, access decided as for every tree (tokens in headers, queries and paths)."""
+    """The precomputed trees, access decided as for every tree (tokens in headers, queries and paths); a chunk
+    holds its cost of the worker's memory budget while it is made, as the Zarr trees' chunks do."""
 
     access: Authorizer
     datasets: Datasets
@@ -24,6 +26,7 @@ class PrecomputedHandler:
     tree: PrecomputedTree
     sender: Sender
     chunk_threads: anyio.CapacityLimiter
+    memory: MemoryBudget
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_precomputed_path(request.path)
@@ -40,7 +43,12 @@ class PrecomputedHandler:
             return await self.sender.send(request, listing(target.base, entries))
         dataset = await self.datasets.served(names[0], names[1], grant)
         accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
-        found = await anyio.to_thread.run_sync(self.tree.answer, dataset, target, accept, limiter=self.chunk_threads)
+        need = self.tree.working_bytes(dataset, target)  # from the metadata: nothing is read or built yet
+        self.memory.check(need)
+        async with self.memory.hold(need):
+            found = await anyio.to_thread.run_sync(
+                self.tree.answer, dataset, target, accept, limiter=self.chunk_threads
+            )
         answer = await self.sender.send(request, found.resource)
         answer.headers += found.headers
         return answer

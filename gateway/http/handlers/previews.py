@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 from ...metrics import count_preview
 from ...previews import Previews
+from ...zarr.resource import Resource
+from ..budget import MemoryBudget
 from ..errors import HttpError
 from ..messages import Answer, Request
 from ..urls import parse_preview_path
@@ -13,11 +15,13 @@ from .sender import Sender
 
 @dataclass(frozen=True, slots=True)
 class PreviewHandler:
-    """A layer's preview, after the same access decision as its data; revalidated before it is made."""
+    """A layer's preview, after the same access decision as its data; revalidated before it is made, and made
+    within the worker's memory budget, as chunks are."""
 
     access: Authorizer
     previews: Previews
     sender: Sender
+    memory: MemoryBudget
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_preview_path(request.path)
@@ -26,11 +30,15 @@ class PreviewHandler:
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {target.layer!r}; there are {', '.join(dataset.layers)}")
         planned = await self.previews.planned(layer.mags, layer.properties.category)
+        self.memory.check(planned.working_bytes, "this preview")
+
+        async def made() -> Resource:
+            async with self.memory.hold(planned.working_bytes, "this preview"):
+                return await self.previews.answer(planned)
+
         if planned.etag is None:  # known only from the voxels read
-            return await self.sender.send(request, await self.previews.answer(planned))
-        answer, made = await self.sender.send_made(
-            request, planned.etag, planned.last_modified, lambda: self.previews.answer(planned)
-        )
-        if not made:
+            return await self.sender.send(request, await made())
+        answer, fresh = await self.sender.send_made(request, planned.etag, planned.last_modified, made)
+        if not fresh:
             count_preview("revalidated")
         return answer
