@@ -9,6 +9,7 @@ import asyncio
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -232,7 +233,7 @@ def index_segments(args: argparse.Namespace) -> None:
         if not place.store.is_local:
             raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
         location = place.location(meshes.dataset, args.layer)
-        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes)
+        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes, _selection(command, args))
     except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
         raise CommandError(f"{command}: layer {args.layer!r} cannot be indexed: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
@@ -253,12 +254,15 @@ def mesh_segments(args: argparse.Namespace) -> None:
     _require_batch_extras(command, args)
     from .batch.mesh_sets import MeshSetTask
     from .batch.segment_index import DatasetNotFound
-    from .meshes.errors import MeshInputError, MeshNotFound
+    from .meshes.errors import MeshInputError, MeshNotFound, SegmentIndexRequired
     from .meshes.stored import MeshSetBlockFailed
 
     root = _batch_root(command, args)
+    selection = _selection(command, args)
     try:
-        task = MeshSetTask.for_layer(root, args.dataset, args.layer, args.segment_index_dir or None)
+        task = MeshSetTask.for_layer(root, args.dataset, args.layer, args.segment_index_dir or None, selection)
+    except SegmentIndexRequired as exc:
+        raise CommandError(f"{command}: --dust-threshold needs the layer's voxel counts: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
     summary = _run_blocks(command, args, task, Path(task.directory).parent)
@@ -304,13 +308,53 @@ def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: Path)
     if args.scheduler is not None:
         executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
     elif args.workers is not None:
-        executor = LocalWorkers(args.workers, progress)
+        executor = LocalWorkers(args.workers, progress, _cluster_ports(command, args))
     else:
         executor = InProcess(progress)
     try:
         return run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
     except (RunFailed, DataChangedWhileIndexing, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
+
+
+MAX_SEGMENTS_FILE_BYTES = 256 << 20  # a file of ids larger than this is refused before it is read
+
+
+def _selection(command: str, args: argparse.Namespace) -> Any:
+    """The segments a run keeps, from ``--dust-threshold`` and ``--segments`` / ``--segments-file``."""
+    from .meshes.errors import MeshInputError
+    from .meshes.names import parse_segment_id
+    from .meshes.selection import SegmentSelection
+
+    text: str | None = getattr(args, "segments", None)
+    path: str | None = getattr(args, "segments_file", None)
+    if path is not None:
+        try:
+            if os.path.getsize(path) > MAX_SEGMENTS_FILE_BYTES:
+                raise CommandError(f"{command}: --segments-file {path}: more than {MAX_SEGMENTS_FILE_BYTES} bytes")
+            with open(path) as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise CommandError(f"{command}: --segments-file {path}: {exc.strerror or exc}") from None
+    try:
+        ids = None if text is None else [parse_segment_id(part) for part in re.split(r"[\s,]+", text) if part]
+        if ids is not None and not ids:
+            raise CommandError(f"{command}: no segment ids given")
+        return SegmentSelection.of(getattr(args, "dust_threshold", 0) or 0, ids)
+    except (MeshInputError, ValueError) as exc:
+        raise CommandError(f"{command}: {exc}") from None
+
+
+def _cluster_ports(command: str, args: argparse.Namespace) -> Any:
+    """Where a LocalCluster of ``--workers`` listens, from the ``dask_*`` flags (or settings)."""
+    from .batch.runner import ClusterPorts
+
+    if not re.fullmatch(r"(\d{1,5}(:\d{1,5})?)?", args.dask_worker_ports):
+        raise CommandError(f"{command}: --worker-ports {args.dask_worker_ports!r}: FIRST:LAST, one port, or empty")
+    dashboard = args.dask_dashboard_address
+    return ClusterPorts(
+        None if dashboard.lower() in ("", "none") else dashboard, args.dask_scheduler_port, args.dask_worker_ports
+    )
 
 
 def plain(text: str) -> str:
@@ -442,6 +486,41 @@ def _add_batch_arguments(parser: argparse.ArgumentParser, result: str) -> None:
         help="run the blocks on an existing dask cluster, e.g. tcp://scheduler:8786; its workers must see the data "
         "root and the work directory at the same paths (see docs/distributed.md)",
     )
+    parser.add_argument(
+        "--dust-threshold",
+        dest="dust_threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="leave out segments of fewer than N voxels (at the finest mag), as igneous's dust_threshold; "
+        "mesh-segments decides on the layer's segment index (default 0: every segment)",
+    )
+    subset = parser.add_mutually_exclusive_group()
+    subset.add_argument(
+        "--segments",
+        metavar="ID,ID,...",
+        help="only these segments, as igneous's object_ids (default: every segment)",
+    )
+    subset.add_argument(
+        "--segments-file",
+        dest="segments_file",
+        metavar="PATH",
+        help="only the segments whose ids this file lists (separated by commas, spaces or lines)",
+    )
+    for setting, metavar in (
+        ("dask_dashboard_address", "HOST:PORT"),
+        ("dask_scheduler_port", "PORT"),
+        ("dask_worker_ports", "FIRST:LAST"),
+    ):
+        field = Settings.model_fields[setting]
+        parser.add_argument(
+            flag_name(setting.removeprefix("dask_")),
+            dest=setting,
+            type=str if field.annotation is str else int,
+            default=os.environ.get(f"{ENV_PREFIX}{setting.upper()}") or field.default,
+            metavar=metavar,
+            help=f"with --workers: {plain(field.description or '')} ({ENV_PREFIX}{setting.upper()})",
+        )
     parser.add_argument(
         "--work-dir",
         dest="work_dir",

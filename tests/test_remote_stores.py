@@ -222,6 +222,7 @@ class TestHTTPSStore(UnreachableStoreContract):
             store = HTTPSStore(server.url)
             path = store.join(store.root, "org", "ds", "data.bin")
             assert store.list_directories(store.root) == []  # PROPFIND answered 405: nothing can be listed
+            assert store.list_files(store.root, limit=10) is None  # and no data stamp can be taken there
             assert store.is_directory(store.join(store.root, "org"))
             identity = store.identity(path)
             assert identity is not None and store.read(path, 3, 5, identity, limit=5) == DATA[3:8]

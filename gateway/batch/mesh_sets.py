@@ -12,10 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from ..meshes.cache import MeshCache
 from ..meshes.errors import MeshInputError
 from ..meshes.index import data_stamp
 from ..meshes.layers import LayerMeshes
-from ..meshes.segments import index_place
+from ..meshes.segments import Segments, index_place
+from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
 from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
 from ..meshes.stored import (
     INFO,
@@ -36,8 +40,9 @@ from ..meshes.stored import (
 )
 from .outputs import write_atomically
 from .segment_index import SegmentLayer
-from .tasks import Block
+from .tasks import Block, box_voxels
 
+INDEX_CACHE_BYTES = 2 << 30  # room for the layer's index while a dust threshold is decided on it
 SPILL = ".spill"  # below the set's directory while ``finish`` sorts fragments by shard (hidden: never listed)
 
 
@@ -50,7 +55,8 @@ class MeshSetTask:
     """The stored mesh set of one segmentation layer, written to ``directory``.
 
     ``fine_lod``: the level of a fine block's cube (None: the coarsest whose cube holds at most
-    ``BLOCK_VOXELS`` finest voxels); levels above it are made one cube per block.
+    ``BLOCK_VOXELS`` finest voxels); levels above it are made one cube per block. ``selection`` and ``keep``:
+    the segments a run selected (see :mod:`gateway.meshes.selection`) and, resolved, the only ids meshed.
     """
 
     root: str
@@ -59,17 +65,37 @@ class MeshSetTask:
     layer: str
     directory: str
     fine_lod: int | None = None
+    selection: SegmentSelection = EVERY_SEGMENT
+    keep: tuple[int, ...] | None = None
     name: str = field(default="meshes", init=False)
 
+    def __post_init__(self) -> None:
+        key = self.selection.key()  # the outputs of a run with another selection are kept apart
+        object.__setattr__(self, "name", f"meshes-{key}" if key else "meshes")
+
     @classmethod
-    def for_layer(cls, root: str, dataset: str, layer: str, index_dir: str | None = None) -> "MeshSetTask":
-        """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it)."""
+    def for_layer(
+        cls,
+        root: str,
+        dataset: str,
+        layer: str,
+        index_dir: str | None = None,
+        selection: SegmentSelection = EVERY_SEGMENT,
+    ) -> "MeshSetTask":
+        """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it).
+        A dust threshold is decided on the layer's segment index (current, or a small layer scanned here):
+        SegmentIndexRequired where it has none."""
         organization, _, name = dataset.partition("/")
         storage, meshes = SegmentLayer(root, organization, name, layer).open()
         if not storage.is_local:
             raise MeshInputError("a mesh set is stamped with the data's files: it needs data on a local file system")
-        directory = index_place(storage, index_dir).mesh_set(meshes.dataset, layer)
-        return cls(root, organization, name, layer, directory)
+        place = index_place(storage, index_dir)
+        directory = place.mesh_set(meshes.dataset, layer)
+        keep = selection.ids
+        if selection.needs_voxels:
+            index = Segments(storage, place, MeshCache(INDEX_CACHE_BYTES)).index(meshes)
+            keep = tuple(int(i) for i in index.ids[selection.keeps(index.ids, index.voxels)])
+        return cls(root, organization, name, layer, directory, selection=selection, keep=keep)
 
     def meshes(self) -> LayerMeshes:
         """The layer, opened once per process."""
@@ -86,9 +112,9 @@ class MeshSetTask:
         return block_lod(grid) if self.fine_lod is None else min(self.fine_lod, len(grid.levels) - 1)
 
     def version(self) -> str:
-        stamp = data_stamp(self.meshes().layer.mags, True)
-        if stamp is None:  # pragma: no cover - data_stamp of local data is always a digest
-            raise MeshInputError(f"layer {self.layer!r} has no data stamp")
+        stamp = data_stamp(self.meshes().layer.mags)
+        if stamp is None:
+            raise MeshInputError(f"layer {self.layer!r} lies in a store that cannot be listed: it has no data stamp")
         return stamp
 
     def blocks(self) -> Sequence[Block]:
@@ -103,10 +129,23 @@ class MeshSetTask:
     def memory_bytes(self) -> int:
         return block_memory_bytes(self.meshes().grid)
 
+    def voxels(self, block: Block) -> int:
+        """A fine block's box (mag-1 voxels, a whole cube of its level) cut to the finest mag's bounding box, in
+        that mag's voxels; a coarse block reads coarser mags of voxels the fine blocks counted: none."""
+        if int(block.key.split("_")[0]) > self._fine_lod:
+            return 0
+        finest = self.meshes().grid.finest
+        box = finest.bbox
+        mag = finest.mag
+        lo = tuple(max(block.lo[a] // mag[a], box.lo[a]) for a in range(3))
+        hi = tuple(min(-(-block.hi[a] // mag[a]), box.hi[a]) for a in range(3))
+        return box_voxels((lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2]))
+
     def run(self, block: Block) -> bytes:
         lod, x, y, z = (int(part) for part in block.key.split("_"))
         try:
-            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod)
+            keep = None if self.keep is None else np.asarray(self.keep, dtype=np.uint64)
+            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod, keep)
         except MeshSetBlockFailed:
             raise
         except Exception as exc:
@@ -160,7 +199,8 @@ class MeshSetTask:
         files[INFO] = len(info)
         if self.version() != version:
             raise MeshSetBlockFailed(f"the files of layer {self.layer!r} changed while its meshes were made: run again")
-        write_atomically(target / STAMP, stamp_document(self.layer, version, files))
+        selection = None if self.selection.everything else self.selection.describe()
+        write_atomically(target / STAMP, stamp_document(self.layer, version, files, selection))
         return str(target)
 
     @staticmethod
