@@ -9,6 +9,7 @@ import asyncio
 import logging
 import math
 import os
+import posixpath
 import re
 import signal
 import sys
@@ -230,15 +231,14 @@ def index_segments(args: argparse.Namespace) -> None:
     try:
         storage, meshes = layer.open()
         place = index_place(storage, args.segment_index_dir or None)
-        if not place.store.is_local:
-            raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
         location = place.location(meshes.dataset, args.layer)
-        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes, _selection(command, args))
+        selection = _selection(command, args)
+        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes, selection, place.store)
     except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
         raise CommandError(f"{command}: layer {args.layer!r} cannot be indexed: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
         raise CommandError(f"{command}: {exc}") from None
-    summary = _run_blocks(command, args, task, Path(location).parent)
+    summary = _run_blocks(command, args, task, posixpath.dirname(location))
     print(
         f"{task.segments} segments of {args.dataset}/{args.layer} indexed in {summary.seconds:.1f} s "
         f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
@@ -265,7 +265,7 @@ def mesh_segments(args: argparse.Namespace) -> None:
         raise CommandError(f"{command}: --dust-threshold needs the layer's voxel counts: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
-    summary = _run_blocks(command, args, task, Path(task.directory).parent)
+    summary = _run_blocks(command, args, task, posixpath.dirname(task.directory))
     print(
         f"the meshes of {args.dataset}/{args.layer} made in {summary.seconds:.1f} s "
         f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
@@ -295,16 +295,21 @@ def _batch_root(command: str, args: argparse.Namespace) -> str:
     return args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
 
 
-def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: Path) -> Any:
+def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str) -> Any:
     """Run ``task``'s blocks where the flags say (this process, a LocalCluster, an existing scheduler), keeping
-    their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``) until it is finished."""
+    their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``, a local directory or a
+    prefix in the data root's object store) until it is finished."""
+    from gateway_storage import store_kind
+
     from .batch.outputs import BlockOutputs
     from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
     from .meshes.build import DataChangedWhileIndexing
     from .meshes.stored import MeshSetBlockFailed
 
     progress = sys.stderr.isatty()
-    work_dir = Path(args.work_dir).resolve() if args.work_dir else beside / f"{args.layer}.batch-work"
+    work_dir = args.work_dir or f"{beside}/{args.layer}.batch-work"
+    if store_kind(work_dir) is None:
+        work_dir = str(Path(work_dir.removeprefix("file://")).resolve())
     if args.scheduler is not None:
         executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
     elif args.workers is not None:

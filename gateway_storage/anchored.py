@@ -72,5 +72,11 @@ class AnchoredStore(Store):
     def is_directory(self, path: str) -> bool:
         return self.inner.is_directory(path)
 
+    def write(self, path: str, data: bytes) -> None:
+        self.inner.write(path, data)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         return self.inner.list_files(path, limit)

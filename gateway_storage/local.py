@@ -1,7 +1,9 @@
 """A local (or network-mounted) directory as a store: root containment, the settle rule, positioned reads."""
 
+import contextlib
 import os
 import stat
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -289,6 +291,26 @@ class LocalStore(Store):
 
     def is_directory(self, path: str) -> bool:
         return os.path.isdir(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        """See :meth:`Store.write`: a temporary file beside it, renamed into place, readable by the gateway's user."""
+        if self.resolve(path) is None:
+            raise OutsideRootError(f"{self.relative(path)} lies outside the data root")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(data)
+            os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         """See :meth:`Store.list_files`: one ``scandir`` per directory and one ``stat`` per file (symlinks to

@@ -221,6 +221,27 @@ class ObjectStore(Store):
         names, objects = self._listing(path)
         return bool(names or objects)
 
+    def write(self, path: str, data: bytes) -> None:
+        """See :meth:`Store.write`: one PUT, which the store makes visible whole or not at all."""
+        import obstore
+
+        key = self._inside(path)
+        try:
+            obstore.put(self.client, key, data)
+        except Exception as exc:
+            raise self._unavailable(f"PUT {key}", exc) from exc
+
+    def delete(self, path: str) -> None:
+        import obstore
+
+        key = self._inside(path)
+        try:
+            obstore.delete(self.client, key)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._unavailable(f"DELETE {key}", exc) from exc
+
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         """See :meth:`Store.list_files`: the objects below the prefix, a page of a thousand at a time, each
         with its version (ETag or generation) and size."""
@@ -378,6 +399,12 @@ class HTTPSStore(ObjectStore):
             if _refused_listing(exc):
                 return [], 1  # the server answered, but does not list: what lies there is found by name
             raise
+
+    def write(self, path: str, data: bytes) -> None:
+        raise StorageError(f"{path}: a web server is read here, never written")
+
+    def delete(self, path: str) -> None:
+        raise StorageError(f"{path}: a web server is read here, never written")
 
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         """One ``PROPFIND`` (depth 1) per directory, as a WebDAV server lists; None from a server that does not."""

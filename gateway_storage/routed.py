@@ -75,5 +75,11 @@ class RoutedStore(Store):
     def is_directory(self, path: str) -> bool:
         return self._store(path).is_directory(path)
 
+    def write(self, path: str, data: bytes) -> None:
+        self._store(path).write(path, data)
+
+    def delete(self, path: str) -> None:
+        self._store(path).delete(path)
+
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         return self._store(path).list_files(path, limit)

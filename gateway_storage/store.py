@@ -14,6 +14,7 @@ from .errors import (
     FileUnsettledError,
     OversizedFileError,
     OversizedListingError,
+    StorageError,
     TruncatedFileError,
 )
 from .identity import FileIdentity, ListedFile
@@ -124,6 +125,15 @@ class Store(ABC):
     @abstractmethod
     def is_directory(self, path: str) -> bool:
         """Whether ``path`` is a directory (a prefix with objects below it)."""
+
+    def write(self, path: str, data: bytes) -> None:
+        """``data`` as the file ``path`` (inside the root), whole or not at all: a reader sees the old version or the
+        new one, never a part (what batch runs publish their results with: the stamp written last)."""
+        raise StorageError(f"{self.relative(path)}: this store cannot be written")
+
+    def delete(self, path: str) -> None:
+        """Remove the file ``path`` if it is there."""
+        raise StorageError(f"{self.relative(path)}: this store cannot be written")
 
     @abstractmethod
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:

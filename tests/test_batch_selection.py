@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 import wkw
+from support.batch_runs import run_batch
 from support.processes import free_port
 from support.servers import Server
 
@@ -66,13 +67,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(command: str, root: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", command, str(root), f"{ORG}/{NAME}", LAYER, *flags],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")},
-    )
+    return run_batch(command, str(root), f"{ORG}/{NAME}", LAYER, *flags)
 
 
 def summary_voxels(out: str) -> int:

@@ -6,6 +6,7 @@ reads only through stores). The task holds descriptions (root, names, directory)
 worker, once per process.
 """
 
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from gateway_storage import Store, open_store
 
 from ..meshes.cache import MeshCache
 from ..meshes.errors import MeshInputError
@@ -38,12 +41,12 @@ from ..meshes.stored import (
     set_info,
     stamp_document,
 )
-from .outputs import write_atomically
 from .segment_index import SegmentLayer
 from .tasks import Block, box_voxels
 
 INDEX_CACHE_BYTES = 2 << 30  # room for the layer's index while a dust threshold is decided on it
-SPILL = ".spill"  # below the set's directory while ``finish`` sorts fragments by shard (hidden: never listed)
+SPILL = "zarr-gateway-spill-"  # a scratch directory while ``finish`` sorts fragments by shard
+MAX_SET_FILES = 1_000_000  # files of an earlier set looked at to remove its shards
 
 
 _opened: dict[tuple[str, str, str, str], LayerMeshes] = {}
@@ -67,6 +70,7 @@ class MeshSetTask:
     fine_lod: int | None = None
     selection: SegmentSelection = EVERY_SEGMENT
     keep: tuple[int, ...] | None = None
+    index_dir: str | None = None  # the ``segment_index_dir`` the set is written below (None: beside the layer)
     name: str = field(default="meshes", init=False)
 
     def __post_init__(self) -> None:
@@ -87,15 +91,19 @@ class MeshSetTask:
         SegmentIndexRequired where it has none."""
         organization, _, name = dataset.partition("/")
         storage, meshes = SegmentLayer(root, organization, name, layer).open()
-        if not storage.is_local:
-            raise MeshInputError("a mesh set is stamped with the data's files: it needs data on a local file system")
         place = index_place(storage, index_dir)
         directory = place.mesh_set(meshes.dataset, layer)
         keep = selection.ids
         if selection.needs_voxels:
             index = Segments(storage, place, MeshCache(INDEX_CACHE_BYTES)).index(meshes)
             keep = tuple(int(i) for i in index.ids[selection.keeps(index.ids, index.voxels)])
-        return cls(root, organization, name, layer, directory, selection=selection, keep=keep)
+        return cls(root, organization, name, layer, directory, selection=selection, keep=keep, index_dir=index_dir)
+
+    def target(self) -> Store:
+        """The store the set is written through: the data root's (a local directory or a bucket), or the
+        ``segment_index_dir``'s."""
+        storage = open_store(self.root)
+        return index_place(storage, self.index_dir).store
 
     def meshes(self) -> LayerMeshes:
         """The layer, opened once per process."""
@@ -167,12 +175,12 @@ class MeshSetTask:
                 segments.add(record.segment)
                 total += len(record.data)
         sharding = sharding_for(len(segments), total, TARGET_SHARD_BYTES)
-        target = Path(self.directory)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / STAMP).unlink(missing_ok=True)  # from here on the set is incomplete
-        for old in target.glob("*.shard"):
-            old.unlink()
-        spill = Path(tempfile.mkdtemp(prefix=SPILL, dir=target))
+        store, target = self.target(), self.directory
+        store.delete(store.join(target, STAMP))  # from here on the set is incomplete
+        for listed in store.list_files(target, MAX_SET_FILES) or []:
+            if "/" not in listed.path and listed.path.endswith(".shard"):
+                store.delete(store.join(target, listed.path))
+        spill = Path(tempfile.mkdtemp(prefix=SPILL))  # a local scratch directory, wherever the set goes
         try:
             for block in blocks:
                 by_shard: dict[int, list[FragmentRecord]] = {}
@@ -187,21 +195,19 @@ class MeshSetTask:
             for part in sorted(spill.iterdir(), key=lambda p: int(p.name)):
                 name = sharding.shard_name(int(part.name))
                 body = encode_shard(sharding, self._chunks(meshes, part))
-                write_atomically(target / name, body)
+                store.write(store.join(target, name), body)
                 files[name] = len(body)
                 part.unlink()
         finally:
-            for left in spill.iterdir():
-                left.unlink()
-            spill.rmdir()
+            shutil.rmtree(spill, ignore_errors=True)
         info = set_info(meshes.voxel_nm, sharding)
-        write_atomically(target / INFO, info)
+        store.write(store.join(target, INFO), info)
         files[INFO] = len(info)
         if self.version() != version:
             raise MeshSetBlockFailed(f"the files of layer {self.layer!r} changed while its meshes were made: run again")
         selection = None if self.selection.everything else self.selection.describe()
-        write_atomically(target / STAMP, stamp_document(self.layer, version, files, selection))
-        return str(target)
+        store.write(store.join(target, STAMP), stamp_document(self.layer, version, files, selection))
+        return target
 
     @staticmethod
     def _chunks(meshes: LayerMeshes, part: Path) -> list[ShardChunk]:

@@ -196,7 +196,7 @@ class Dask(Executor):
                 blocks,
                 task=task,
                 outputs=outputs,
-                key=[f"{task.name}-{outputs.directory.name[:12]}-{block.key}" for block in blocks],
+                key=[f"{task.name}-{outputs.name[:12]}-{block.key}" for block in blocks],
             )
             try:
                 if self.progress:  # dask's bar, on standard error as the in-process one: the summary is the output

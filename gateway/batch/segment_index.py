@@ -6,7 +6,6 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 from gateway_storage import Store, open_store
 
@@ -16,7 +15,6 @@ from ..meshes.layers import LayerMeshes, MeshLayers
 from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..sources.registry import SourceFormats
-from .outputs import write_atomically
 from .tasks import Block, box_voxels
 
 SOURCE_CACHE_BYTES = 128 << 20  # the source formats' metadata cache of each process that opens the layer
@@ -79,11 +77,14 @@ class SegmentIndexTask:
         location: str,
         block_cubes: int = BLOCK_CUBES,
         selection: SegmentSelection = EVERY_SEGMENT,
+        target: Store | None = None,
     ) -> None:
         """``storage`` and ``meshes``: the layer as ``layer.open()`` gave them here. Every block is indexed whole
-        (a dust threshold needs each segment's voxels over all blocks); ``selection`` is applied to the whole."""
+        (a dust threshold needs each segment's voxels over all blocks); ``selection`` is applied to the whole.
+        ``target``: the store ``location`` is written through (the data root's, or the ``segment_index_dir``'s)."""
         check_indexable(meshes.grid)
         self.layer = layer
+        self._target = storage if target is None else target
         self.selection = selection
         self.location = location
         self.block_cubes = block_cubes
@@ -94,7 +95,7 @@ class SegmentIndexTask:
         self.segments = 0  # of the index written, once finished
 
     def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in vars(self).items() if k != "blocks_cache"}
+        return {k: v for k, v in vars(self).items() if k not in ("blocks_cache", "_target")}  # workers never write it
 
     @property
     def _meshes(self) -> LayerMeshes:
@@ -131,6 +132,6 @@ class SegmentIndexTask:
         if not self.selection.everything:
             kept = self.selection.keeps(index.ids, index.voxels)
             index = index.select(kept, {**index.meta, "selection": self.selection.describe()})
-        write_atomically(Path(self.location), index.to_bytes())
+        self._target.write(self.location, index.to_bytes())
         self.segments = len(index)
         return self.location

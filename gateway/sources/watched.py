@@ -117,6 +117,12 @@ class WatchedStore(Store):
     def list_directories(self, path: str) -> list[str]:
         return self.inner.list_directories(path)
 
+    def write(self, path: str, data: bytes) -> None:
+        self.inner.write(path, data)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
     def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
         return self.inner.list_files(path, limit)
 

@@ -20,6 +20,7 @@ from gateway_storage import (
     OutsideRootError,
     OversizedFileError,
     OversizedListingError,
+    StorageError,
     Store,
     StoreUnavailableError,
     TruncatedFileError,
@@ -30,6 +31,9 @@ DATA = bytes(range(256)) * 16  # 4 KiB, every byte value, so an offset mistake s
 
 class StoreContract:
     """The tests every store passes. Subclasses provide the fixtures and the three writing hooks."""
+
+    # Whether the gateway writes into the store (batch results); a store that is not refuses with a StorageError.
+    writable = True
 
     # --- what a subclass provides -----------------------------------------------------------------
 
@@ -146,6 +150,23 @@ class StoreContract:
         with pytest.raises(OversizedListingError):
             store.list_files(mag, limit=2)
         assert store.list_files(self.path(store, "nothing", "here"), limit=10) == []
+
+    def test_a_written_file_is_read_back_whole_and_deleted(self, store: Store) -> None:
+        """What batch runs publish results with (an index, a mesh set's shards and stamp, block outputs)."""
+        path = self.path(store, "org", "ds", "layer.meshes", "stamp.json")
+        if not self.writable:
+            with pytest.raises(StorageError):
+                store.write(path, DATA)
+            return
+        store.write(path, DATA)
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == DATA
+        store.write(path, b"again")
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == b"again"
+        store.delete(path)
+        store.delete(path)  # already gone: nothing to do
+        assert store.identity(path) is None
 
     def test_join_and_resolve_stay_inside_the_root(self, store: Store) -> None:
         path = self.write(store, "org/ds/layer/file.bin", b"x")
