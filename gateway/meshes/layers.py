@@ -27,6 +27,7 @@ STAMP_SECONDS = 5.0  # a stamp is taken again at most this often (a rewrite is s
 STAMP_SHARE = 10  # ... and no sooner than this many times the walk took: stamps take at most a tenth of a thread
 FAILURE_SECONDS = 10.0  # a failed stamp is answered as failed this long before the walk is tried again
 UNSETTLED_SECONDS = 1.0  # a file changed this recently may change again unseen (timestamps move in clock ticks)
+UNSETTLED_WALKS = 3  # walks that wait for such a change to settle before the stamp is this walk's only
 STAMP_THREADS = 2  # threads that take stamps, for every layer: a slow walk holds these, never a chunk thread
 
 
@@ -102,24 +103,29 @@ class LayerMeshes:
 
     def _take(self) -> str:
         """The stamp; off a store that cannot list, the time slot of ``STAMP_SECONDS``, so caches expire instead.
-        While a file changed less than ``UNSETTLED_SECONDS`` ago, a stamp of this walk only: a rewrite within the
-        same clock tick would leave every identity as it is, so nothing made now may outlive the next walk."""
-        started = time.time()
-        try:
-            taken = take_stamp(self.layer.mags, self._stamp_files)
-        except OversizedListingError as exc:
-            raise DataStampRefused(
-                f"layer {self.name!r} cannot be told apart from an older version of its data: {exc} "
-                f"(the `stamp_files` setting), so its meshes and segment lists are not served"
-            ) from None
-        if taken is None:
-            return f"unlisted-{int(started // STAMP_SECONDS)}"
-        unsettled = taken.newest_change + UNSETTLED_SECONDS - time.time()
-        if unsettled > 0:
-            with self._lock:  # taken again as soon as it has settled
-                self._settles_at = time.monotonic() + unsettled
-            return f"{taken.digest}-unsettled-{time.time_ns():x}"
-        return taken.digest
+        While a file changed less than ``UNSETTLED_SECONDS`` ago, a rewrite within the same clock tick could leave
+        every identity as it is: the walk waits until the change has settled and is taken again (at most
+        ``UNSETTLED_WALKS`` times; data written on and on gets a stamp of this walk only, which nothing outlives)."""
+        digest = ""
+        for _ in range(UNSETTLED_WALKS):
+            started = time.time()
+            try:
+                taken = take_stamp(self.layer.mags, self._stamp_files)
+            except OversizedListingError as exc:
+                raise DataStampRefused(
+                    f"layer {self.name!r} cannot be told apart from an older version of its data: {exc} "
+                    f"(the `stamp_files` setting), so its meshes and segment lists are not served"
+                ) from None
+            if taken is None:
+                return f"unlisted-{int(started // STAMP_SECONDS)}"
+            unsettled = taken.newest_change + UNSETTLED_SECONDS - time.time()
+            if unsettled <= 0:
+                return taken.digest
+            digest = taken.digest
+            time.sleep(min(unsettled, UNSETTLED_SECONDS))
+        with self._lock:  # taken again as soon as it may have settled
+            self._settles_at = time.monotonic() + UNSETTLED_SECONDS
+        return f"{digest}-unsettled-{time.time_ns():x}"
 
 
 class MeshLayers:
