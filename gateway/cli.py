@@ -9,6 +9,8 @@ import asyncio
 import logging
 import math
 import os
+import posixpath
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -229,15 +231,14 @@ def index_segments(args: argparse.Namespace) -> None:
     try:
         storage, meshes = layer.open()
         place = index_place(storage, args.segment_index_dir or None)
-        if not place.store.is_local:
-            raise MeshInputError("an index of data in object storage needs a local segment_index_dir to be written to")
         location = place.location(meshes.dataset, args.layer)
-        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes)
+        selection = _selection(command, args)
+        task = SegmentIndexTask(layer, storage, meshes, location, block_cubes, selection, place.store)
     except MeshTooLarge as exc:  # no fragment of it could be made either: an index would serve nothing
         raise CommandError(f"{command}: layer {args.layer!r} cannot be indexed: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound) as exc:
         raise CommandError(f"{command}: {exc}") from None
-    summary = _run_blocks(command, args, task, Path(location).parent)
+    summary = _run_blocks(command, args, task, posixpath.dirname(location))
     print(
         f"{task.segments} segments of {args.dataset}/{args.layer} indexed in {summary.seconds:.1f} s "
         f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
@@ -253,15 +254,18 @@ def mesh_segments(args: argparse.Namespace) -> None:
     _require_batch_extras(command, args)
     from .batch.mesh_sets import MeshSetTask
     from .batch.segment_index import DatasetNotFound
-    from .meshes.errors import MeshInputError, MeshNotFound
+    from .meshes.errors import MeshInputError, MeshNotFound, SegmentIndexRequired
     from .meshes.stored import MeshSetBlockFailed
 
     root = _batch_root(command, args)
+    selection = _selection(command, args)
     try:
-        task = MeshSetTask.for_layer(root, args.dataset, args.layer, args.segment_index_dir or None)
+        task = MeshSetTask.for_layer(root, args.dataset, args.layer, args.segment_index_dir or None, selection)
+    except SegmentIndexRequired as exc:
+        raise CommandError(f"{command}: --dust-threshold needs the layer's voxel counts: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
-    summary = _run_blocks(command, args, task, Path(task.directory).parent)
+    summary = _run_blocks(command, args, task, posixpath.dirname(task.directory))
     print(
         f"the meshes of {args.dataset}/{args.layer} made in {summary.seconds:.1f} s "
         f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
@@ -291,26 +295,71 @@ def _batch_root(command: str, args: argparse.Namespace) -> str:
     return args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
 
 
-def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: Path) -> Any:
+def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str) -> Any:
     """Run ``task``'s blocks where the flags say (this process, a LocalCluster, an existing scheduler), keeping
-    their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``) until it is finished."""
+    their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``, a local directory or a
+    prefix in the data root's object store) until it is finished."""
+    from gateway_storage import store_kind
+
     from .batch.outputs import BlockOutputs
     from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
     from .meshes.build import DataChangedWhileIndexing
     from .meshes.stored import MeshSetBlockFailed
 
     progress = sys.stderr.isatty()
-    work_dir = Path(args.work_dir).resolve() if args.work_dir else beside / f"{args.layer}.batch-work"
+    work_dir = args.work_dir or f"{beside}/{args.layer}.batch-work"
+    if store_kind(work_dir) is None:
+        work_dir = str(Path(work_dir.removeprefix("file://")).resolve())
     if args.scheduler is not None:
         executor: InProcess | LocalWorkers | Scheduler = Scheduler(args.scheduler, progress)
     elif args.workers is not None:
-        executor = LocalWorkers(args.workers, progress)
+        executor = LocalWorkers(args.workers, progress, _cluster_ports(command, args))
     else:
         executor = InProcess(progress)
     try:
         return run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
     except (RunFailed, DataChangedWhileIndexing, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
+
+
+MAX_SEGMENTS_FILE_BYTES = 256 << 20  # a file of ids larger than this is refused before it is read
+
+
+def _selection(command: str, args: argparse.Namespace) -> Any:
+    """The segments a run keeps, from ``--dust-threshold`` and ``--segments`` / ``--segments-file``."""
+    from .meshes.errors import MeshInputError
+    from .meshes.names import parse_segment_id
+    from .meshes.selection import SegmentSelection
+
+    text: str | None = getattr(args, "segments", None)
+    path: str | None = getattr(args, "segments_file", None)
+    if path is not None:
+        try:
+            if os.path.getsize(path) > MAX_SEGMENTS_FILE_BYTES:
+                raise CommandError(f"{command}: --segments-file {path}: more than {MAX_SEGMENTS_FILE_BYTES} bytes")
+            with open(path) as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise CommandError(f"{command}: --segments-file {path}: {exc.strerror or exc}") from None
+    try:
+        ids = None if text is None else [parse_segment_id(part) for part in re.split(r"[\s,]+", text) if part]
+        if ids is not None and not ids:
+            raise CommandError(f"{command}: no segment ids given")
+        return SegmentSelection.of(getattr(args, "dust_threshold", 0) or 0, ids)
+    except (MeshInputError, ValueError) as exc:
+        raise CommandError(f"{command}: {exc}") from None
+
+
+def _cluster_ports(command: str, args: argparse.Namespace) -> Any:
+    """Where a LocalCluster of ``--workers`` listens, from the ``dask_*`` flags (or settings)."""
+    from .batch.runner import ClusterPorts
+
+    if not re.fullmatch(r"(\d{1,5}(:\d{1,5})?)?", args.dask_worker_ports):
+        raise CommandError(f"{command}: --worker-ports {args.dask_worker_ports!r}: FIRST:LAST, one port, or empty")
+    dashboard = args.dask_dashboard_address
+    return ClusterPorts(
+        None if dashboard.lower() in ("", "none") else dashboard, args.dask_scheduler_port, args.dask_worker_ports
+    )
 
 
 def plain(text: str) -> str:
@@ -442,6 +491,41 @@ def _add_batch_arguments(parser: argparse.ArgumentParser, result: str) -> None:
         help="run the blocks on an existing dask cluster, e.g. tcp://scheduler:8786; its workers must see the data "
         "root and the work directory at the same paths (see docs/distributed.md)",
     )
+    parser.add_argument(
+        "--dust-threshold",
+        dest="dust_threshold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="leave out segments of fewer than N voxels (at the finest mag), as igneous's dust_threshold; "
+        "mesh-segments decides on the layer's segment index (default 0: every segment)",
+    )
+    subset = parser.add_mutually_exclusive_group()
+    subset.add_argument(
+        "--segments",
+        metavar="ID,ID,...",
+        help="only these segments, as igneous's object_ids (default: every segment)",
+    )
+    subset.add_argument(
+        "--segments-file",
+        dest="segments_file",
+        metavar="PATH",
+        help="only the segments whose ids this file lists (separated by commas, spaces or lines)",
+    )
+    for setting, metavar in (
+        ("dask_dashboard_address", "HOST:PORT"),
+        ("dask_scheduler_port", "PORT"),
+        ("dask_worker_ports", "FIRST:LAST"),
+    ):
+        field = Settings.model_fields[setting]
+        parser.add_argument(
+            flag_name(setting.removeprefix("dask_")),
+            dest=setting,
+            type=str if field.annotation is str else int,
+            default=os.environ.get(f"{ENV_PREFIX}{setting.upper()}") or field.default,
+            metavar=metavar,
+            help=f"with --workers: {plain(field.description or '')} ({ENV_PREFIX}{setting.upper()})",
+        )
     parser.add_argument(
         "--work-dir",
         dest="work_dir",

@@ -34,6 +34,10 @@ from pydantic_settings import (
 from gateway_storage import remote_schemes, store_kind
 
 from .meshes.budget import MESH_SECONDS
+from .meshes.index import STAMP_FILES
+
+# dask's dashboard of a batch run: loopback only, unless the operator says otherwise (it has no login).
+DASK_DASHBOARD_ADDRESS = "127.0.0.1:8787"
 
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
 MAX_CHUNK_EDGE = 1024
@@ -155,6 +159,24 @@ class Settings(BaseSettings):
         description="directory of the segment indexes that index-segments writes, as <org>/<dataset>/<layer>"
         ".segment-index.npz; unset: beside each layer (<dataset>/<layer>.segment-index.npz), for a writable root",
     )
+    dask_dashboard_address: str = Field(
+        default=DASK_DASHBOARD_ADDRESS,
+        description="where index-segments and mesh-segments --workers serve dask's dashboard (host:port; another "
+        "port if that one is taken; none: no dashboard); loopback unless set otherwise",
+    )
+    dask_scheduler_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="port of the dask scheduler that index-segments and mesh-segments --workers start, on loopback "
+        "(0: any free port)",
+    )
+    dask_worker_ports: str = Field(
+        default="",
+        pattern=r"^(\d{1,5}(:\d{1,5})?)?$",
+        description="ports of those dask workers, on loopback: a range FIRST:LAST with two ports per worker (its "
+        "nanny's and its own), or one port for a single worker; empty: any free ports",
+    )
     multires_voxels: int | None = Field(
         default=None,
         ge=0,
@@ -167,6 +189,13 @@ class Settings(BaseSettings):
         gt=0,
         description="seconds of meshing one mesh request may take, checked before each box it meshes; past them "
         "the work stops and the answer is a 503 with Retry-After and the reason",
+    )
+    stamp_files: int = Field(
+        default=STAMP_FILES,
+        ge=1,
+        description="files and directories the data stamp of a segmentation layer walks per mag (it tells whether "
+        "segment lists, indexes and meshes still describe the data); a mag of more is refused: its meshes and "
+        "segment lists answer 413 with the reason",
     )
     remote_roots: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),

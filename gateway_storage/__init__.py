@@ -18,11 +18,12 @@ from .errors import (
     FileUnsettledError,
     OutsideRootError,
     OversizedFileError,
+    OversizedListingError,
     StorageError,
     StoreUnavailableError,
     TruncatedFileError,
 )
-from .identity import FileIdentity, FileSource
+from .identity import FileIdentity, FileSource, ListedFile
 from .local import LocalStore, resolve_inside
 from .routed import RoutedStore
 from .store import Store, is_absolute_location, is_listed
@@ -144,9 +145,11 @@ __all__ = [
     "FileIdentity",
     "FileSource",
     "FileUnsettledError",
+    "ListedFile",
     "LocalStore",
     "OutsideRootError",
     "OversizedFileError",
+    "OversizedListingError",
     "RoutedStore",
     "StorageError",
     "Store",

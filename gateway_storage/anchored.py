@@ -10,7 +10,7 @@ that directory answers "not there" (an identity of None, a whole read of None) b
 format and every way of reading; a source cannot learn that a file is absent without it.
 """
 
-from .identity import FileIdentity
+from .identity import FileIdentity, ListedFile
 from .store import Store
 
 
@@ -71,3 +71,12 @@ class AnchoredStore(Store):
 
     def is_directory(self, path: str) -> bool:
         return self.inner.is_directory(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        self.inner.write(path, data)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        return self.inner.list_files(path, limit)

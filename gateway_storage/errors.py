@@ -35,6 +35,11 @@ class OversizedFileError(StorageError):
     is read (a sparse or planted file of any size costs a stat, never its size in memory)."""
 
 
+class OversizedListingError(OversizedFileError):
+    """A directory tree holding more entries than the caller walks: refused once the bound is passed, so a
+    planted tree of any size costs at most the bound in lookups."""
+
+
 class StoreUnavailableError(StorageError, OSError):
     """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
 

@@ -1,7 +1,9 @@
 """A local (or network-mounted) directory as a store: root containment, the settle rule, positioned reads."""
 
+import contextlib
 import os
 import stat
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -14,8 +16,8 @@ from .errors import (
     StoreUnavailableError,
     TruncatedFileError,
 )
-from .identity import FileIdentity
-from .store import Store, is_listed, refuse_oversized
+from .identity import FileIdentity, ListedFile
+from .store import Store, is_listed, refuse_overlong, refuse_oversized
 
 # Where Linux names the file an open descriptor refers to: the real path of exactly the inode opened,
 # so a check of it cannot be raced by a rename or a symlink swapped in between (unlike realpath).
@@ -26,7 +28,7 @@ _DELETED = " (deleted)"
 
 def _local_identity(st: os.stat_result) -> FileIdentity:
     # ctime as well as mtime: a writer can set mtime back (rsync -t, cp -p, utime) but never ctime.
-    return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_ino:x}", st.st_mtime)
+    return FileIdentity(st.st_size, f"{st.st_mtime_ns:x}-{st.st_ctime_ns:x}-{st.st_ino:x}", st.st_mtime, st.st_ctime)
 
 
 def _under(root: str, real: str) -> bool:
@@ -311,6 +313,52 @@ class LocalStore(Store):
 
     def is_directory(self, path: str) -> bool:
         return os.path.isdir(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        """See :meth:`Store.write`: a temporary file beside it, renamed into place, readable by the gateway's user."""
+        if self.resolve(path) is None:
+            raise OutsideRootError(f"{self.relative(path)} lies outside the data root")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                out.write(data)
+            os.chmod(temporary, 0o644)  # readable by the gateway's user, as the data files are
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        """See :meth:`Store.list_files`: one ``scandir`` per directory and one ``stat`` per file (symlinks to
+        files followed, so a change of the target shows; links to directories not walked); the identity holds
+        inode, ctime, mtime and size, so a rewrite that puts size and mtime back is still seen."""
+        found: list[ListedFile] = []
+        pending, entries, where = [""], 0, self.relative(path)
+        while pending:
+            below = pending.pop()
+            try:
+                with os.scandir(os.path.join(path, below) if below else path) as listing:
+                    for entry in listing:
+                        entries += 1
+                        refuse_overlong(where, entries, limit)
+                        relative = f"{below}/{entry.name}" if below else entry.name
+                        try:
+                            if entry.is_dir(follow_symlinks=False):
+                                pending.append(relative)
+                            elif entry.is_file():
+                                found.append(ListedFile(relative, _local_identity(entry.stat())))
+                        except FileNotFoundError:
+                            continue  # gone, or a link whose target went: not a file of the data now
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        found.sort()
+        return found
 
 
 class _OpenFile:

@@ -15,9 +15,9 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import FileChangedError, OutsideRootError, StoreUnavailableError, TruncatedFileError
-from .identity import FileIdentity
-from .store import Store, is_listed, refuse_oversized
+from .errors import FileChangedError, OutsideRootError, StorageError, StoreUnavailableError, TruncatedFileError
+from .identity import FileIdentity, ListedFile
+from .store import Store, is_listed, refuse_overlong, refuse_oversized
 
 # A private certificate authority to trust besides the system's (a self-hosted server, a test): the
 # variable OpenSSL, requests and curl read too.
@@ -80,6 +80,10 @@ class ObjectStore(Store):
         """What names one version of an object in the provider's answers: its ETag unless said otherwise."""
         return meta.get("e_tag")
 
+    def _listed_version(self, meta: Mapping[str, Any]) -> str | None:
+        """What names one version of an object in a listing (some providers list no generation)."""
+        return self._version(meta)
+
     def _get_options(self, expected: FileIdentity) -> dict[str, Any]:
         """How a GET asks for exactly the version ``expected`` (the provider refuses any other)."""
         return {"if_match": expected.version}
@@ -132,11 +136,12 @@ class ObjectStore(Store):
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def _identity(self, meta: Mapping[str, Any], path: str) -> FileIdentity:
-        version = self._version(meta)
+    def _identity(self, meta: Mapping[str, Any], path: str, listed: bool = False) -> FileIdentity:
+        version = self._listed_version(meta) if listed else self._version(meta)
         if not version:
             raise StoreUnavailableError(f"{path}: the store names no version of it (no ETag), so it cannot be read")
-        return FileIdentity(int(meta["size"]), version, meta["last_modified"].timestamp())
+        modified = meta["last_modified"].timestamp()
+        return FileIdentity(int(meta["size"]), version, modified, modified)
 
     def identity(self, path: str) -> FileIdentity | None:
         import obstore
@@ -216,6 +221,49 @@ class ObjectStore(Store):
         names, objects = self._listing(path)
         return bool(names or objects)
 
+    def write(self, path: str, data: bytes) -> None:
+        """See :meth:`Store.write`: one PUT, which the store makes visible whole or not at all."""
+        import obstore
+
+        key = self._inside(path)
+        try:
+            obstore.put(self.client, key, data)
+        except Exception as exc:
+            raise self._unavailable(f"PUT {key}", exc) from exc
+
+    def delete(self, path: str) -> None:
+        import obstore
+
+        key = self._inside(path)
+        try:
+            obstore.delete(self.client, key)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._unavailable(f"DELETE {key}", exc) from exc
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        """See :meth:`Store.list_files`: the objects below the prefix, a page of a thousand at a time, each
+        with its version (ETag or generation) and size."""
+        import obstore
+
+        key = self._inside(path)
+        prefix = key + "/" if key else ""
+        found: list[ListedFile] = []
+        try:
+            for page in obstore.list(self.client, prefix or None, chunk_size=1000):
+                for meta in page:
+                    refuse_overlong(path, len(found) + 1, limit)
+                    found.append(ListedFile(str(meta["path"]).removeprefix(prefix), self._identity(meta, path, True)))
+        except FileNotFoundError:
+            return []
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._unavailable(f"listing {key or '/'}", exc) from exc
+        found.sort()
+        return found
+
 
 class GCSStore(ObjectStore):
     """A bucket prefix in Google Cloud Storage, ``gs://bucket/prefix``.
@@ -242,6 +290,9 @@ class GCSStore(ObjectStore):
 
     def _version(self, meta: Mapping[str, Any]) -> str | None:
         return meta.get("version")
+
+    def _listed_version(self, meta: Mapping[str, Any]) -> str | None:
+        return meta.get("version") or meta.get("e_tag")  # a listing names the ETag, which a new generation changes
 
     def _get_options(self, expected: FileIdentity) -> dict[str, Any]:
         return {"version": expected.version}
@@ -348,6 +399,38 @@ class HTTPSStore(ObjectStore):
             if _refused_listing(exc):
                 return [], 1  # the server answered, but does not list: what lies there is found by name
             raise
+
+    def write(self, path: str, data: bytes) -> None:
+        raise StorageError(f"{path}: a web server is read here, never written")
+
+    def delete(self, path: str) -> None:
+        raise StorageError(f"{path}: a web server is read here, never written")
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        """One ``PROPFIND`` (depth 1) per directory, as a WebDAV server lists; None from a server that does not."""
+        key = self._inside(path)
+        found: list[ListedFile] = []
+        pending, entries = [key], 0
+        while pending:
+            below = pending.pop()
+            try:
+                listing = self.client.list_with_delimiter(below + "/" if below else None)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                failed = self._unavailable(f"listing {below or '/'}", exc)
+                failed.__cause__ = exc
+                if _refused_listing(failed):
+                    return None
+                raise failed from exc
+            entries += len(listing["objects"]) + len(listing["common_prefixes"])
+            refuse_overlong(path, entries, limit)
+            pending += [prefix.rstrip("/") for prefix in listing["common_prefixes"]]
+            for meta in listing["objects"]:
+                relative = str(meta["path"]).removeprefix(key + "/" if key else "")
+                found.append(ListedFile(relative, self._identity(meta, path, True)))
+        found.sort()
+        return found
 
 
 def _refused_listing(exc: StoreUnavailableError) -> bool:

@@ -9,7 +9,7 @@ trusted root like the data root.
 
 from collections.abc import Sequence
 
-from .identity import FileIdentity
+from .identity import FileIdentity, ListedFile
 from .store import Store
 
 
@@ -74,3 +74,12 @@ class RoutedStore(Store):
 
     def is_directory(self, path: str) -> bool:
         return self._store(path).is_directory(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        self._store(path).write(path, data)
+
+    def delete(self, path: str) -> None:
+        self._store(path).delete(path)
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        return self._store(path).list_files(path, limit)

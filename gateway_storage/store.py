@@ -9,8 +9,15 @@ nowhere else. A new kind of store subclasses :class:`Store` and passes the contr
 
 from abc import ABC, abstractmethod
 
-from .errors import FileChangedError, FileUnsettledError, OversizedFileError, TruncatedFileError
-from .identity import FileIdentity
+from .errors import (
+    FileChangedError,
+    FileUnsettledError,
+    OversizedFileError,
+    OversizedListingError,
+    StorageError,
+    TruncatedFileError,
+)
+from .identity import FileIdentity, ListedFile
 
 
 class Store(ABC):
@@ -119,6 +126,25 @@ class Store(ABC):
     def is_directory(self, path: str) -> bool:
         """Whether ``path`` is a directory (a prefix with objects below it)."""
 
+    def write(self, path: str, data: bytes) -> None:
+        """``data`` as the file ``path`` (inside the root), whole or not at all: a reader sees the old version or the
+        new one, never a part (what batch runs publish their results with: the stamp written last)."""
+        raise StorageError(f"{self.relative(path)}: this store cannot be written")
+
+    def delete(self, path: str) -> None:
+        """Remove the file ``path`` if it is there."""
+        raise StorageError(f"{self.relative(path)}: this store cannot be written")
+
+    @abstractmethod
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        """Every file below ``path`` at any depth, each with its path relative to ``path`` and its identity,
+        sorted by that path; an empty list for a ``path`` that is not there, None from a store that cannot
+        list (a web server without WebDAV: a change there cannot be told from a listing).
+
+        What a caller needs to tell whether any file of a tree may have changed (a data stamp). Past ``limit``
+        entries (files and directories) it raises OversizedListingError without looking at more.
+        """
+
 
 def is_absolute_location(location: str) -> bool:
     """Whether a path from a properties file names its place itself (a URL or an absolute path), not relatively."""
@@ -128,6 +154,12 @@ def is_absolute_location(location: str) -> bool:
 def is_listed(name: str) -> bool:
     """Whether a directory entry is listed: not empty and not hidden."""
     return bool(name) and not name.startswith(".")
+
+
+def refuse_overlong(where: str, entries: int, limit: int) -> None:
+    """The one bound on every listing: OversizedListingError once ``entries`` are more than ``limit``."""
+    if entries > limit:
+        raise OversizedListingError(f"{where} holds more than {limit} files and directories, more than are walked")
 
 
 def refuse_oversized(where: str, size: int, limit: int) -> None:

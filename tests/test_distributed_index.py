@@ -156,10 +156,10 @@ def assert_same_index(built: SegmentIndex, reference: SegmentIndex) -> None:
 
 def one_process_index(root: Path, layer: str) -> SegmentIndex:
     """The index as the gateway makes it when it scans a layer itself: one process, no blocks."""
-    storage, meshes = SegmentLayer(str(root), ORG, NAME, layer).open()
+    meshes = SegmentLayer(str(root), ORG, NAME, layer).open()[1]
     from gateway.meshes.index import data_stamp
 
-    return build_index(meshes.grid, layer, data_stamp(meshes.layer.mags, storage.is_local))
+    return build_index(meshes.grid, layer, data_stamp(meshes.layer.mags))
 
 
 def summary_counts(out: str) -> tuple[int, int, int]:

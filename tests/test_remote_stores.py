@@ -65,6 +65,7 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
 
 
 class TestGCSStore(UnreachableStoreContract):
+    writable = False  # fake-gcs-server has no XML API, whose PUT obstore writes with ("invalid uploadType")
     """A bucket prefix: one fresh prefix per test."""
 
     @pytest.fixture
@@ -179,6 +180,8 @@ def https(certificate: Certificate, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 class TestHTTPSStore(UnreachableStoreContract):
+    writable = False  # a web server is read, never written
+
     @pytest.fixture
     def store(self, https: FileServer) -> Store:
         self.https = https
@@ -222,6 +225,7 @@ class TestHTTPSStore(UnreachableStoreContract):
             store = HTTPSStore(server.url)
             path = store.join(store.root, "org", "ds", "data.bin")
             assert store.list_directories(store.root) == []  # PROPFIND answered 405: nothing can be listed
+            assert store.list_files(store.root, limit=10) is None  # and no data stamp can be taken there
             assert store.is_directory(store.join(store.root, "org"))
             identity = store.identity(path)
             assert identity is not None and store.read(path, 3, 5, identity, limit=5) == DATA[3:8]

@@ -6,16 +6,23 @@ reads only through stores). The task holds descriptions (root, names, directory)
 worker, once per process.
 """
 
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from gateway_storage import Store, open_store
+
+from ..meshes.cache import MeshCache
 from ..meshes.errors import MeshInputError
 from ..meshes.index import data_stamp
 from ..meshes.layers import LayerMeshes
-from ..meshes.segments import index_place
+from ..meshes.segments import Segments, index_place
+from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
 from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
 from ..meshes.stored import (
     INFO,
@@ -34,11 +41,12 @@ from ..meshes.stored import (
     set_info,
     stamp_document,
 )
-from .outputs import write_atomically
 from .segment_index import SegmentLayer
-from .tasks import Block
+from .tasks import Block, box_voxels
 
-SPILL = ".spill"  # below the set's directory while ``finish`` sorts fragments by shard (hidden: never listed)
+INDEX_CACHE_BYTES = 2 << 30  # room for the layer's index while a dust threshold is decided on it
+SPILL = "zarr-gateway-spill-"  # a scratch directory while ``finish`` sorts fragments by shard
+MAX_SET_FILES = 1_000_000  # files of an earlier set looked at to remove its shards
 
 
 _opened: dict[tuple[str, str, str, str], LayerMeshes] = {}
@@ -50,7 +58,8 @@ class MeshSetTask:
     """The stored mesh set of one segmentation layer, written to ``directory``.
 
     ``fine_lod``: the level of a fine block's cube (None: the coarsest whose cube holds at most
-    ``BLOCK_VOXELS`` finest voxels); levels above it are made one cube per block.
+    ``BLOCK_VOXELS`` finest voxels); levels above it are made one cube per block. ``selection`` and ``keep``:
+    the segments a run selected (see :mod:`gateway.meshes.selection`) and, resolved, the only ids meshed.
     """
 
     root: str
@@ -59,17 +68,42 @@ class MeshSetTask:
     layer: str
     directory: str
     fine_lod: int | None = None
+    selection: SegmentSelection = EVERY_SEGMENT
+    keep: tuple[int, ...] | None = None
+    index_dir: str | None = None  # the ``segment_index_dir`` the set is written below (None: beside the layer)
     name: str = field(default="meshes", init=False)
 
+    def __post_init__(self) -> None:
+        key = self.selection.key()  # the outputs of a run with another selection are kept apart
+        object.__setattr__(self, "name", f"meshes-{key}" if key else "meshes")
+
     @classmethod
-    def for_layer(cls, root: str, dataset: str, layer: str, index_dir: str | None = None) -> "MeshSetTask":
-        """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it)."""
+    def for_layer(
+        cls,
+        root: str,
+        dataset: str,
+        layer: str,
+        index_dir: str | None = None,
+        selection: SegmentSelection = EVERY_SEGMENT,
+    ) -> "MeshSetTask":
+        """The task whose set the gateway serves: at the layer's index place (``segment_index_dir`` or beside it).
+        A dust threshold is decided on the layer's segment index (current, or a small layer scanned here):
+        SegmentIndexRequired where it has none."""
         organization, _, name = dataset.partition("/")
         storage, meshes = SegmentLayer(root, organization, name, layer).open()
-        if not storage.is_local:
-            raise MeshInputError("a mesh set is stamped with the data's files: it needs data on a local file system")
-        directory = index_place(storage, index_dir).mesh_set(meshes.dataset, layer)
-        return cls(root, organization, name, layer, directory)
+        place = index_place(storage, index_dir)
+        directory = place.mesh_set(meshes.dataset, layer)
+        keep = selection.ids
+        if selection.needs_voxels:
+            index = Segments(storage, place, MeshCache(INDEX_CACHE_BYTES)).index(meshes)
+            keep = tuple(int(i) for i in index.ids[selection.keeps(index.ids, index.voxels)])
+        return cls(root, organization, name, layer, directory, selection=selection, keep=keep, index_dir=index_dir)
+
+    def target(self) -> Store:
+        """The store the set is written through: the data root's (a local directory or a bucket), or the
+        ``segment_index_dir``'s."""
+        storage = open_store(self.root)
+        return index_place(storage, self.index_dir).store
 
     def meshes(self) -> LayerMeshes:
         """The layer, opened once per process."""
@@ -86,9 +120,9 @@ class MeshSetTask:
         return block_lod(grid) if self.fine_lod is None else min(self.fine_lod, len(grid.levels) - 1)
 
     def version(self) -> str:
-        stamp = data_stamp(self.meshes().layer.mags, True)
-        if stamp is None:  # pragma: no cover - data_stamp of local data is always a digest
-            raise MeshInputError(f"layer {self.layer!r} has no data stamp")
+        stamp = data_stamp(self.meshes().layer.mags)
+        if stamp is None:
+            raise MeshInputError(f"layer {self.layer!r} lies in a store that cannot be listed: it has no data stamp")
         return stamp
 
     def blocks(self) -> Sequence[Block]:
@@ -103,10 +137,23 @@ class MeshSetTask:
     def memory_bytes(self) -> int:
         return block_memory_bytes(self.meshes().grid)
 
+    def voxels(self, block: Block) -> int:
+        """A fine block's box (mag-1 voxels, a whole cube of its level) cut to the finest mag's bounding box, in
+        that mag's voxels; a coarse block reads coarser mags of voxels the fine blocks counted: none."""
+        if int(block.key.split("_")[0]) > self._fine_lod:
+            return 0
+        finest = self.meshes().grid.finest
+        box = finest.bbox
+        mag = finest.mag
+        lo = tuple(max(block.lo[a] // mag[a], box.lo[a]) for a in range(3))
+        hi = tuple(min(-(-block.hi[a] // mag[a]), box.hi[a]) for a in range(3))
+        return box_voxels((lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2]))
+
     def run(self, block: Block) -> bytes:
         lod, x, y, z = (int(part) for part in block.key.split("_"))
         try:
-            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod)
+            keep = None if self.keep is None else np.asarray(self.keep, dtype=np.uint64)
+            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod, keep)
         except MeshSetBlockFailed:
             raise
         except Exception as exc:
@@ -128,12 +175,12 @@ class MeshSetTask:
                 segments.add(record.segment)
                 total += len(record.data)
         sharding = sharding_for(len(segments), total, TARGET_SHARD_BYTES)
-        target = Path(self.directory)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / STAMP).unlink(missing_ok=True)  # from here on the set is incomplete
-        for old in target.glob("*.shard"):
-            old.unlink()
-        spill = Path(tempfile.mkdtemp(prefix=SPILL, dir=target))
+        store, target = self.target(), self.directory
+        store.delete(store.join(target, STAMP))  # from here on the set is incomplete
+        for listed in store.list_files(target, MAX_SET_FILES) or []:
+            if "/" not in listed.path and listed.path.endswith(".shard"):
+                store.delete(store.join(target, listed.path))
+        spill = Path(tempfile.mkdtemp(prefix=SPILL))  # a local scratch directory, wherever the set goes
         try:
             for block in blocks:
                 by_shard: dict[int, list[FragmentRecord]] = {}
@@ -148,20 +195,19 @@ class MeshSetTask:
             for part in sorted(spill.iterdir(), key=lambda p: int(p.name)):
                 name = sharding.shard_name(int(part.name))
                 body = encode_shard(sharding, self._chunks(meshes, part))
-                write_atomically(target / name, body)
+                store.write(store.join(target, name), body)
                 files[name] = len(body)
                 part.unlink()
         finally:
-            for left in spill.iterdir():
-                left.unlink()
-            spill.rmdir()
+            shutil.rmtree(spill, ignore_errors=True)
         info = set_info(meshes.voxel_nm, sharding)
-        write_atomically(target / INFO, info)
+        store.write(store.join(target, INFO), info)
         files[INFO] = len(info)
         if self.version() != version:
             raise MeshSetBlockFailed(f"the files of layer {self.layer!r} changed while its meshes were made: run again")
-        write_atomically(target / STAMP, stamp_document(self.layer, version, files))
-        return str(target)
+        selection = None if self.selection.everything else self.selection.describe()
+        store.write(store.join(target, STAMP), stamp_document(self.layer, version, files, selection))
+        return target
 
     @staticmethod
     def _chunks(meshes: LayerMeshes, part: Path) -> list[ShardChunk]:

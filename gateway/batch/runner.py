@@ -100,16 +100,12 @@ def run_block(block: Block, task: BlockTask, outputs: BlockOutputs) -> BlockDone
     return BlockDone(block.key, len(output), _peak_rss_bytes(), started, time.time())
 
 
-def block_voxels(block: Block) -> int:
-    return max(0, block.hi[0] - block.lo[0]) * max(0, block.hi[1] - block.lo[1]) * max(0, block.hi[2] - block.lo[2])
-
-
 @dataclass(frozen=True, slots=True)
 class RunSummary:
     result: str  # where ``finish`` wrote the result
     blocks: int
     submitted: int  # blocks run by this run; the others had an output from an earlier one
-    voxels: int  # of the blocks submitted
+    voxels: int  # of the layer's finest mag, in the blocks submitted
     seconds: float  # from the first block's start to the last one's end (no cluster start, no finish)
     wall_seconds: float  # of the whole run
     memory_bytes: int  # what the task says one block holds at most
@@ -192,14 +188,15 @@ class Dask(Executor):
     def run(self, task: BlockTask, blocks: Sequence[Block], outputs: BlockOutputs, say: Say) -> list[BlockDone]:
         distributed = _distributed()
         with self.client(task, say) as client:
-            say(f"dask dashboard: {client.dashboard_link}")
+            if client.dashboard_link:
+                say(f"dask dashboard: {client.dashboard_link}")
             client.subscribe_topic(EVENTS, lambda event: _say_worker_death(event, say))
             futures = client.map(
                 run_block,
                 blocks,
                 task=task,
                 outputs=outputs,
-                key=[f"{task.name}-{outputs.directory.name[:12]}-{block.key}" for block in blocks],
+                key=[f"{task.name}-{outputs.name[:12]}-{block.key}" for block in blocks],
             )
             try:
                 if self.progress:  # dask's bar, on standard error as the in-process one: the summary is the output
@@ -243,13 +240,35 @@ def _collect(blocks: Sequence[Block], futures: list[Any]) -> list[BlockDone]:
     return done
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterPorts:
+    """Where a ``LocalCluster`` listens: all on loopback (nothing of a batch run is for other machines), the
+    dashboard at ``dashboard`` (``host:port``, or None for none), the scheduler at ``scheduler`` (0: any free port),
+    nannies and workers in ``workers`` (``FIRST:LAST``, one port, or empty: any free ports)."""
+
+    dashboard: str | None = "127.0.0.1:8787"
+    scheduler: int = 0
+    workers: str = ""
+
+    HOST = "127.0.0.1"
+
+    def cluster_arguments(self) -> dict[str, Any]:
+        """``LocalCluster``'s keywords for these places."""
+        found: dict[str, Any] = {"host": self.HOST, "scheduler_port": self.scheduler}
+        found["dashboard_address"] = self.dashboard
+        if self.workers:
+            found |= {"worker_port": self.workers, "port": self.workers}  # a worker and its nanny, each a free one
+        return found
+
+
 class LocalWorkers(Dask):
     """A ``LocalCluster`` of worker processes on this machine, one thread each, with a memory limit of what the
-    task says one block holds plus :data:`WORKER_HEADROOM_BYTES`."""
+    task says one block holds plus :data:`WORKER_HEADROOM_BYTES`, listening on loopback only (:class:`ClusterPorts`)."""
 
-    def __init__(self, workers: int, progress: bool) -> None:
+    def __init__(self, workers: int, progress: bool, ports: ClusterPorts | None = None) -> None:
         super().__init__(progress)
         self.workers = workers
+        self.ports = ports or ClusterPorts()
 
     @property
     def description(self) -> str:
@@ -268,6 +287,7 @@ class LocalWorkers(Dask):
                 processes=True,
                 memory_limit=limit,
                 silence_logs=DASK_LOG_LEVEL,
+                **self.ports.cluster_arguments(),
             )
         with cluster, distributed.Client(cluster) as client:
             yield client
@@ -317,7 +337,7 @@ def run_task(task: BlockTask, executor: Executor, outputs: BlockOutputs, say: Sa
         result,
         len(blocks),
         len(pending),
-        sum(block_voxels(block) for block in pending),
+        sum(task.voxels(block) for block in pending),
         max((d.ended for d in done), default=0.0) - min((d.started for d in done), default=0.0),
         time.perf_counter() - started,
         memory,

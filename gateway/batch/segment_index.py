@@ -6,17 +6,16 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 from gateway_storage import Store, open_store
 
 from ..meshes.build import BLOCK_CUBES, assemble_parts, box_cubes, box_memory_bytes, check_indexable, index_boxes
 from ..meshes.index import IndexPart, data_stamp, index_cubes
 from ..meshes.layers import LayerMeshes, MeshLayers
+from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
 from ..sources.catalog import BrokenDataset, Catalog, Dataset
 from ..sources.registry import SourceFormats
-from .outputs import write_atomically
-from .tasks import Block
+from .tasks import Block, box_voxels
 
 SOURCE_CACHE_BYTES = 128 << 20  # the source formats' metadata cache of each process that opens the layer
 OPENED_LAYERS = 4  # layers (at a data version) each worker process keeps open between blocks
@@ -71,21 +70,32 @@ class SegmentIndexTask:
     name = "segment-index"
 
     def __init__(
-        self, layer: SegmentLayer, storage: Store, meshes: LayerMeshes, location: str, block_cubes: int = BLOCK_CUBES
+        self,
+        layer: SegmentLayer,
+        storage: Store,
+        meshes: LayerMeshes,
+        location: str,
+        block_cubes: int = BLOCK_CUBES,
+        selection: SegmentSelection = EVERY_SEGMENT,
+        target: Store | None = None,
     ) -> None:
-        """``storage`` and ``meshes``: the layer as ``layer.open()`` gave them here."""
+        """``storage`` and ``meshes``: the layer as ``layer.open()`` gave them here. Every block is indexed whole
+        (a dust threshold needs each segment's voxels over all blocks); ``selection`` is applied to the whole.
+        ``target``: the store ``location`` is written through (the data root's, or the ``segment_index_dir``'s)."""
         check_indexable(meshes.grid)
         self.layer = layer
+        self._target = storage if target is None else target
+        self.selection = selection
         self.location = location
         self.block_cubes = block_cubes
-        self.stamp = data_stamp(meshes.layer.mags, storage.is_local)
-        # Data off a local file system has no stamp: its outputs are this run's only, never resumed from.
+        self.stamp = data_stamp(meshes.layer.mags)
+        # Data in a store that cannot list has no stamp: its outputs are this run's only, never resumed from.
         self._version = self.stamp or f"unstamped-{id(self):x}-{threading.get_native_id()}"
         _opened[layer, self._version] = (storage, meshes)
         self.segments = 0  # of the index written, once finished
 
     def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in vars(self).items() if k != "blocks_cache"}
+        return {k: v for k, v in vars(self).items() if k not in ("blocks_cache", "_target")}  # workers never write it
 
     @property
     def _meshes(self) -> LayerMeshes:
@@ -107,14 +117,21 @@ class SegmentIndexTask:
     def memory_bytes(self) -> int:
         return box_memory_bytes(self._meshes.grid, self.block_cubes)
 
+    def voxels(self, block: Block) -> int:
+        """A box is cut to the finest mag's bounding box already: its own voxels."""
+        return box_voxels(block.lo, block.hi)
+
     def run(self, block: Block) -> bytes:
         grid = self._meshes.grid
         return index_cubes(grid, box_cubes(grid, block.lo, block.hi)).to_bytes()
 
     def finish(self, outputs: Callable[[Block], bytes]) -> str:
-        storage, meshes = opened(self.layer, self._version)
+        meshes = opened(self.layer, self._version)[1]
         parts = [IndexPart.from_bytes(outputs(block), f"of block {block.key}") for block in self.blocks()]
-        index = assemble_parts(meshes, self.stamp, parts, storage.is_local)
-        write_atomically(Path(self.location), index.to_bytes())
+        index = assemble_parts(meshes, self.stamp, parts)
+        if not self.selection.everything:
+            kept = self.selection.keeps(index.ids, index.voxels)
+            index = index.select(kept, {**index.meta, "selection": self.selection.describe()})
+        self._target.write(self.location, index.to_bytes())
         self.segments = len(index)
         return self.location

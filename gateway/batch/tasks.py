@@ -23,6 +23,11 @@ class Block:
     hi: Vec3
 
 
+def box_voxels(lo: Vec3, hi: Vec3) -> int:
+    """The voxels of the box ``[lo, hi)`` (none where it is empty)."""
+    return max(0, hi[0] - lo[0]) * max(0, hi[1] - lo[1]) * max(0, hi[2] - lo[2])
+
+
 class BlockTask(Protocol):
     """Work the runner can split, ship to workers (it is pickled: it holds descriptions, not open files) and
     finish. ``run`` may be called on a worker process; ``finish`` runs where the run was started."""
@@ -40,6 +45,11 @@ class BlockTask(Protocol):
 
     def memory_bytes(self) -> int:
         """The most memory one block's ``run`` holds at once (stated to the user, given to the scheduler)."""
+
+    def voxels(self, block: Block) -> int:
+        """The voxels of the layer's finest mag that ``block`` accounts for, each voxel of the layer in exactly one
+        block (no padding past the bounding box, nothing for a block that reads coarser mags only): progress and
+        summaries add these up to the layer's voxels."""
 
     def run(self, block: Block) -> bytes:
         """The output of one block; raises with the block and the reason when its data cannot be read."""

@@ -81,7 +81,13 @@ def create_app(settings: Settings) -> Edge:
     index_dir = None if settings.segment_index_dir is None else str(settings.segment_index_dir)
     place = index_place(store, index_dir)
     meshes = MeshService(
-        store, place, settings.cache_bytes // 4, mesh_limiter, settings.multires_voxels, settings.mesh_seconds
+        store,
+        place,
+        settings.cache_bytes // 4,
+        mesh_limiter,
+        settings.multires_voxels,
+        settings.mesh_seconds,
+        settings.stamp_files,
     )
     roots = HiddenRoots(settings.root, settings.extra_roots)  # no answer names where the data lives
     client = NeuroglancerClient.installed()

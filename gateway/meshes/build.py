@@ -68,10 +68,10 @@ def _on_axis(grid: MeshGrid, axis: int, span: tuple[int, int]) -> tuple[Vec3, Ve
     return (lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2])
 
 
-def assemble_parts(meshes: LayerMeshes, stamp: str | None, parts: list[IndexPart], local: bool) -> SegmentIndex:
+def assemble_parts(meshes: LayerMeshes, stamp: str | None, parts: list[IndexPart]) -> SegmentIndex:
     """The layer's index from the parts of all its boxes, once its files are known to be still those of ``stamp``."""
     index = assemble_index(index_meta(meshes.grid, meshes.name, stamp), parts)
-    if data_stamp(meshes.layer.mags, local) != stamp:
+    if data_stamp(meshes.layer.mags) != stamp:
         raise DataChangedWhileIndexing(f"the files of layer {meshes.name!r} changed while it was indexed: run it again")
     return index
 

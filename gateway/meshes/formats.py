@@ -60,8 +60,8 @@ class MeshWork:
     def stored_set(self) -> SetState:
         """The layer's stored mesh set as it is now (fresh only if made from the data as it is now)."""
         place = self.segments.place
-        if not self.segments.storage.is_local or not place.holds_indexes():
-            return ABSENT  # data whose stamp cannot be taken (no set is current), or a directory no run has made
+        if not place.holds_indexes():
+            return ABSENT  # a directory no run has made
         directory = place.mesh_set(self.meshes.dataset, self.meshes.name)
         return self.stored.state(directory, self.segments.stamp(self.meshes))
 

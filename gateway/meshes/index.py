@@ -3,13 +3,13 @@
 A manifest needs the cubes of a segment before anything is meshed. ``zarr-gateway index-segments``
 writes the index once per layer (beside the layer, or in the ``segment_index_dir`` setting for data
 roots mounted read-only); without one the gateway scans a small layer itself (``SCAN_VOXELS``).
-The index records a stamp of the data it was built from (every file of every mag: path, size,
-modification time), and an index whose stamp is not the data's is never used.
+The index records a stamp of the data it was built from (every file of every mag: path and identity in
+the store, see :func:`data_stamp`), and an index whose stamp is not the data's is never used.
 """
 
+import hashlib
 import io
 import json
-import os
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +32,9 @@ SCAN_VOXELS = 64 << 20
 # An index file lies beside the layer, where anyone who writes datasets can put one: it is refused (a
 # storage fault) if it, or its arrays unpacked, hold more than this, rather than unpacked into memory.
 MAX_INDEX_BYTES = 1 << 30
+# The data stamp walks at most this many files and directories per mag (the default of the ``stamp_files``
+# setting): a mag of more (planted empty files) is refused with that reason rather than walked on and on.
+STAMP_FILES = 100_000
 
 
 class SegmentIndexCorrupt(OSError):
@@ -95,6 +98,13 @@ class SegmentIndex:
         cubes = [(int(x), int(y), int(z)) for x, y, z in self.cubes[self.starts[at] : self.starts[at + 1]]]
         return SegmentEntry(int(self.voxels[at]), (box[0], box[1], box[2]), (box[3], box[4], box[5]), cubes)
 
+    def select(self, kept: np.ndarray, meta: dict[str, Any]) -> "SegmentIndex":
+        """The index of the segments ``kept`` (a mask over :attr:`ids`) only, with ``meta``."""
+        lengths = np.diff(self.starts)
+        starts = np.concatenate([np.zeros(1, np.int64), np.cumsum(lengths[kept])]).astype(np.int64)
+        cubes = self.cubes[np.repeat(kept, lengths)]
+        return SegmentIndex(meta, self.ids[kept], self.voxels[kept], self.bboxes[kept], starts, cubes)
+
     def largest(self, count: int) -> list[int]:
         """The ids of the ``count`` segments with the most voxels (ties: the smaller id first)."""
         order = np.lexsort((self.ids, -self.voxels.astype(np.int64)))
@@ -149,28 +159,39 @@ class SegmentIndex:
         return cls(meta, ids, voxels.astype(np.uint64), bboxes.astype(np.int64), starts.astype(np.int64), cubes)
 
 
-def data_stamp(mags: dict[Vec3, MagSource], local: bool) -> str | None:
-    """A digest of every file of every mag (path below the mag, size, modification time); None where the
-    data is not on a local file system (the index cannot be checked against it there)."""
-    if not local:
-        return None
-    import hashlib
+@dataclass(frozen=True, slots=True)
+class DataStamp:
+    """A stamp of a layer's files, and when the latest of them changed (seconds since the epoch)."""
 
+    digest: str
+    newest_change: float
+
+
+def take_stamp(mags: dict[Vec3, MagSource], limit: int = STAMP_FILES) -> DataStamp | None:
+    """A digest of every file of every mag: its path below the mag and its identity in the store (size,
+    modification time, inode and change time on a local disk; ETag or generation in an object store), so that
+    any rewrite, even one that puts size and modification time back, gives another stamp.
+
+    Walks at most ``limit`` entries per mag (OversizedListingError past it). None where the store cannot list (a
+    web server without WebDAV): no stamp tells that data's versions apart."""
     digest = hashlib.blake2b(digest_size=16)
+    newest = 0.0
     for mag in sorted(mags):
-        location = mags[mag].location
+        source = mags[mag]
+        listed = source.storage.list_files(source.location, limit)
+        if listed is None:
+            return None
         digest.update(f"mag {mag}\0".encode())
-        for directory, subdirectories, files in os.walk(location):
-            subdirectories.sort()
-            for name in sorted(files):
-                path = os.path.join(directory, name)
-                try:
-                    stat = os.stat(path)
-                except FileNotFoundError:
-                    continue
-                relative = os.path.relpath(path, location)
-                digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    return digest.hexdigest()
+        for path, identity in listed:
+            digest.update(f"{path}\0{identity.size}\0{identity.version}\0".encode())
+            newest = max(newest, identity.changed)
+    return DataStamp(digest.hexdigest(), newest)
+
+
+def data_stamp(mags: dict[Vec3, MagSource], limit: int = STAMP_FILES) -> str | None:
+    """The digest of :func:`take_stamp`: what an index and a stored mesh set record of the data they describe."""
+    taken = take_stamp(mags, limit)
+    return None if taken is None else taken.digest
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ class Segments:
         self.cache = cache
 
     def stamp(self, meshes: LayerMeshes) -> str:
-        return meshes.stamp(self.storage.is_local)
+        return meshes.stamp()
 
     def _index_identity(self, meshes: LayerMeshes) -> FileIdentity | None:
         """The layer's index file, if it has one."""

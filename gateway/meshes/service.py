@@ -19,8 +19,9 @@ from ..sources.catalog import Dataset
 from ..zarr.resource import Resource
 from .budget import MESH_SECONDS, MeshBudget
 from .cache import MeshCache
-from .errors import MeshInputError, MeshNotFound, SegmentIndexRequired
+from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
 from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshWork
+from .index import STAMP_FILES
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
 from .stored import StoredMeshes
@@ -40,6 +41,7 @@ class MeshService:
         limiter: anyio.CapacityLimiter,
         multires_voxels: int | None = None,
         mesh_seconds: float = MESH_SECONDS,
+        stamp_files: int = STAMP_FILES,
     ) -> None:
         self.storage = storage
         self.place = place
@@ -47,7 +49,7 @@ class MeshService:
         self.multires_voxels = MULTIRES_VOXELS if multires_voxels is None else multires_voxels
         self.mesh_seconds = mesh_seconds
         self.cache = MeshCache(cache_bytes)
-        self.layers = MeshLayers()
+        self.layers = MeshLayers(stamp_files)
         self.segments = Segments(storage, place, self.cache)
         self.stored = StoredMeshes(place.store)
 
@@ -65,8 +67,24 @@ class MeshService:
         return source.file(work, name)
 
     async def answer(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
-        """:meth:`file`, in a thread of the mesh limiter."""
+        """:meth:`file`, in a thread of the mesh limiter, once the layer's data stamp is taken."""
+        await self.ready(dataset, layer)
         return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self.limiter)
+
+    async def ready(self, dataset: Dataset, layer: str) -> None:
+        """Wait, holding no thread, until the data stamp of ``layer`` (if it is a segmentation with meshes) is
+        taken: what a thread that serves its meshes, segments or mesh-aware listings then finds at once."""
+        try:
+            meshes = self.layer(dataset, layer)
+        except (MeshInputError, MeshNotFound):
+            return  # answered as such in the request's thread
+        await meshes.ready()
+
+    async def ready_all(self, dataset: Dataset) -> None:
+        """:meth:`ready` for every segmentation layer of ``dataset`` (its page lists their largest segments)."""
+        for name, layer in dataset.layers.items():
+            if layer.properties.category == "segmentation" and layer.mags:
+                await self.ready(dataset, name)
 
     def largest_segments(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> list[int]:
         """A few of the largest segments, for a viewer link: from a current index or a scan made already,
@@ -74,8 +92,10 @@ class MeshService:
         (:meth:`Segments.largest`: once per version, bounded)."""
         try:
             meshes = self.layer(dataset, layer)
+            if meshes.known_stamp() is None:
+                return []  # never wait for a walk here (a chunk thread may be asking): the next view has them
             return self.segments.largest(meshes, count)
-        except (SegmentIndexRequired, MeshInputError, MeshNotFound):
+        except (SegmentIndexRequired, MeshInputError, MeshNotFound, MeshTooLarge):
             return []
         except (OSError, StorageError, WkwError) as exc:  # a page must not fail for a fault in one layer's data
             log.warning("segments of layer %s of %s/%s: %s", layer, dataset.organization, dataset.name, exc)

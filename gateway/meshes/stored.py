@@ -119,9 +119,13 @@ def _where(level: Level, lo: Vec3, hi: Vec3) -> str:
     return f"the box {lo}..{hi} of mag {'-'.join(map(str, level.mag))}"
 
 
-def _segments_in(window: np.ndarray) -> list[int]:
+def _segments_in(window: np.ndarray, keep: np.ndarray | None = None) -> list[int]:
+    """The segments of ``window`` (of those in the sorted ``keep`` only, where a run selects some)."""
     ids = np.unique(window)
-    return [int(i) for i in ids[ids > 0]]
+    ids = ids[ids > 0]
+    if keep is not None:
+        ids = ids[np.isin(ids.astype(np.uint64), keep, assume_unique=True)]
+    return [int(i) for i in ids]
 
 
 def _level_fragments(level: Level, position: Vec3, segments: Iterable[int]) -> Iterator[FragmentRecord]:
@@ -139,15 +143,15 @@ def _level_fragments(level: Level, position: Vec3, segments: Iterable[int]) -> I
         yield FragmentRecord(segment, level.lod, position, fragment)
 
 
-def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int) -> list[FragmentRecord]:
+def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int, keep: np.ndarray | None = None) -> list[FragmentRecord]:
     """Every fragment of a block. A fine block meshes each level-0 cube's segments (those of its window) and, at
     levels ``1..fine_lod``, at each position the segments of the level-0 cubes below it; a coarse block the
-    segments its own windows hold."""
+    segments its own windows hold. ``keep``: the only segments meshed (sorted uint64), where a run selects some."""
     if plan.lod > fine_lod:
         level = grid.levels[plan.lod]
         found: set[int] = set()
         for lo, hi in level.parts(plan.position):
-            found.update(_segments_in(read_window(level.source, *window_of(lo, hi))))
+            found.update(_segments_in(read_window(level.source, *window_of(lo, hi)), keep))
         return list(_level_fragments(level, plan.position, sorted(found)))
     records: list[FragmentRecord] = []
     span = 1 << plan.lod
@@ -157,7 +161,7 @@ def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int) -> list[FragmentR
     for cube in _cubes_of(plan.position, span, limits):
         lo, hi = first.box(cube)
         window = read_window(first.source, *window_of(lo, hi))
-        segments = _segments_in(window)
+        segments = _segments_in(window, keep)
         if segments:
             members[cube] = segments
         for segment in segments:
@@ -269,9 +273,11 @@ def set_info(voxel_nm: tuple[float, float, float], sharding: Sharding) -> bytes:
     return json_bytes({**multires_info(voxel_nm, None), "sharding": sharding_document(sharding)})
 
 
-def stamp_document(layer: str, stamp: str, files: dict[str, int]) -> bytes:
-    """``stamp.json``: what the set was made from and the size of each of its files."""
-    return json_bytes({"format": FORMAT, "version": VERSION, "layer": layer, "stamp": stamp, "files": files})
+def stamp_document(layer: str, stamp: str, files: dict[str, int], selection: dict[str, Any] | None = None) -> bytes:
+    """``stamp.json``: what the set was made from, the size of each of its files, and the segments a run selected
+    (None: every one)."""
+    document = {"format": FORMAT, "version": VERSION, "layer": layer, "stamp": stamp, "files": files}
+    return json_bytes(document if selection is None else {**document, "selection": selection})
 
 
 # --- reading a set ---------------------------------------------------------------------------------------

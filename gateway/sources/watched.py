@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gateway_storage import FileIdentity, OutsideRootError, Store
+from gateway_storage import FileIdentity, ListedFile, OutsideRootError, Store
 
 _OUTSIDE = "<outside>"  # a file that lies outside the roots (or its dataset's directory): the same until it moves
 
@@ -116,6 +116,15 @@ class WatchedStore(Store):
 
     def list_directories(self, path: str) -> list[str]:
         return self.inner.list_directories(path)
+
+    def write(self, path: str, data: bytes) -> None:
+        self.inner.write(path, data)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
+        return self.inner.list_files(path, limit)
 
     def is_directory(self, path: str) -> bool:
         found = self.inner.is_directory(path)

@@ -25,6 +25,8 @@ KNOWN_SECONDS = {
     "test_distributed_index.py": 120,  # dask.distributed clusters
     "test_precomputed_sources.py": 120,
     "test_meshes.py": 90,
+    "test_batch_object_stores.py": 80,  # moto and Azurite, index-segments and mesh-segments into each
+    "test_batch_selection.py": 75,  # the batch CLI four times, a dask LocalCluster once
     "test_own_viewer.py": 90,
     "test_precomputed_tree.py": 80,
     "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
@@ -37,6 +39,7 @@ KNOWN_SECONDS = {
     "test_servers.py": 35,
     "test_proxy_cache.py": 30,
     "test_mesh_segments.py": 25,
+    "test_data_stamp.py": 25,
     "test_data_safety.py": 25,
     "test_chunk_rewrites.py": 25,
 }

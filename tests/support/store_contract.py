@@ -19,6 +19,8 @@ from gateway_storage import (
     LocalStore,
     OutsideRootError,
     OversizedFileError,
+    OversizedListingError,
+    StorageError,
     Store,
     StoreUnavailableError,
     TruncatedFileError,
@@ -29,6 +31,9 @@ DATA = bytes(range(256)) * 16  # 4 KiB, every byte value, so an offset mistake s
 
 class StoreContract:
     """The tests every store passes. Subclasses provide the fixtures and the three writing hooks."""
+
+    # Whether the gateway writes into the store (batch results); a store that is not refuses with a StorageError.
+    writable = True
 
     # --- what a subclass provides -----------------------------------------------------------------
 
@@ -123,6 +128,46 @@ class StoreContract:
         assert store.is_directory(self.path(store, "c", "deeper"))
         assert not store.is_directory(self.path(store, "nothing"))
 
+    def test_a_file_listing_names_every_file_below_with_its_version_and_is_bounded(self, store: Store) -> None:
+        """What a data stamp is made of: every file at any depth, its path below the directory, and an identity
+        that a rewrite of the same size changes; past the caller's bound, a refusal rather than more lookups."""
+        for name in ("z0/y0/x1.bin", "z0/y0/x0.bin", "header.bin"):
+            self.write(store, f"org/ds/mag/{name}", DATA)
+        self.write(store, "org/ds/beside.bin", DATA)  # not below the directory listed
+        mag = self.path(store, "org", "ds", "mag")
+        listed = store.list_files(mag, limit=100)
+        assert listed is not None
+        assert [found.path for found in listed] == ["header.bin", "z0/y0/x0.bin", "z0/y0/x1.bin"], listed
+        assert [found.identity.size for found in listed] == [len(DATA)] * 3
+        self.write(store, "org/ds/mag/z0/y0/x0.bin", DATA[::-1])  # the same size, other bytes
+        again = store.list_files(mag, limit=100)
+        assert again is not None and [found.path for found in again] == [found.path for found in listed]
+        assert again[1].identity.version != listed[1].identity.version
+        assert [again[0].identity.version, again[2].identity.version] == [
+            listed[0].identity.version,
+            listed[2].identity.version,
+        ]
+        with pytest.raises(OversizedListingError):
+            store.list_files(mag, limit=2)
+        assert store.list_files(self.path(store, "nothing", "here"), limit=10) == []
+
+    def test_a_written_file_is_read_back_whole_and_deleted(self, store: Store) -> None:
+        """What batch runs publish results with (an index, a mesh set's shards and stamp, block outputs)."""
+        path = self.path(store, "org", "ds", "layer.meshes", "stamp.json")
+        if not self.writable:
+            with pytest.raises(StorageError):
+                store.write(path, DATA)
+            return
+        store.write(path, DATA)
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == DATA
+        store.write(path, b"again")
+        found = store.read_whole(path, limit=len(DATA))
+        assert found is not None and found[0] == b"again"
+        store.delete(path)
+        store.delete(path)  # already gone: nothing to do
+        assert store.identity(path) is None
+
     def test_join_and_resolve_stay_inside_the_root(self, store: Store) -> None:
         path = self.write(store, "org/ds/layer/file.bin", b"x")
         assert path == self.path(store, "org", "ds", "layer", "file.bin")
@@ -193,6 +238,21 @@ class LocalStoreContract(StoreContract):
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(target)
         return str(link)
+
+    def test_a_rewrite_in_place_that_puts_size_and_mtime_back_is_listed_as_another_version(self, store: Store) -> None:
+        """As a copy that keeps times (``rsync -t``, ``cp -p``) or a writer that restores them: the change time
+        still moves, so a data stamp sees the new bytes."""
+        path = Path(self.write(store, "org/ds/mag/x0.bin", DATA))
+        before = path.stat()
+        listed = store.list_files(str(path.parent), limit=10)
+        with open(path, "r+b") as rewrite:  # the same inode, the same size
+            rewrite.write(DATA[::-1])
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = path.stat()
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+        again = store.list_files(str(path.parent), limit=10)
+        assert listed is not None and again is not None
+        assert again[0].identity.version != listed[0].identity.version
 
     def replica(self, store: Store) -> Store:
         copy = Path(store.root).parent / f"replica-{uuid.uuid4().hex}"

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import anyio
 
-from ...precomputed.tree import PrecomputedTree, parse_precomputed_path
+from ...meshes.formats import PROPERTIES_DIRECTORY
+from ...precomputed.tree import INFO, MESH_DIRECTORY, PrecomputedTree, parse_precomputed_path
 from ..budget import MemoryBudget
 from ..messages import Answer, Request
 from .access import Authorizer
@@ -13,6 +14,9 @@ from .datasets import Datasets
 from .listings import Listings
 from .pages import listing
 from .sender import Sender
+
+# What below a layer of the tree asks the mesh service (its listing too): its data stamp is taken first.
+MESH_AWARE = frozenset({INFO, MESH_DIRECTORY, PROPERTIES_DIRECTORY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,8 @@ class PrecomputedHandler:
             entries = await self.listings.dataset_entries(grant, names[0])
             return await self.sender.send(request, listing(target.base, entries))
         dataset = await self.datasets.served(names[0], names[1], grant)
+        if len(names) > 2 and (not target.below or target.below[0] in MESH_AWARE):
+            await self.tree.meshes.ready(dataset, names[2])  # its data stamp, taken off the chunk threads
         accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
         need = self.tree.working_bytes(dataset, target)  # from the metadata: nothing is read or built yet
         self.memory.check(need)

@@ -128,6 +128,7 @@ class DatasetLevel(InDataset):
         entries = [Entry(f, False) for f in tree.dataset_files]
         entries += [Entry(name, True) for name in view.groups]
         entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
+        await self.meshes.ready_all(view.dataset)  # the data stamps, taken off the chunk threads
         largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.chunk_threads)
         page = self.pages.dataset_page
         return await self.datasets.call(page, target.base, view, tree.name, request, entries, link_token, largest)
