@@ -257,7 +257,8 @@ def test_data_that_appears_late_is_served_without_a_restart(
 ) -> None:
     """A layer symlinked to a volume that is not there yet, and a layer still being uploaded.
 
-    Both answer 404 'no servable layer' at first; once the volume holds the data and the upload is
+    The upload answers 404 'no servable layer' at first and the volume that is away a 503 (a storage
+    fault, which clients must not fill with zeros); once the volume holds the data and the upload is
     written, both are served within seconds, and the properties file was never touched.
     """
     root, volume = tmp_path / "root", tmp_path / "volume"
@@ -266,9 +267,10 @@ def test_data_that_appears_late_is_served_without_a_restart(
     (dataset_dir / "mounted").symlink_to(volume / "mounted", target_is_directory=True)  # dangling for now
     properties = (dataset_dir / "datasource-properties.json").stat()
     server = serve(server_factory, root, extra_roots=[str(volume)], settle_seconds=0)
-    for layer in ("mounted", "uploaded"):
-        response = requests.get(f"{layer_url(server, layer)}/.zattrs", timeout=30)
-        assert response.status_code == 404 and "no servable layer" in response.json()["error"], response.text
+    response = requests.get(f"{layer_url(server, 'uploaded')}/.zattrs", timeout=30)
+    assert response.status_code == 404 and "no servable layer" in response.json()["error"], response.text
+    response = requests.get(f"{layer_url(server, 'mounted')}/.zattrs", timeout=30)
+    assert response.status_code == 503 and "volume that is away" in response.json()["error"], response.text
     listing = requests.get(f"{server.url}/data/zarr/{ORG}/{DATASET}/", timeout=30).text
     assert "mounted" in listing and "not found" in listing  # listed with the reason, not as a link
 

@@ -90,7 +90,9 @@ class LayerMeshes:
             if self._walk is None:
                 started = time.monotonic()
                 walk = self._walk = self._stamps.submit(self._take)
+                # a walk already done runs the callback here, which clears ``_walk``: return the walk itself
                 walk.add_done_callback(lambda done: self._remember(done, started))
+                return walk
             return self._walk
 
     def _remember(self, walk: "Future[str]", started: float) -> None:
