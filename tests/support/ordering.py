@@ -22,6 +22,7 @@ KNOWN_SECONDS = {
     "test_object_storage.py": 180,
     "test_packaging.py": 160,  # fresh venvs installed from the package index
     "test_viewers.py": 160,  # Neuroglancer in Chromium
+    "test_mesh_lab_labels.py": 150,  # a million-voxel sheet and ragged cells meshed whole, a mesh-segments run
     "test_distributed_index.py": 120,  # dask.distributed clusters
     "test_precomputed_sources.py": 120,
     "test_meshes.py": 90,
