@@ -36,7 +36,7 @@ KNOWN_SECONDS = {
     "test_deploy.py": 45,
     "test_servers.py": 35,
     "test_proxy_cache.py": 30,
-    "test_mesh_segments.py": 25,
+    "test_mesh_segments.py": 40,
     "test_data_safety.py": 25,
     "test_chunk_rewrites.py": 25,
 }
