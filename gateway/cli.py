@@ -265,13 +265,22 @@ def mesh_segments(args: argparse.Namespace) -> None:
         raise CommandError(f"{command}: --dust-threshold needs the layer's voxel counts: {exc}") from None
     except (MeshInputError, MeshNotFound, DatasetNotFound, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
-    summary = _run_blocks(command, args, task, posixpath.dirname(task.directory))
+    summary = _run_blocks(command, args, task, posixpath.dirname(task.directory), keep_going=True)
     print(
         f"the meshes of {args.dataset}/{args.layer} made in {summary.seconds:.1f} s "
         f"({summary.voxels_per_second / 1e6:.1f} M voxels/s), written to {summary.result}"
     )
     for line in summary.lines():
         print(f"  {line}")
+    left_out = [f"  block {f.key}: {f.reason}" for f in summary.failed] + [
+        f"  segment {s.segment} at level {s.lod} {list(s.position)}: {s.reason}" for s in task.skipped
+    ]
+    if left_out:
+        print(
+            f"left out of the set ({len(summary.failed)} blocks, {len(task.skipped)} fragments):", *left_out, sep="\n"
+        )
+        if args.strict:
+            raise CommandError(f"{command}: {len(left_out)} parts of the layer could not be meshed (--strict)")
 
 
 def _require_batch_extras(command: str, args: argparse.Namespace) -> None:
@@ -295,10 +304,11 @@ def _batch_root(command: str, args: argparse.Namespace) -> str:
     return args.root if store_kind(args.root) is not None else str(Path(args.root.removeprefix("file://")).resolve())
 
 
-def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str) -> Any:
+def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str, keep_going: bool = False) -> Any:
     """Run ``task``'s blocks where the flags say (this process, a LocalCluster, an existing scheduler), keeping
     their outputs in the work directory (default: ``LAYER.batch-work`` in ``beside``, a local directory or a
-    prefix in the data root's object store) until it is finished."""
+    prefix in the data root's object store) until it is finished; ``keep_going``: finished without the blocks
+    that failed (the summary lists them)."""
     from gateway_storage import store_kind
 
     from .batch.outputs import BlockOutputs
@@ -317,7 +327,7 @@ def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str) 
     else:
         executor = InProcess(progress)
     try:
-        return run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()))
+        return run_task(task, executor, BlockOutputs(work_dir, task.name, task.version()), keep_going=keep_going)
     except (RunFailed, DataChangedWhileIndexing, MeshSetBlockFailed) as exc:
         raise CommandError(f"{command}: {exc}") from None
 
@@ -462,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
         "sharded format), for the gateway to serve as stored: segments too large to mesh on demand included.",
     )
     _add_batch_arguments(meshes, "the mesh set")
+    meshes.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit non-zero when a block or a segment's fragment could not be meshed (by default the set is "
+        "finished without them, and they are listed)",
+    )
     meshes.set_defaults(func=mesh_segments)
     return parser
 

@@ -59,7 +59,7 @@ AZURE = Extra("azure", ("obstore",), "az:// data and remote roots")
 HTTPS = Extra("https", ("obstore",), "https:// data and remote roots")
 GRANIAN = Extra("granian", ("granian",), "server=granian")
 SAMPLE = Extra("sample", ("rich",), "zarr-gateway make-sample")
-MESHES = Extra("meshes", ("zmesh", "DracoPy", "rich"), "segment meshes and zarr-gateway index-segments")
+MESHES = Extra("meshes", ("zmesh", "DracoPy", "tinybrain", "rich"), "segment meshes and zarr-gateway index-segments")
 BATCH = Extra("batch", ("distributed",), "zarr-gateway index-segments on dask.distributed (--workers, --scheduler)")
 VIEWER = Extra("viewer", ("neuroglancer",), "the Neuroglancer client served at /neuroglancer/")
 PRECOMPUTED = Extra(

@@ -181,8 +181,8 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         description="voxels one multi-resolution mesh made on demand may read (every level of one segment); a "
-        "larger segment is served from the layer's stored mesh set (mesh-segments), else answered 413; "
-        "unset: 134217728 (128 Mi)",
+        "larger segment is served from the layer's stored mesh set (mesh-segments), else gets on demand the coarse "
+        "levels whose reads fit (413 where none does); unset: 134217728 (128 Mi)",
     )
     mesh_seconds: float = Field(
         default=MESH_SECONDS,

@@ -1,8 +1,10 @@
 """Mesh and preview work bounded by what it produces, in threads of its own (``mesh_threads``).
 
 Cost follows what is made, not the voxels read: a segment that is a 3-D checkerboard has a surface on every
-face of every voxel, and a layer of 1-voxel chunks (or of chunks that inflate 1000-fold) costs a preview far
-more than its bytes on disk. Each is refused with the reason, or bounded, before the costly work; a preview
+face of every voxel. Such a box is meshed from its labels two times coarser (where a checkerboard of voxels is
+solid) rather than refused; a checkerboard of two-voxel cells is one of voxels there too, and is refused. A
+layer of 1-voxel chunks (or of chunks that inflate 1000-fold) costs a preview far more than its bytes on disk.
+Each is refused with the reason, or bounded, before the costly work; a preview
 whose files are unchanged is revalidated without a byte of them read; and chunks are answered while mesh
 requests keep the mesh threads busy. Data are written with the ``wkw`` package and zarr's codecs (numcodecs).
 """
@@ -82,8 +84,8 @@ def write_wkw(mag: Path, data: np.ndarray, block_type: int = wkw.Header.BLOCK_TY
         written.write((0, 0, 0), padded)
 
 
-def checkerboard(edge: int) -> np.ndarray:
-    x, y, z = np.indices((edge, edge, edge))
+def checkerboard(edge: int, cell: int = 1) -> np.ndarray:
+    x, y, z = np.indices((edge, edge, edge)) // cell
     board: np.ndarray = ((x + y + z) % 2 == 0).astype(np.uint8)
     return board
 
@@ -103,10 +105,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bounded-work")
     bombs = root / ORG / "bombs"
     write_wkw(bombs / "checker" / "1", checkerboard(CHECKER))
+    write_wkw(bombs / "checker2" / "1", checkerboard(CHECKER, cell=2))
     write_wkw(bombs / "blobs" / "1", blobs(BLOBS))
     write_wkw(bombs / "color" / "1", np.random.default_rng(1).integers(0, 255, (256, 256, 64), dtype=np.uint8))
     layers = [
         wkw_layer("checker", (CHECKER,) * 3, "segmentation"),
+        wkw_layer("checker2", (CHECKER,) * 3, "segmentation"),
         wkw_layer("blobs", BLOBS, "segmentation"),
         wkw_layer("color", (256, 256, 64), "color"),
     ]
@@ -168,27 +172,60 @@ class Spent:
 # --- meshes ----------------------------------------------------------------------------------------------------
 
 
-def test_a_checkerboard_legacy_fragment_is_refused_before_it_is_meshed(server: Server) -> None:
-    """Meshing this cube once cost 1.4 s of CPU and made 21 MB: now its surface is counted first (milliseconds)."""
+def legacy_vertices(body: bytes) -> np.ndarray:
+    count = int.from_bytes(body[:4], "little")
+    return np.frombuffer(body, "<f4", 3 * count, 4).reshape(-1, 3)
+
+
+def test_a_voxel_checkerboard_is_meshed_from_coarser_labels_cheaply(server: Server) -> None:
+    """Meshing this cube at its mag once cost 1.4 s of CPU and made 21 MB: its surface is counted first
+    (milliseconds), found past the bound, and the cube is meshed from its labels two times coarser, where the
+    board is solid: a small mesh within the cube's cells, in milliseconds more."""
     with Spent(server) as spent:
         answer = get(server, f"{MESHES}/checker/legacy/1:0:0_0_0")
-    assert_reason(answer, 413, "voxel faces", f"more than the {MAX_BOX_SURFACE}", "the work was stopped")
-    assert spent.cpu < 1.0, f"refusing one fragment cost {spent.cpu:.2f} s of CPU"
-    assert_no_unexpected_errors(server)
-
-
-def test_a_checkerboard_multires_mesh_is_refused_and_stops(server: Server) -> None:
-    """The manifest once took 211 s and 131 s of CPU for 2.2 M voxels: now the first box meshed stops it."""
-    with Spent(server) as spent:
+    assert answer.status_code == 200, answer.text[:300]
+    assert spent.cpu < 1.0, f"one coarser fragment cost {spent.cpu:.2f} s of CPU"
+    assert len(answer.content) < 1 << 20, len(answer.content)
+    voxels = legacy_vertices(answer.content) / np.asarray([4.0, 4.0, 40.0])  # the layer's voxel size in nm
+    assert len(voxels) > 0
+    # the coarser surface lies on faces of the labels two times coarser, within the cube's cells [-0.5, 63.5]
+    assert voxels.min() >= -0.5 - 1e-3 and voxels.max() <= 63.5 + 1e-3, (voxels.min(0), voxels.max(0))
+    assert np.allclose(voxels.min(0), 0.0, atol=1e-3), voxels.min(0)  # the board starts at the origin's face
+    with Spent(server) as whole:
         manifest = get(server, f"{MESHES}/checker/multires/1.index")
         data = get(server, f"{MESHES}/checker/multires/1")
+    for found in (manifest, data):
+        assert found.status_code == 200, found.text[:300]
+    assert len(data.content) > 0
+    # the index scan of the layer (2.2 M voxels, once) and 27 + 8 coarser boxes; at their mag each took seconds
+    assert whole.cpu < 15.0, f"the coarser multi-resolution mesh cost {whole.cpu:.2f} s of CPU"
+    assert_no_unexpected_errors(server)
+
+
+def test_a_checkerboard_of_two_voxel_cells_is_refused_once_its_coarser_labels_are_too(server: Server) -> None:
+    """Two times coarser by mode, a board of two-voxel cells is one of voxels: the cheap fallback fails too, and
+    the request ends with the reason, both counts of faces in it, before any marching cubes."""
+    with Spent(server) as spent:
+        answer = get(server, f"{MESHES}/checker2/legacy/1:0:0_0_0")
+    assert_reason(answer, 413, "voxel faces", "two times coarser", f"more than the {MAX_BOX_SURFACE}", "was stopped")
+    assert spent.cpu < 1.0, f"refusing one fragment cost {spent.cpu:.2f} s of CPU"
+    with Spent(server) as spent:
+        manifest = get(server, f"{MESHES}/checker2/multires/1.index")
+        data = get(server, f"{MESHES}/checker2/multires/1")
     for answer in (manifest, data):
-        assert_reason(answer, 413, "voxel faces", "the work was stopped")
+        assert_reason(answer, 413, "voxel faces", "two times coarser", "the work was stopped")
     # the index scan of the layer (2.2 M voxels, once) and two refusals; each box would be seconds more
     assert spent.cpu < 15.0, f"the refusals cost {spent.cpu:.2f} s of CPU"
-    listing = get(server, f"{MESHES}/checker/legacy/1:0")
+    listing = get(server, f"{MESHES}/checker2/legacy/1:0")
     assert listing.status_code == 200 and len(listing.json()["fragments"]) == 27, listing.text[:300]
     assert_no_unexpected_errors(server)
+
+
+def test_a_segment_id_past_the_layers_data_type_is_a_400(server: Server) -> None:
+    """300 cannot be a label of a uint8 layer: the client asked for the wrong layer, and is told so."""
+    for path in ("legacy/300:0", "legacy/300:0:0_0_0", "multires/300.index", "multires/300"):
+        assert_reason(get(server, f"{MESHES}/checker/{path}"), 400, "uint8", "ids up to 255")
+    assert get(server, f"{MESHES}/checker/legacy/255:0").status_code == 200
 
 
 def test_a_surface_under_the_bound_is_meshed(server: Server) -> None:

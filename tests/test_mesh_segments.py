@@ -1,6 +1,7 @@
 """``zarr-gateway mesh-segments``: a layer's stored mesh set made by the command, in one process or on a dask
-LocalCluster, equal to the set the block task makes serially, served for a segment too large to mesh on
-demand, and a block that cannot be read failing the run without a set marked complete, then resumed.
+LocalCluster, equal to the set the block task makes serially, serving every level of a segment too large to mesh
+whole on demand; a block that cannot be read, or a segment's fragment past a request's bounds, left out of a set
+finished without them and listed (the run exits non-zero for them only with ``--strict``).
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import pytest
 import requests
 from support.mesh_sets import (
     DATASET,
+    HOSTILE,
     LAYER,
     ORGANIZATION,
     SMALL_VOXELS,
@@ -26,7 +28,7 @@ from support.mesh_sets import (
     set_directory,
     write_cells,
 )
-from support.servers import Server, assert_no_unexpected_errors, assert_reason
+from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.meshes.stored import STAMP
 
@@ -108,22 +110,29 @@ def test_the_command_makes_the_set_the_block_task_makes(
     ), "block outputs are removed once the set is written"
 
 
-def test_a_segment_too_large_for_on_demand_meshing_is_served_after_the_command(
+def lods(manifest: bytes) -> int:
+    return int.from_bytes(manifest[24:28], "little")
+
+
+def test_a_segment_too_large_for_on_demand_meshing_is_served_whole_after_the_command(
     copy_root: Path, server_factory: Callable[..., Server]
 ) -> None:
+    """Before the run, the tube gets on demand only its coarse levels (once a 413); after it, every level."""
     server = server_factory(copy_root, multires_voxels=SMALL_VOXELS)
-    assert_reason(requests.get(server.url + MANIFEST, timeout=60), 413, "mesh-segments")
+    before = requests.get(server.url + MANIFEST, timeout=60)
+    assert before.status_code == 200, before.text[:300]
     code, _out, err = mesh_segments(copy_root, "--workers", "2")
     assert code == 0, err
     answer = requests.get(server.url + MANIFEST, timeout=60)
     assert answer.status_code == 200, answer.text[:300]
     assert len(answer.content) > 16 and answer.headers["ETag"]
+    assert 0 < lods(before.content) < lods(answer.content) == 3, (lods(before.content), lods(answer.content))
     assert_no_unexpected_errors(server)
 
 
-def test_an_unreadable_block_fails_the_run_and_no_set_is_marked_complete(tmp_path: Path) -> None:
-    """A block whose chunks do not decode (LZ4 blocks overwritten) fails with its key and reason, the run ends
-    non-zero, and the set has no stamp, so the gateway never serves it (tests/test_stored_meshes.py)."""
+def test_an_unreadable_block_is_left_out_listed_and_fails_a_strict_run(tmp_path: Path) -> None:
+    """A block whose chunks do not decode (LZ4 blocks overwritten) is listed with its key and reason, the set is
+    finished with every other block, and ``--strict`` makes the run end non-zero (never with a traceback)."""
     root = tmp_path / "root"
     write_cells(root, block_type=2)
     path = root / ORGANIZATION / DATASET / LAYER / "1" / "z0" / "y0" / "x0.wkw"
@@ -131,9 +140,36 @@ def test_an_unreadable_block_fails_the_run_and_no_set_is_marked_complete(tmp_pat
     start = len(data) // 4  # past the header and its jump table
     data[start:] = np.random.default_rng(3).integers(0, 256, len(data) - start, dtype=np.uint8).tobytes()
     path.write_bytes(bytes(data))
-    code, _out, err = mesh_segments(root, "--workers", "2")
+    code, out, err = mesh_segments(root, "--workers", "2", "--strict")
     assert code != 0 and "Traceback" not in err, err
-    found = re.search(r"(\d+) of (\d+) blocks failed, nothing was finished", err)
-    assert found and int(found.group(1)) > 0, err
-    assert re.search(r"^  block \S+: .+$", err, flags=re.MULTILINE), err
-    assert not (set_directory(root) / STAMP).exists(), "a failed run marked a set complete"
+    found = re.search(r"left out of the set \((\d+) blocks, (\d+) fragments\)", out)
+    assert found and int(found.group(1)) > 0, out
+    assert re.search(r"^  block \S+: .+$", out, flags=re.MULTILINE), out
+    assert "could not be meshed (--strict)" in err, err
+    assert (set_directory(root) / STAMP).exists(), "the set was not finished with the other blocks"
+
+
+def test_a_hostile_segment_is_left_out_and_every_other_one_is_meshed(
+    tmp_path: Path, server_factory: Callable[..., Server]
+) -> None:
+    """A checkerboard of two-voxel cells (past the surface bound even two times coarser) planted in the cells: its
+    level-0 fragments are left out and listed with the reason, the run exits 0 (non-zero with ``--strict``), and
+    the set serves every other segment, the hostile one with its coarser levels."""
+    root = tmp_path / "root"
+    write_cells(root, hostile=True)
+    code, out, err = mesh_segments(root)
+    assert code == 0 and "Traceback" not in err, err
+    found = re.search(r"left out of the set \(0 blocks, (\d+) fragments\)", out)
+    assert found and int(found.group(1)) > 0, out
+    listed = re.findall(r"^  segment (\d+) at level (\d+) .*two times coarser.*$", out, flags=re.MULTILINE)
+    assert listed and all(segment == str(HOSTILE) for segment, _ in listed), out
+    assert (set_directory(root) / STAMP).exists()
+    server = server_factory(root)
+    for segment in (TUBE, HOSTILE):
+        answer = requests.get(
+            f"{server.url}/data/meshes/{ORGANIZATION}/{DATASET}/{LAYER}/multires/{segment}", timeout=60
+        )
+        assert answer.status_code == 200 and len(answer.content) > 0, (segment, answer.text[:300])
+    strict, _out, err = mesh_segments(root, "--strict")
+    assert strict != 0 and "could not be meshed (--strict)" in err and "Traceback" not in err, err
+    assert_no_unexpected_errors(server)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from html import unescape
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote, unquote
 
 import DracoPy
@@ -34,6 +35,7 @@ from support.processes import free_port, stop_process
 from support.sample import VOLUME_HI, VOLUME_LO, sample_labels
 from support.servers import Server
 
+from gateway.meshes.downsample import mode_downsample
 from gateway.sample import DATASET, ORGANIZATION, VOXEL_SIZE_NM
 from gateway_storage.geometry import vec3
 
@@ -643,3 +645,21 @@ def test_the_neuroglancer_link_opens_image_and_segmentation_with_meshes(server: 
     # the token in the path, the one form every Neuroglancer keeps on each request
     assert sources[1] == f"{server.url}/t/{MESH_TOKEN}{mesh_base()}|neuroglancer-precomputed:"
     assert [int(s) for s in layers["segmentation"]["segments"]] == largest(labels, 3)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_labels_made_coarser_by_mode_take_each_blocks_most_frequent_nonzero_label(order: Literal["C", "F"]) -> None:
+    """Each 2x2x2 block's most frequent non-zero label (checked where it is the only most frequent one), whatever
+    the memory order of the labels; a block of background alone stays background."""
+    labels = np.random.default_rng(5).integers(0, 4, (16, 12, 8)).astype(np.uint64)
+    labels[:2, :2, :2] = 0
+    coarse = mode_downsample(np.asarray(labels, order=order), (2, 2, 2))
+    assert coarse.shape == (8, 6, 4) and coarse[0, 0, 0] == 0
+    checked = 0
+    for index in np.ndindex(*coarse.shape):
+        block = labels[tuple(slice(2 * i, 2 * i + 2) for i in index)].ravel()
+        values, counts = np.unique(block[block != 0], return_counts=True)
+        if len(values) and (counts == counts.max()).sum() == 1:
+            assert coarse[index] == values[counts.argmax()], index
+            checked += 1
+    assert checked > 100, checked

@@ -74,8 +74,16 @@ def getter(server: Server) -> Callable[..., requests.Response]:
 
 
 def small_bound_server(root: Path, server_factory: Callable[..., Server]) -> Server:
-    """A gateway that meshes on demand only segments as small as :data:`SMALL`."""
+    """A gateway that meshes on demand every level only of segments as small as :data:`SMALL` (of the tube, its
+    coarse levels)."""
     return server_factory(root, multires_voxels=SMALL_VOXELS)
+
+
+TINY_VOXELS = 65**3 - 1  # less than any fragment reads: no level of the tube is made on demand
+
+
+def lods(manifest: bytes) -> int:
+    return int.from_bytes(manifest[24:28], "little")
 
 
 def open_edges(faces: np.ndarray) -> int:
@@ -195,10 +203,14 @@ def test_a_segment_too_large_for_on_demand_meshing_is_served_from_the_set(
 ) -> None:
     server = small_bound_server(copy_root, server_factory)
     get = getter(server)
-    assert_reason(get(f"{BASE}{TUBE}.index"), 413, "mesh-segments", str(SMALL_VOXELS))
-    assert get(f"{BASE}{SMALL}.index").status_code == 200
+    coarse = read_served(get, BASE, TUBE)  # at once: its coarse levels, made on demand
+    assert 0 < lods(coarse.manifest) < 3 and coarse.fragments, lods(coarse.manifest)
+    assert lods(get(f"{BASE}{SMALL}.index").content) == 3
+    tiny = server_factory(copy_root, multires_voxels=TINY_VOXELS)
+    assert_reason(getter(tiny)(f"{BASE}{TUBE}.index"), 413, "mesh-segments", str(TINY_VOXELS))
     make_mesh_set(copy_root)
     served = read_served(get, BASE, TUBE)
+    assert lods(served.manifest) == 3
     lod0 = np.concatenate([f.vertices for f in served.fragments if f.lod == 0])
     assert farthest_from_the_voxels(lod0, labels, TUBE) <= np.linalg.norm(VOXEL)
     where = np.argwhere(labels == TUBE)
@@ -233,12 +245,14 @@ def test_a_stale_set_is_never_served(
     # The data changes: segment 13 grows by a voxel at mag 1 (rewritten in place by the wkw package).
     with wkw.Dataset.open(str(copy_root / mesh_sets.ORGANIZATION / mesh_sets.DATASET / "cells" / "1")) as ds:
         ds.write((100, 100, 37), np.full((1, 1, 1), SMALL, dtype=np.uint32))
-    wait_for(lambda: get(f"{BASE}{TUBE}.index").status_code == 409, "the stale set is still served")
-    assert_reason(get(f"{BASE}{TUBE}.index"), 409, "stale", "mesh-segments")
+    assert lods(get(f"{BASE}{TUBE}.index").content) == 3
+    wait_for(lambda: lods(get(f"{BASE}{TUBE}.index").content) < 3, "the stale set is still served")
+    tiny = server_factory(copy_root, multires_voxels=TINY_VOXELS)
+    assert_reason(getter(tiny)(f"{BASE}{TUBE}.index"), 409, "stale", "mesh-segments")
     small_after = read_served(get, BASE, SMALL)  # made on demand from the data as it is now
     assert small_after.manifest_etag != small_before.manifest_etag
     make_mesh_set(copy_root)  # made again: fresh, served
-    wait_for(lambda: get(f"{BASE}{TUBE}.index").status_code == 200, "the fresh set is not served")
+    wait_for(lambda: lods(get(f"{BASE}{TUBE}.index").content) == 3, "the fresh set is not served")
     assert_no_unexpected_errors(server)
 
 
@@ -247,8 +261,10 @@ def test_an_incomplete_set_is_never_served(copy_root: Path, server_factory: Call
     (mesh_sets.set_directory(copy_root) / "stamp.json").unlink()  # as a run that failed, or is still writing
     server = small_bound_server(copy_root, server_factory)
     get = getter(server)
-    assert_reason(get(f"{BASE}{TUBE}.index"), 409, "incomplete", "mesh-segments")
+    assert 0 < lods(get(f"{BASE}{TUBE}.index").content) < 3  # its coarse levels on demand, not the set's
     assert get(f"{BASE}{SMALL}.index").status_code == 200  # on demand
+    tiny = server_factory(copy_root, multires_voxels=TINY_VOXELS)
+    assert_reason(getter(tiny)(f"{BASE}{TUBE}.index"), 409, "incomplete", "mesh-segments")
 
 
 def test_a_failing_block_names_itself_and_nothing_is_marked_complete(copy_root: Path) -> None:

@@ -6,7 +6,9 @@ reads only through stores). The task holds descriptions (root, names, directory)
 worker, once per process.
 """
 
+import json
 import shutil
+import struct
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +33,8 @@ from ..meshes.stored import (
     BlockPlan,
     FragmentRecord,
     MeshSetBlockFailed,
+    MeshSetCorrupt,
+    SkippedFragment,
     block_lod,
     block_memory_bytes,
     decode_block_output,
@@ -42,11 +46,13 @@ from ..meshes.stored import (
     stamp_document,
 )
 from .segment_index import SegmentLayer
-from .tasks import Block, box_voxels
+from .tasks import Block, BlockMissing, box_voxels
 
 INDEX_CACHE_BYTES = 2 << 30  # room for the layer's index while a dust threshold is decided on it
 SPILL = "zarr-gateway-spill-"  # a scratch directory while ``finish`` sorts fragments by shard
 MAX_SET_FILES = 1_000_000  # files of an earlier set looked at to remove its shards
+# A block's output: this, the length of a JSON list of the fragments it left out, that list, then its fragments.
+_SKIPPED_MAGIC = b"ZGSKIP01"
 
 
 _opened: dict[tuple[str, str, str, str], LayerMeshes] = {}
@@ -72,6 +78,9 @@ class MeshSetTask:
     keep: tuple[int, ...] | None = None
     index_dir: str | None = None  # the ``segment_index_dir`` the set is written below (None: beside the layer)
     name: str = field(default="meshes", init=False)
+    # What the last ``finish`` left out, for the run to list: fragments past a request's bounds, failed blocks.
+    skipped: list[SkippedFragment] = field(default_factory=list, init=False, compare=False, repr=False)
+    failed_blocks: list[BlockMissing] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         key = self.selection.key()  # the outputs of a run with another selection are kept apart
@@ -151,27 +160,48 @@ class MeshSetTask:
 
     def run(self, block: Block) -> bytes:
         lod, x, y, z = (int(part) for part in block.key.split("_"))
+        skipped: list[SkippedFragment] = []
         try:
             keep = None if self.keep is None else np.asarray(self.keep, dtype=np.uint64)
-            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod, keep)
+            records = make_block(self.meshes().grid, BlockPlan(lod, (x, y, z)), self._fine_lod, keep, skipped)
         except MeshSetBlockFailed:
             raise
         except Exception as exc:
             raise MeshSetBlockFailed(
                 f"block {block.key} ({block.lo}..{block.hi}) of layer {self.layer!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        return encode_block_output(records)
+        listed = json.dumps([[s.segment, s.lod, list(s.position), s.reason] for s in skipped]).encode()
+        return b"".join([_SKIPPED_MAGIC, struct.pack("<Q", len(listed)), listed, encode_block_output(records)])
+
+    def _records(self, outputs: Callable[[Block], bytes], block: Block) -> list[FragmentRecord]:
+        """A block's fragments from its output (its skipped fragments are read by :meth:`_skipped_of`)."""
+        return decode_block_output(_split_output(outputs(block), block.key)[1], block.key)
+
+    def _kept_blocks(self, outputs: Callable[[Block], bytes]) -> list[Block]:
+        """The blocks with an output, noting those that failed in this run and the fragments the others left out."""
+        self.skipped.clear()
+        self.failed_blocks.clear()
+        kept = []
+        for block in self.blocks():
+            try:
+                listed = _split_output(outputs(block), block.key)[0]
+            except BlockMissing as missing:
+                self.failed_blocks.append(missing)
+                continue
+            self.skipped.extend(listed)
+            kept.append(block)
+        return kept
 
     def finish(self, outputs: Callable[[Block], bytes]) -> str:
         """Group every block's fragments by shard (spilled to files, so one shard is held at a time), write the
         shards and the info, then the stamp: until it is written the set is incomplete and never served."""
         meshes = self.meshes()
         version = self.version()
-        blocks = self.blocks()
+        blocks = self._kept_blocks(outputs)
         segments: set[int] = set()
         total = 0
         for block in blocks:
-            for record in decode_block_output(outputs(block), block.key):
+            for record in self._records(outputs, block):
                 segments.add(record.segment)
                 total += len(record.data)
         sharding = sharding_for(len(segments), total, TARGET_SHARD_BYTES)
@@ -184,8 +214,7 @@ class MeshSetTask:
         try:
             for block in blocks:
                 by_shard: dict[int, list[FragmentRecord]] = {}
-                records = decode_block_output(outputs(block), block.key)
-                for record in records:
+                for record in self._records(outputs, block):
                     by_shard.setdefault(sharding.locate(record.segment)[0], []).append(record)
                 for shard, members in by_shard.items():
                     encoded = encode_block_output(members)
@@ -221,3 +250,19 @@ class MeshSetTask:
                 fragments.setdefault(record.segment, {})[record.lod, record.position] = record.data
             at += 8 + size
         return [segment_chunk(meshes.grid, segment, fragments[segment]) for segment in sorted(fragments)]
+
+
+def _split_output(data: bytes, origin: str) -> tuple[list[SkippedFragment], bytes]:
+    """A block's output as its skipped fragments and its encoded fragments; refused unless it is one."""
+    head = len(_SKIPPED_MAGIC) + 8
+    if len(data) < head or not data.startswith(_SKIPPED_MAGIC):
+        raise MeshSetCorrupt(f"the output of block {origin} is not a block of a mesh set")
+    (size,) = struct.unpack_from("<Q", data, len(_SKIPPED_MAGIC))
+    try:
+        listed = json.loads(data[head : head + size])
+        skipped = [
+            SkippedFragment(int(s), int(lod), (int(p[0]), int(p[1]), int(p[2])), str(r)) for s, lod, p, r in listed
+        ]
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MeshSetCorrupt(f"the output of block {origin} lists its skipped fragments wrongly: {exc}") from None
+    return skipped, data[head + size :]

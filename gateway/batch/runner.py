@@ -4,7 +4,9 @@ dask.distributed, then its ``finish`` once every block has one.
 The worker that runs a block writes its output (:class:`~gateway.batch.outputs.BlockOutputs`), so a block is
 done exactly when its output exists: a worker killed mid-block leaves nothing (the scheduler runs the block
 again elsewhere), a run killed mid-way is started again and submits only the blocks without an output. A block
-that fails names itself and the reason; a run with a failed block ends with the list and never finishes.
+that fails names itself and the reason; a run with a failed block ends with the list and never finishes, unless it
+is asked to go on (``keep_going``: the task's ``finish`` is given the others and is told which failed, the summary
+lists them).
 """
 
 import contextlib
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .outputs import BlockOutputs
-from .tasks import Block, BlockTask
+from .tasks import Block, BlockMissing, BlockTask
 
 # Beyond what a task says one block holds: the worker process itself (the interpreter, numpy, the task's
 # libraries, dask's own state), measured at 200-300 MiB here, with room.
@@ -40,8 +42,9 @@ class RunFailed(Exception):
 class BlocksFailed(RunFailed):
     """Some blocks failed: nothing was finished; the others' outputs are kept for the next run."""
 
-    def __init__(self, failed: "list[FailedBlock]", blocks: int) -> None:
+    def __init__(self, failed: "list[FailedBlock]", blocks: int, done: "list[BlockDone]") -> None:
         self.failed = failed
+        self.done = done
         listed = "\n".join(f"  block {f.key}: {f.reason}" for f in failed)
         super().__init__(f"{len(failed)} of {blocks} blocks failed, nothing was finished:\n{listed}")
 
@@ -111,6 +114,7 @@ class RunSummary:
     memory_bytes: int  # what the task says one block holds at most
     peak_rss_bytes: int  # the largest peak of any process that ran a block (0 when none ran)
     workers: str
+    failed: tuple[FailedBlock, ...] = ()  # blocks the result was finished without (a run that went on)
 
     @property
     def voxels_per_second(self) -> float:
@@ -170,7 +174,7 @@ class InProcess(Executor):
                     failed.append(FailedBlock(exc.key, exc.reason))
                 bar.advance(shown)
         if failed:
-            raise BlocksFailed(failed, len(blocks))
+            raise BlocksFailed(failed, len(blocks), done)
         return done
 
 
@@ -236,7 +240,7 @@ def _collect(blocks: Sequence[Block], futures: list[Any]) -> list[BlockDone]:
                 reason = exc.reason if isinstance(exc, BlockError) else f"{type(exc).__name__}: {exc}"
             failed.append(FailedBlock(block.key, reason))
     if failed:
-        raise BlocksFailed(failed, len(blocks))
+        raise BlocksFailed(failed, len(blocks), done)
     return done
 
 
@@ -318,9 +322,13 @@ class Scheduler(Dask):
             yield client
 
 
-def run_task(task: BlockTask, executor: Executor, outputs: BlockOutputs, say: Say | None = None) -> RunSummary:
+def run_task(
+    task: BlockTask, executor: Executor, outputs: BlockOutputs, say: Say | None = None, keep_going: bool = False
+) -> RunSummary:
     """Run every block of ``task`` that has no output yet, then finish it; the outputs are removed once the result
-    is written (a later run of the same data version would find its result, not its blocks)."""
+    is written (a later run of the same data version would find its result, not its blocks). With ``keep_going``
+    a run whose blocks failed finishes with the others (``finish`` gets :class:`BlockMissing` for each failed one)
+    and lists the failed in its summary; without, it ends with :class:`BlocksFailed` and keeps the others' outputs."""
     tell: Say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     blocks = task.blocks()
     pending = [block for block in blocks if not outputs.has(block)]
@@ -330,8 +338,21 @@ def run_task(task: BlockTask, executor: Executor, outputs: BlockOutputs, say: Sa
         f"on {executor.description}, each holding at most {memory / 2**20:.0f} MiB"
     )
     started = time.perf_counter()
-    done = executor.run(task, pending, outputs, tell) if pending else []
-    result = task.finish(lambda block: outputs.read(block))
+    failed: dict[str, FailedBlock] = {}
+    try:
+        done = executor.run(task, pending, outputs, tell) if pending else []
+    except BlocksFailed as exc:
+        if not keep_going:
+            raise
+        done, failed = exc.done, {f.key: f for f in exc.failed}
+
+    def output(block: Block) -> bytes:
+        missing = failed.get(block.key)
+        if missing is not None:
+            raise BlockMissing(missing.key, missing.reason)
+        return outputs.read(block)
+
+    result = task.finish(output)
     outputs.discard()
     return RunSummary(
         result,
@@ -343,4 +364,5 @@ def run_task(task: BlockTask, executor: Executor, outputs: BlockOutputs, say: Sa
         memory,
         max((d.peak_rss_bytes for d in done), default=0),
         executor.description,
+        tuple(failed.values()),
     )

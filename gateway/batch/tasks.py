@@ -14,6 +14,17 @@ from typing import Protocol
 from gateway_storage.geometry import Vec3
 
 
+class BlockMissing(LookupError):
+    """The output of a block that failed in this run, asked for by a ``finish`` that goes on without it: a task
+    whose result can stand without some blocks (a mesh set: their fragments are left out) catches it and lists
+    the block; one whose result cannot lets it end the run."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"block {key} failed: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 @dataclass(frozen=True, order=True, slots=True)
 class Block:
     """A box of the layer in the voxels of its finest mag, ``[lo, hi)``; the task reads what overlap it needs."""
@@ -55,5 +66,6 @@ class BlockTask(Protocol):
         """The output of one block; raises with the block and the reason when its data cannot be read."""
 
     def finish(self, outputs: Callable[[Block], bytes]) -> str:
-        """Combine every block's output (``outputs(block)`` reads one back) into the result, written so that
-        it is marked complete last; returns where it was written."""
+        """Combine every block's output (``outputs(block)`` reads one back, or raises :class:`BlockMissing` for
+        a block that failed in a run that goes on without it) into the result, written so that it is marked
+        complete last; returns where it was written."""

@@ -2,8 +2,11 @@
 
 The cost of meshing follows the surface of a segment, not its voxels: a 3-D checkerboard of one id has
 a surface on every face of every voxel. So a box's surface (the faces between the segment's voxels and
-the others) is counted before its marching cubes, which then costs at most that much; the triangles and
-vertices made are summed after each box; and the request's deadline is checked before each box is read.
+the others) is counted before its marching cubes, which then costs at most that much. A box past the bound
+is not refused but meshed coarser (:mod:`gateway.meshes.surfaces`: its labels two times coarser by mode, a
+quarter of the faces of a real surface); only a box whose coarser labels are still past it (a pattern made
+to cost, such as a checkerboard of two-voxel cells) stops the work. The triangles and vertices made are
+summed after each box; and the request's deadline is checked before each box is read.
 Past any bound the work stops at once with the reason: a 413 for work too large (it would be as large
 on a retry), a 503 for work too slow (the machine may be less busy later).
 """
@@ -14,9 +17,10 @@ import numpy as np
 
 from .errors import MeshTooLarge, MeshTooSlow
 
-# Faces between a segment's voxels and the others within one box (a level-0 window of 65 voxels per edge):
-# a ball that fills the cube has about 17,000; beyond this the box is noise, not a surface, and meshing it
-# would hold a thread (and the interpreter: the mesher does not release it) for seconds.
+# Faces between a segment's voxels and the others within one box (a level-0 window of 65 voxels per edge) that
+# are meshed at the box's mag: a ball that fills the cube has about 17,000, a folded glial sheet 48,000, and a
+# voxel checkerboard 820,000, which would hold a thread (and the interpreter: the mesher does not release it)
+# for seconds. Past it the box is meshed from labels two times coarser, whose faces must be within it too.
 MAX_BOX_SURFACE = 1 << 15
 MAX_TRIANGLES = 1 << 21  # per request, over every box meshed (a few MiB of Draco, 48 MiB of legacy fragment)
 MAX_VERTICES = 1 << 21
@@ -52,14 +56,13 @@ class MeshBudget:
                 "(retry when the gateway is less busy, or use the legacy source, one cube per request)"
             )
 
-    def check_surface(self, mask: np.ndarray, where: str) -> None:
-        """Before a box is meshed: its surface within the bound."""
-        faces = surface_faces(mask)
-        if faces > MAX_BOX_SURFACE:
-            raise MeshTooLarge(
-                f"{self.what}: the segment's surface in {where} has {faces} voxel faces, more than the "
-                f"{MAX_BOX_SURFACE} one box may (the labels there are noise, not a surface); the work was stopped"
-            )
+    def refuse_surface(self, where: str, faces: int, coarser_faces: int) -> MeshTooLarge:
+        """The reason a box is not meshed: past the bound at its mag, and with its labels two times coarser."""
+        return MeshTooLarge(
+            f"{self.what}: the segment's surface in {where} has {faces} voxel faces, and still {coarser_faces} with "
+            f"its labels two times coarser (by mode), more than the {MAX_BOX_SURFACE} one box may (a pattern, not "
+            "a surface); the work was stopped"
+        )
 
     def count(self, triangles: int, vertices: int) -> None:
         """After a box is meshed: the request's totals within their bounds."""

@@ -11,7 +11,9 @@ ETag); it never calls back into the service.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+import numpy as np
 
 from gateway_storage.geometry import Vec3
 
@@ -38,9 +40,9 @@ from .stored import ABSENT, SetState, StoredMeshes, StoredSegment, StoredSet
 from .surfaces import Surface, segment_surface, window_of
 
 # Voxels read to make one segment's multi-resolution mesh on demand (every level), the default of the
-# ``multires_voxels`` setting: beyond it a segment is served from a fresh stored mesh set, or its manifest is a 413
-# (409 where the stored set is stale) that points to `mesh-segments` and to the legacy source, whose fragments are
-# made one cube per request.
+# ``multires_voxels`` setting: beyond it a segment is served from a fresh stored mesh set, or gets on demand the
+# coarse levels whose reads fit it (only where even its coarsest level does not is its manifest a 413, 409 where
+# the stored set is stale, that points to `mesh-segments` and to the legacy source, one cube per request).
 MULTIRES_VOXELS = 128 << 20
 PROPERTIES_DIRECTORY = "segment_properties"
 PROPERTIES_INFO = f"{PROPERTIES_DIRECTORY}/info"
@@ -64,6 +66,19 @@ class MeshWork:
             return ABSENT  # a directory no run has made
         directory = place.mesh_set(self.meshes.dataset, self.meshes.name)
         return self.stored.state(directory, self.segments.stamp(self.meshes))
+
+
+def layer_segment_id(meshes: LayerMeshes, text: str) -> int:
+    """A segment id of the URL that the layer's labels can hold: an id past its data type (say 300 in a uint8
+    layer) is a 400, not an empty mesh, so a client that asks for the wrong layer is told."""
+    segment = parse_segment_id(text)
+    dtype = meshes.grid.finest.dtype
+    if segment > np.iinfo(dtype).max:
+        raise MeshInputError(
+            f"{segment} is not a segment id of layer {meshes.name!r}: its labels are {dtype.name}, "
+            f"ids up to {np.iinfo(dtype).max}"
+        )
+    return segment
 
 
 class MeshSource(ABC):
@@ -94,7 +109,8 @@ class MeshSource(ABC):
 class MultiresSource(MeshSource):
     """``neuroglancer_multilod_draco``: ``{id}.index`` and ``{id}``. From a fresh stored set, the manifest and the
     fragment data passed through (ETags of the shard's version); else made together on demand (the manifest holds
-    every fragment's size) and cached; one level of detail per mag."""
+    every fragment's size) and cached: a level of detail per mag, and coarser ones past the coarsest mag
+    (:class:`~gateway.meshes.geometry.MeshGrid`); a segment too large for all of them gets its coarse levels."""
 
     name = "multires"
 
@@ -102,7 +118,7 @@ class MultiresSource(MeshSource):
         return multires_info(meshes.voxel_nm, properties)
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
-        segment = parse_segment_id(name.removesuffix(".index"))
+        segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
         manifest_asked = name.endswith(".index")
         state = work.stored_set()
         if state.fresh is not None:
@@ -148,30 +164,22 @@ class MultiresSource(MeshSource):
     def _make(
         meshes: LayerMeshes, segment: int, cubes: list[Vec3], work: MeshWork, state: SetState
     ) -> tuple[bytes, bytes]:
+        """The segment's manifest and fragments: every level whose reads fit ``multires_voxels`` (together). A
+        segment too large for all of them gets its coarse levels (:meth:`_levels_within`; the manifest's chunk
+        shape is then its finest level's cube, as the format places fragments at ``chunk_shape * 2**lod``), so a
+        viewer shows it at once; a stored set, once made, serves every level."""
         grid = meshes.grid
         plans = []
-        voxels = 0
         for level in grid.levels:
             shift = level.lod
             positions = sorted({(x >> shift, y >> shift, z >> shift) for x, y, z in cubes}, key=morton_key)
-            edge = level.cube_voxels
-            voxels += len(positions) * (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1)
             plans.append((level, positions))
-        if voxels > work.multires_voxels:
-            dataset = f"{meshes.dataset.organization}/{meshes.dataset.name}"
-            command = f"zarr-gateway mesh-segments ROOT {dataset} {meshes.name}"
-            why = (
-                f"segment {segment} spans {len(cubes)} cubes: its multi-resolution mesh would read {voxels} voxels, "
-                f"more than the {work.multires_voxels} one request may"
-            )
-            if state.exists:
-                raise StoredMeshesRequired(f"{why}, and the layer's stored mesh set is {state.why}: run `{command}`")
-            raise MeshTooLarge(
-                f"{why}; `{command}` stores the layer's meshes, and the legacy source "
-                f"(.../{meshes.name}/legacy/) makes its mesh one cube per request"
-            )
+        reads = [len(positions) * level.read_voxels for level, positions in plans]
+        first, last = MultiresSource._levels_within(reads, work.multires_voxels)
+        if last < 0:
+            MultiresSource._refuse(meshes, segment, cubes, work, state, min(reads))
         levels = []
-        for level, positions in plans:
+        for level, positions in plans[first : last + 1]:
             fragments = []
             for position in positions:
                 parts = [
@@ -179,8 +187,42 @@ class MultiresSource(MeshSource):
                 ]
                 fragments.append(draco_fragment(Surface.concatenate(parts), level, position))
             levels.append(LevelFragments(level, positions, fragments))
-        manifest = multires_manifest(grid.chunk_shape, levels)
+        manifest = multires_manifest(levels[0].level.cube_size, levels)
         return manifest, b"".join(f for lf in levels for f in lf.fragments)
+
+    @staticmethod
+    def _levels_within(reads: list[int], bound: int) -> tuple[int, int]:
+        """The levels ``first..last`` to make, given each one's reads: the coarsest level that fits the bound alone,
+        and the finer ones below it while all fit together (``last`` is -1 where no level fits). A level made
+        coarser by mode reads more than the stored one below it, so the coarsest may be left out."""
+        for last in range(len(reads) - 1, -1, -1):
+            total = reads[last]
+            if total > bound:
+                continue
+            first = last
+            while first > 0 and total + reads[first - 1] <= bound:
+                first -= 1
+                total += reads[first]
+            return first, last
+        return 0, -1
+
+    @staticmethod
+    def _refuse(
+        meshes: LayerMeshes, segment: int, cubes: list[Vec3], work: MeshWork, state: SetState, voxels: int
+    ) -> NoReturn:
+        """No level fits: a 413 that points to `mesh-segments` (a 409 where the set is stale)."""
+        dataset = f"{meshes.dataset.organization}/{meshes.dataset.name}"
+        command = f"zarr-gateway mesh-segments ROOT {dataset} {meshes.name}"
+        why = (
+            f"segment {segment} spans {len(cubes)} cubes: its level of detail that reads least would read {voxels} "
+            f"voxels, more than the {work.multires_voxels} one request may"
+        )
+        if state.exists:
+            raise StoredMeshesRequired(f"{why}, and the layer's stored mesh set is {state.why}: run `{command}`")
+        raise MeshTooLarge(
+            f"{why}; `{command}` stores the layer's meshes, and the legacy source "
+            f"(.../{meshes.name}/legacy/) makes its mesh one cube per request"
+        )
 
 
 class LegacySource(MeshSource):
@@ -198,7 +240,7 @@ class LegacySource(MeshSource):
             raise MeshInputError(
                 f"{name!r} is not a legacy mesh file: they are {{id}}:0 and {{id}}:0:{{x}}_{{y}}_{{z}}"
             )
-        segment = parse_segment_id(segment_text)
+        segment = layer_segment_id(work.meshes, segment_text)
         if rest == "0":
             entry = work.segments.index(work.meshes).lookup(segment)
             cubes = [] if entry is None else entry.cubes

@@ -10,6 +10,12 @@ mag that level uses. Marching cubes runs on voxel centres, so a cube's mesh is m
 window ``[lo - 1, hi)`` of that mag: it owns the cells between those centres, the cells of
 neighbouring cubes do not overlap it, and their surfaces meet on shared vertices. That window's
 surfaces lie half a voxel below the cube, which the format's per-level ``vertex_offsets`` say.
+
+A layer whose stored mags make fewer than ``MIN_LEVELS`` levels (one mag, or mags that stop early) gets more,
+until one cube holds the whole layer: meshed from the coarsest stored mag's labels made coarser by mode when read
+(:class:`~gateway.meshes.downsample.ModeDownsampled`), by the same factor on every axis. Each such level reads
+as many stored voxels as the segment spans at that mag, so they are few: a large segment of such a layer then has
+coarse levels that few fragments make.
 """
 
 from dataclasses import dataclass
@@ -18,8 +24,11 @@ from functools import cached_property
 from gateway_storage.geometry import Vec3, vec3
 
 from ..sources.mag import MagSource
+from .downsample import ModeDownsampled
 
 CUBE_EDGE = 64  # voxels of the finest mag per edge of a level-0 cube
+MAX_LOD = 10
+MIN_LEVELS = 3  # levels of detail a layer larger than one cube has at least, coarser ones made by mode if need be
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +38,7 @@ class Level:
     lod: int
     source: MagSource
     cube_size: Vec3  # mag-1 voxels per cube edge
+    stored_factor: Vec3 = (1, 1, 1)  # stored voxels per voxel of ``source`` (a mag made coarser when read)
 
     @property
     def mag(self) -> Vec3:
@@ -42,6 +52,12 @@ class Level:
             self.cube_size[1] // self.mag[1],
             self.cube_size[2] // self.mag[2],
         )
+
+    @property
+    def read_voxels(self) -> int:
+        """Stored voxels one fragment's windows read: its cube and the margin below, ``stored_factor`` more each."""
+        edge, factor = self.cube_voxels, self.stored_factor
+        return (edge[0] + 1) * (edge[1] + 1) * (edge[2] + 1) * factor[0] * factor[1] * factor[2]
 
     @property
     def vertex_offset(self) -> tuple[float, float, float]:
@@ -89,10 +105,26 @@ class MeshGrid:
             if lod > 0 and any(s // m < 4 for s, m in zip(size, source.mag)):
                 break  # octants of fewer than two voxels: no finer structure left to show
             levels.append(Level(lod, source, size))
-            if source is ordered[-1] or lod >= 10:
+            if source is ordered[-1] or lod >= MAX_LOD:
                 break
             lod += 1
-        self.levels = levels
+        self.levels = levels + self._coarser_than_stored(levels[-1], ordered[-1], MIN_LEVELS - len(levels))
+
+    def _coarser_than_stored(self, last: Level, coarsest: MagSource, wanted: int) -> list[Level]:
+        """Up to ``wanted`` levels past the coarsest stored mag, each from its labels made coarser by mode, while
+        one cube does not hold the whole layer and the factor is the same on every axis."""
+        top = self.finest.bbox.hi
+        reach = (top[0] * self.finest.mag[0], top[1] * self.finest.mag[1], top[2] * self.finest.mag[2])
+        levels: list[Level] = []
+        while len(levels) < wanted and any(s < r for s, r in zip(last.cube_size, reach)) and last.lod < MAX_LOD:
+            lod = last.lod + 1
+            target = vec3(f << lod for f in self.finest.mag)
+            factor = vec3(t // m for t, m in zip(target, coarsest.mag))
+            if len(set(factor)) != 1 or any(t % m for t, m in zip(target, coarsest.mag)):
+                break  # anisotropic mags: their coarser levels would need halvings of single axes
+            last = Level(lod, ModeDownsampled(coarsest, factor), vec3(s * 2 for s in last.cube_size), factor)
+            levels.append(last)
+        return levels
 
     @property
     def chunk_shape(self) -> Vec3:

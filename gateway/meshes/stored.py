@@ -37,6 +37,7 @@ from ..sources.metadata import PrecomputedSharding
 from ..sources.precomputed_source import ShardError, Sharding, read_minishard_index
 from .budget import MeshBudget
 from .encoding import LevelFragments, draco_fragment, json_bytes, multires_info, multires_manifest
+from .errors import MeshTooLarge, MeshTooSlow
 from .geometry import Level, MeshGrid, morton_key
 from .sharding import ShardChunk, sharding_document
 from .surfaces import Surface, read_window, window_of, window_surface
@@ -108,6 +109,17 @@ def plan_blocks(grid: MeshGrid, fine_lod: int) -> list[BlockPlan]:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedFragment:
+    """A segment's fragment a block could not make within a mesh request's bounds (a pattern past the surface
+    bound even two times coarser, too many triangles, too slow): left out of the set, and listed by the run."""
+
+    segment: int
+    lod: int
+    position: Vec3
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class FragmentRecord:
     segment: int
     lod: int
@@ -128,31 +140,45 @@ def _segments_in(window: np.ndarray, keep: np.ndarray | None = None) -> list[int
     return [int(i) for i in ids]
 
 
-def _level_fragments(level: Level, position: Vec3, segments: Iterable[int]) -> Iterator[FragmentRecord]:
+def _level_fragments(
+    level: Level, position: Vec3, segments: Iterable[int], skipped: list[SkippedFragment]
+) -> Iterator[FragmentRecord]:
     """The fragment of each of ``segments`` at ``position`` of ``level``: its parts' windows read once for all."""
     parts = level.parts(position)
     windows = [read_window(level.source, *window_of(lo, hi)) for lo, hi in parts]
     for segment in segments:
         budget = MeshBudget(f"segment {segment} at level {level.lod} {position}")
-        budget.check_time()
-        surfaces = [
-            window_surface(window, segment, lo, _where(level, lo, hi), budget)
-            for window, (lo, hi) in zip(windows, parts)
-        ]
+        try:
+            budget.check_time()
+            surfaces = [
+                window_surface(window, segment, lo, _where(level, lo, hi), budget)
+                for window, (lo, hi) in zip(windows, parts)
+            ]
+        except (MeshTooLarge, MeshTooSlow) as exc:
+            skipped.append(SkippedFragment(segment, level.lod, position, str(exc)))
+            continue
         fragment = draco_fragment(Surface.concatenate(surfaces), level, position)
         yield FragmentRecord(segment, level.lod, position, fragment)
 
 
-def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int, keep: np.ndarray | None = None) -> list[FragmentRecord]:
+def make_block(
+    grid: MeshGrid,
+    plan: BlockPlan,
+    fine_lod: int,
+    keep: np.ndarray | None = None,
+    skipped: list[SkippedFragment] | None = None,
+) -> list[FragmentRecord]:
     """Every fragment of a block. A fine block meshes each level-0 cube's segments (those of its window) and, at
     levels ``1..fine_lod``, at each position the segments of the level-0 cubes below it; a coarse block the
-    segments its own windows hold. ``keep``: the only segments meshed (sorted uint64), where a run selects some."""
+    segments its own windows hold. ``keep``: the only segments meshed (sorted uint64), where a run selects some.
+    A fragment past a mesh request's bounds is left out and added to ``skipped``."""
+    left_out: list[SkippedFragment] = [] if skipped is None else skipped
     if plan.lod > fine_lod:
         level = grid.levels[plan.lod]
         found: set[int] = set()
         for lo, hi in level.parts(plan.position):
             found.update(_segments_in(read_window(level.source, *window_of(lo, hi)), keep))
-        return list(_level_fragments(level, plan.position, sorted(found)))
+        return list(_level_fragments(level, plan.position, sorted(found), left_out))
     records: list[FragmentRecord] = []
     span = 1 << plan.lod
     first = grid.levels[0]
@@ -164,11 +190,7 @@ def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int, keep: np.ndarray 
         segments = _segments_in(window, keep)
         if segments:
             members[cube] = segments
-        for segment in segments:
-            budget = MeshBudget(f"segment {segment} at level 0 {cube}")
-            surface = window_surface(window, segment, lo, _where(first, lo, hi), budget)
-            fragment = draco_fragment(Surface.concatenate([surface]), first, cube)
-            records.append(FragmentRecord(segment, 0, cube, fragment))
+        records += _level_fragments_of_window(first, cube, window, segments, left_out)
         _check_output(records, plan)
     for level in grid.levels[1 : fine_lod + 1]:
         shift = level.lod
@@ -176,9 +198,24 @@ def make_block(grid: MeshGrid, plan: BlockPlan, fine_lod: int, keep: np.ndarray 
         for (x, y, z), segments in members.items():
             above.setdefault((x >> shift, y >> shift, z >> shift), set()).update(segments)
         for position in sorted(above, key=morton_key):
-            records += _level_fragments(level, position, sorted(above[position]))
+            records += _level_fragments(level, position, sorted(above[position]), left_out)
             _check_output(records, plan)
     return records
+
+
+def _level_fragments_of_window(
+    level: Level, cube: Vec3, window: np.ndarray, segments: list[int], skipped: list[SkippedFragment]
+) -> Iterator[FragmentRecord]:
+    """The level-0 fragments of one cube, from the window already read (to find its segments)."""
+    lo, hi = level.box(cube)
+    for segment in segments:
+        budget = MeshBudget(f"segment {segment} at level 0 {cube}")
+        try:
+            surface = window_surface(window, segment, lo, _where(level, lo, hi), budget)
+        except (MeshTooLarge, MeshTooSlow) as exc:
+            skipped.append(SkippedFragment(segment, 0, cube, str(exc)))
+            continue
+        yield FragmentRecord(segment, 0, cube, draco_fragment(Surface.concatenate([surface]), level, cube))
 
 
 def _cubes_of(position: Vec3, span: int, limits: list[tuple[int, int]]) -> list[Vec3]:

@@ -1,7 +1,9 @@
 """The surface of one segment within one box of one mag: marching cubes, then simplification (zmesh).
 
 The same voxels the Zarr trees serve (``MagSource.read_box``) go in; a storage fault while reading
-them propagates (a 5xx), so a fault is never answered as an empty mesh.
+them propagates (a 5xx), so a fault is never answered as an empty mesh. A box whose surface is past what one
+box may cost (:data:`~gateway.meshes.budget.MAX_BOX_SURFACE`: glia, ragged automated segmentations) is meshed
+from its labels two times coarser by mode (:func:`coarser_surface`), so the answer is a coarser mesh, not none.
 """
 
 from dataclasses import dataclass
@@ -12,12 +14,14 @@ from gateway_storage.geometry import Vec3
 
 from ..extras import MESHES
 from ..sources.mag import MagSource
-from .budget import MeshBudget
+from .budget import MAX_BOX_SURFACE, MeshBudget, surface_faces
+from .downsample import mode_downsample
 from .errors import MeshTooLarge
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
 REDUCTION_FACTOR = 8  # aim at 1/8 of the triangles where the error bound allows
+COARSER = 2  # a box past the surface bound is meshed from its labels this many times coarser per axis
 # The most one read of a box may decode (``MagSource.decoded_bytes``: every stored chunk it touches, whole).
 # Mesh work runs in a thread outside the chunks' memory budget, so each read is bounded here: a layer whose
 # chunks are so large that one mesh box decodes more is refused (413) with the reason. Boxes are the level-0
@@ -99,10 +103,40 @@ def window_surface(voxels: np.ndarray, segment: int, lo: Vec3, where: str, budge
     mask = voxels == voxels.dtype.type(segment)
     if not mask.any():
         return EMPTY
-    budget.check_surface(mask, where)
-    surface = mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
+    faces = surface_faces(mask)
+    if faces <= MAX_BOX_SURFACE:
+        surface = mask_surface(mask, (lo[0] - 0.5, lo[1] - 0.5, lo[2] - 0.5))
+    else:
+        surface = coarser_surface(voxels, segment, lo, where, faces, budget)
     budget.count(len(surface.faces), len(surface.vertices))
     return surface
+
+
+def coarser_surface(voxels: np.ndarray, segment: int, lo: Vec3, where: str, faces: int, budget: MeshBudget) -> Surface:
+    """The surface of a box too costly at its mag, from its labels :data:`COARSER` times coarser by mode (on the
+    grid of that factor from the origin, so that every box of a level is made coarser alike), scaled back to the
+    box's voxels and kept within its cells. Past the bound even there, the work stops with the reason.
+
+    The window ``[lo - 1, hi)`` is widened to whole coarse voxels by repeating its faces: the coarse window is
+    ``[lo // 2 - 1, ceil(hi / 2))``, whose surfaces lie on coarse voxel faces, that is on faces of the box's mag.
+    """
+    hi = (lo[0] + voxels.shape[0] - 1, lo[1] + voxels.shape[1] - 1, lo[2] + voxels.shape[2] - 1)
+    coarse_lo = tuple(a // COARSER for a in lo)
+    coarse_hi = tuple(-(-b // COARSER) for b in hi)
+    widths = [(a - 1 - COARSER * (c - 1), COARSER * d - b) for a, b, c, d in zip(lo, hi, coarse_lo, coarse_hi)]
+    labels = mode_downsample(np.pad(voxels, widths, mode="edge"), (COARSER, COARSER, COARSER))
+    mask = labels == labels.dtype.type(segment)
+    if not mask.any():
+        return EMPTY  # out-voted everywhere by other labels: nothing of it is left at this coarseness
+    coarse_faces = surface_faces(mask)
+    if coarse_faces > MAX_BOX_SURFACE:
+        raise budget.refuse_surface(where, faces, coarse_faces)
+    surface = mask_surface(mask, (coarse_lo[0] - 0.5, coarse_lo[1] - 0.5, coarse_lo[2] - 0.5))
+    if surface.empty:
+        return EMPTY
+    cells_lo = np.asarray(lo, dtype=np.float64) - 0.5
+    cells_hi = np.asarray(hi, dtype=np.float64) - 0.5
+    return Surface(np.clip(surface.vertices * COARSER, cells_lo, cells_hi), surface.faces)
 
 
 def mask_surface(mask: np.ndarray, origin: tuple[float, float, float]) -> Surface:

@@ -37,11 +37,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_gateway(root: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_gateway(root: Path, log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
     env["PYTHONPATH"] = str(REPO)
-    args = [sys.executable, "-m", "gateway", "serve", "--root", str(root), "--port", str(port), "--workers", "1"]
+    args = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--root",
+        str(root),
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        *flags,
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

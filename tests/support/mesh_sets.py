@@ -26,9 +26,11 @@ BALLS = {7: ((60, 60, 48), 20.0), 9: ((150, 140, 50), 14.0), 13: ((100, 100, 30)
 SMALL = 13  # within one cube of each level: 3 * 65^3 voxels meshed on demand
 SMALL_VOXELS = 3 * 65**3
 EDGE = 11  # a slab on the volume's faces (closed there by the fill value outside)
+HOSTILE = 15  # a checkerboard of two-voxel cells, planted where asked: past the surface bound even two times coarser
+HOSTILE_BOX = ((130, 2, 34), (190, 62, 94))
 
 
-def cells_labels() -> np.ndarray:
+def cells_labels(hostile: bool = False) -> np.ndarray:
     x, y, z = np.meshgrid(*(np.arange(n, dtype=np.float64) for n in SHAPE), indexing="ij")
     labels = np.zeros(SHAPE, dtype=np.uint32)
     for segment, (centre, radius) in BALLS.items():
@@ -39,12 +41,17 @@ def cells_labels() -> np.ndarray:
     tube = ((y - axis_y) ** 2 + (z - axis_z) ** 2 < 9.0**2) & (x > 8) & (x < 184)
     labels[tube] = TUBE
     labels[:30, 150:, :20] = EDGE
+    if hostile:
+        (x0, y0, z0), (x1, y1, z1) = HOSTILE_BOX
+        board = ((x // 2 + y // 2 + z // 2) % 2 == 0)[x0:x1, y0:y1, z0:z1]
+        labels[x0:x1, y0:y1, z0:z1][board] = HOSTILE
     return labels
 
 
-def write_cells(root: Path, block_type: int = 1) -> np.ndarray:
-    """The dataset under ``root`` (raw WKW blocks, or ``block_type`` 2: LZ4); returns its mag-1 labels."""
-    labels = cells_labels()
+def write_cells(root: Path, block_type: int = 1, hostile: bool = False) -> np.ndarray:
+    """The dataset under ``root`` (raw WKW blocks, or ``block_type`` 2: LZ4), with the checkerboard of
+    :data:`HOSTILE` if asked; returns its mag-1 labels."""
+    labels = cells_labels(hostile)
     dataset = root / ORGANIZATION / DATASET
     for mag in MAGS:
         header = wkw.Header(np.uint32, block_type=block_type, file_len=4)
