@@ -124,7 +124,7 @@ def test_fsspec_lists_exactly_the_organizations_at_a_tree_root(
 def test_the_root_shows_the_datasets_the_token_may_read(gateway: Server) -> None:
     encoded = quote(TOKEN, safe="")
     page = landing(gateway, f"/?token={encoded}")
-    assert page.children == [f"/data/{tree}/" for tree in TREES]
+    assert page.children == [f"/data/{tree}/?token={encoded}" for tree in TREES]  # the page's credential form
     assert list(page.organizations) == [ORG]  # not other_org
     cards = page.organizations[ORG]
     assert cards["broken_dataset"]["unusable"] and not cards["broken_dataset"]["links"]

@@ -28,6 +28,7 @@ from support.servers import Server
 
 from gateway.http.origin import public_base
 from gateway.http.pages.dataset import DatasetPage, build_dataset_page, render_dataset_page
+from gateway.http.pages.links import PLAIN, LinkForm, QueryToken
 from gateway.http.pages.listing import Entry, render_listing
 from gateway.http.pages.neuroglancer import neuroglancer_link
 from gateway.http.pages.snippets import TOKEN_PLACEHOLDER, snippets
@@ -135,8 +136,13 @@ def dataset_entries(dataset: Dataset) -> list[Entry]:
     return [Entry(name, False) for name in FILES_V2] + layers
 
 
+def form(token: str | None) -> LinkForm:
+    """The credential form of a page opened with ``?token=`` (or with none)."""
+    return PLAIN if token is None else QueryToken(token=token)
+
+
 def page_of(dataset: Dataset, tree: str = "zarr", token: str | None = PAGE_TOKEN, needs_token: bool = True) -> bytes:
-    page = build_dataset_page(dataset, tree, PUBLIC, token, NEUROGLANCER, needs_token)
+    page = build_dataset_page(dataset, tree, PUBLIC, form(token), NEUROGLANCER, needs_token)
     return render_dataset_page(f"/data/{tree}/{ORG}/{DATASET}/", dataset_entries(dataset), page)
 
 
@@ -171,16 +177,21 @@ def neuroglancer_state(section: Node) -> dict[str, Any]:
 
 def test_the_listing_links_are_exactly_the_plain_listings(dataset: Dataset) -> None:
     base = f"/data/zarr/{ORG}/{DATASET}/"
-    plain = hrefs(parse(render_listing(base, dataset_entries(dataset))))
+    listing = parse(render_listing(base, dataset_entries(dataset), form(PAGE_TOKEN)))
+    plain = hrefs(listing.one("ul", "children"))
     document = parse(page_of(dataset))
     children = document.one("ul", "children")
     assert hrefs(children) == plain
     assert len(plain) == len(FILES_V2) + len(LAYERS)
+    assert all(href.endswith("?token=page%20token%2F%2B%26") for href in plain), "the page's credential form"
     assert [li.text() for li in children.all("li")] == [
         *FILES_V2,
         *(f"{name}/" for name, *_ in LAYERS),
     ]
-    others = [href for href in hrefs(document) if href not in plain]
+    up = hrefs(document.one("nav", "breadcrumbs"))
+    assert up == hrefs(listing.one("nav", "breadcrumbs"))
+    assert [href.partition("?")[0] for href in up] == ["/", "/data/zarr/", f"/data/zarr/{ORG}/"]
+    others = [href for href in hrefs(document) if href not in plain and href not in up]
     assert len(others) == len(LAYERS)  # one Neuroglancer link per card, at another origin
     assert all(href.startswith(NEUROGLANCER + "#!") for href in others)
 
@@ -188,7 +199,7 @@ def test_the_listing_links_are_exactly_the_plain_listings(dataset: Dataset) -> N
 def test_an_unusable_layer_is_listed_with_its_reason_and_has_no_card(dataset: Dataset) -> None:
     entries = [*dataset_entries(dataset), Entry("broken", True, "mag 1: <header> & more")]
     page = render_dataset_page(
-        f"/data/zarr/{ORG}/{DATASET}/", entries, build_dataset_page(dataset, "zarr", PUBLIC, None, NEUROGLANCER, False)
+        f"/data/zarr/{ORG}/{DATASET}/", entries, build_dataset_page(dataset, "zarr", PUBLIC, PLAIN, NEUROGLANCER, False)
     )
     document = parse(page)
     assert document.one("ul", "children").all("li")[-1].text() == "broken/ — unavailable: mag 1: <header> & more"
@@ -230,7 +241,7 @@ def test_fsspec_lists_the_same_children_as_from_the_plain_listing(
     url, pages = page_server
     base = f"/data/{tree}/{ORG}/{DATASET}/"
     pages["/plain" + base] = render_listing("/plain" + base, dataset_entries(dataset))
-    page = build_dataset_page(dataset, tree, url, PAGE_TOKEN, NEUROGLANCER, True)  # snippets name this server
+    page = build_dataset_page(dataset, tree, url, PLAIN, NEUROGLANCER, True)  # snippets name this server
     pages[base] = render_dataset_page(base, dataset_entries(dataset), page)
     filesystem = fsspec.filesystem("http", skip_instance_cache=True)
     listed = filesystem.ls(url + base, detail=False)
@@ -267,7 +278,7 @@ def test_without_a_page_token_the_preview_url_has_no_query(dataset: Dataset) -> 
 
 
 def test_names_are_escaped_everywhere() -> None:
-    page = DatasetPage("o", "d", (), snippets(PUBLIC, "o", "d", 'a"<b>', "1", False))
+    page = DatasetPage("o", "d", (), snippets(PUBLIC, "o", "d", 'a"<b>', "1", False), PLAIN)
     html = render_dataset_page("/data/zarr/o/<d>/", [Entry('x"<y>', True)], page).decode()
     assert "<y>" not in html and "<d>" not in html and "<b>" not in html
     document = parse(html.encode())
@@ -561,7 +572,7 @@ def open_gateway(test_data: WrittenDataset, server_factory: Callable[..., Server
 
 def run_snippet(server: Server, dataset: Dataset, client: str, needs_token: bool) -> dict[str, Any]:
     """The page's snippet for ``client``, as a person copies it (the real token for the placeholder), executed."""
-    page = build_dataset_page(dataset, "zarr", server.url, None, NEUROGLANCER, needs_token)
+    page = build_dataset_page(dataset, "zarr", server.url, PLAIN, NEUROGLANCER, needs_token)
     code = snippet_code(parse(render_dataset_page(f"/data/zarr/{ORG}/{DATASET}/", dataset_entries(dataset), page)))
     source = code[client].replace(TOKEN_PLACEHOLDER, TOKEN)
     namespace: dict[str, Any] = {}
@@ -632,11 +643,11 @@ def holds_the_same_voxels(values: np.ndarray, full: np.ndarray) -> bool:
 
 
 def test_the_links_open_the_gateways_own_viewer_unless_told_otherwise() -> None:
-    own = viewer_url("", True, "/zarr", "a token/1")
+    own = viewer_url("", True, QueryToken("/zarr", "a token/1"))
     assert own == "/zarr/t/a%20token%2F1/neuroglancer/v/gateway/"  # below the root path, the token in the path
-    assert viewer_url("", True, "", None) == "/neuroglancer/v/gateway/"
-    assert viewer_url("", False, "/zarr", None) == PUBLIC_NEUROGLANCER  # without the viewer extra
-    assert viewer_url(NEUROGLANCER, True, "/zarr", "t") == NEUROGLANCER  # the setting wins
+    assert viewer_url("", True, PLAIN) == "/neuroglancer/v/gateway/"
+    assert viewer_url("", False, LinkForm("/zarr")) == PUBLIC_NEUROGLANCER  # without the viewer extra
+    assert viewer_url(NEUROGLANCER, True, QueryToken("/zarr", "t")) == NEUROGLANCER  # the setting wins
 
 
 @pytest.mark.parametrize(
@@ -663,7 +674,7 @@ def test_the_page_says_when_an_https_viewer_cannot_read_the_gateway(viewer: str,
 def test_the_note_and_no_mesh_source_on_the_page(dataset: Dataset) -> None:
     note = mixed_content_note(PUBLIC_NEUROGLANCER, "http://gateway.lan")
     page = build_dataset_page(
-        dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False, with_meshes=False, viewer_note=note
+        dataset, "zarr", "http://gateway.lan", PLAIN, PUBLIC_NEUROGLANCER, False, with_meshes=False, viewer_note=note
     )
     document = parse(render_dataset_page(f"/data/zarr/{ORG}/{DATASET}/", dataset_entries(dataset), page))
     assert "mixed content" in document.one("p", "viewer-note").text()
@@ -671,7 +682,7 @@ def test_the_note_and_no_mesh_source_on_the_page(dataset: Dataset) -> None:
         link = str(section.one("a", "open-neuroglancer").attrs["href"])
         state = json.loads(unquote(link.partition("#!")[2]))
         assert not any("/data/meshes/" in json.dumps(layer["source"]) for layer in state["layers"]), state
-    with_meshes = build_dataset_page(dataset, "zarr", "http://gateway.lan", None, PUBLIC_NEUROGLANCER, False)
+    with_meshes = build_dataset_page(dataset, "zarr", "http://gateway.lan", PLAIN, PUBLIC_NEUROGLANCER, False)
     assert any("/data/meshes/" in unquote(card.neuroglancer_url) for card in with_meshes.layers)
 
 

@@ -37,12 +37,13 @@ from .errors import HiddenRoots, json_error
 from .handlers.access import Authorizer
 from .handlers.chunks import Chunks
 from .handlers.datasets import Datasets
-from .handlers.index import IndexHandler
+from .handlers.index import IndexHandler, Landings
 from .handlers.listings import Listings
 from .handlers.meshes import MeshHandler
 from .handlers.pages import Pages, listing
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
+from .handlers.segments import LargestSegments
 from .handlers.sender import Sender
 from .handlers.trees import (
     ArrayLevel,
@@ -110,12 +111,14 @@ def create_app(settings: Settings) -> Edge:
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
     answers = AnswerCache(settings.answer_cache_bytes, memory)
     chunks = Chunks(chunk_threads, memory, answers)
+    largest = LargestSegments(meshes, chunk_threads)  # what the pages' viewer links select
+    landings = Landings(listings, pages, largest)
     levels: dict[Level, LevelHandler] = {
-        Level.TREE: TreeRoot(listings, pages, sender),
-        Level.ORGANIZATION: OrganizationListing(listings, sender),
-        Level.DATASET: DatasetLevel(datasets, sender, pages, meshes, roots, chunk_threads),
-        Level.GROUP: GroupLevel(datasets, sender),
-        Level.ARRAY: ArrayLevel(datasets, sender, chunks),
+        Level.TREE: TreeRoot(landings, sender),
+        Level.ORGANIZATION: OrganizationListing(listings, pages, sender),
+        Level.DATASET: DatasetLevel(datasets, sender, pages, largest, roots),
+        Level.GROUP: GroupLevel(datasets, sender, pages),
+        Level.ARRAY: ArrayLevel(datasets, sender, pages, chunks),
     }
 
     def caches_by_name() -> dict[str, CacheCounts]:
@@ -140,7 +143,7 @@ def create_app(settings: Settings) -> Edge:
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
-    paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
+    paths = {"/": Endpoint(IndexHandler(access, landings, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
     return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)

@@ -207,12 +207,12 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
     """The token of a ``/t/{token}/...`` path (its percent-decoded bytes) and the path below it, as the routes
     read it; ``(None, path)`` for any other path.
 
-    ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same
-    decoded. The token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one
-    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/``, ``/preview/`` or
-    ``/neuroglancer/`` path below its token (the viewer's own files then come with the token, as a proxy that
-    checks every path needs), names nothing: it comes back as a path that no route answers (a 404), with the token
-    replaced by ``***``, so that no message and no log line shows it.
+    ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same decoded. The
+    token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one segment. A path that
+    starts with ``/t/`` only once decoded, or holds neither ``/`` alone (the start page, for pages opened below a
+    token) nor a ``/data/``, ``/preview/`` or ``/neuroglancer/`` path below its token (the viewer's own files then
+    come with the token, as a proxy that checks every path needs), names nothing: it comes back as a path that no
+    route answers (a 404), with the token replaced by ``***``, so that no message and no log line shows it.
     """
     if not path.startswith(TOKEN_PREFIX):
         return None, path
@@ -221,7 +221,7 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
     if (
         not raw_path.startswith(TOKEN_PREFIX)
         or not slash
-        or not below.startswith((DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/"))
+        or not (below == "/" or below.startswith((DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/")))
     ):
         return None, REDACTED_PATH_TOKEN
     return unquote_to_bytes(segment.encode("latin-1")), below

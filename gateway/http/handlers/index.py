@@ -1,20 +1,53 @@
-"""``/``: the trees, and the datasets the request's token may read."""
+"""``/``: the trees, and the datasets the request's token may read; and the landing page of each tree's root."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...zarr.resource import Resource
 from ...zarr.trees import TREES
+from ..auth import Grant, Token
 from ..messages import Answer, Request
 from ..pages.landing import HOME_TREE, Landing
 from ..pages.listing import Entry
 from .access import Authorizer
 from .listings import Listings, Readable
 from .pages import Pages
+from .segments import LargestSegments
 from .sender import Sender
 
 # The trees ``/`` lists.
 HOME_TREES = tuple(TREES)
-NO_TOKEN_NOTE = "Open this page with a token (?token=... in its address) to see the datasets it may read."
+NO_TOKEN_NOTE = (
+    "Open this page with a token to see the datasets it may read: ?token=... at the end of its address, or "
+    "/t/.../ in front of its path (the form a viewer needs, which cannot carry a query to every file)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Landings:
+    """Landing pages: the datasets a grant may read, each viewer link with a few of its largest segments."""
+
+    listings: Listings
+    pages: Pages
+    largest: LargestSegments
+
+    async def page(
+        self,
+        request: Request,
+        token: Token | None,
+        grant: Grant | None,
+        tree: str,
+        render: Callable[[Readable, Landing], Resource],
+    ) -> Resource:
+        """``render`` of the readable datasets and their cards; the datasets are listed and the page rendered in
+        catalog threads, the data stamps waited for on the event loop in between (as the dataset page does)."""
+        readable = await self.listings.readable(grant, lambda found: found)
+        largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
+
+        def rendered() -> Resource:
+            return render(readable, self.pages.landing(request, token, tree, readable, largest))
+
+        return await self.listings.datasets.call(rendered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,21 +55,22 @@ class IndexHandler:
     """The landing page (none of the datasets without a token, when one is needed: the page itself is open)."""
 
     access: Authorizer
-    listings: Listings
-    pages: Pages
+    landings: Landings
     sender: Sender
 
     async def __call__(self, request: Request) -> Answer:
         token = self.access.token(request)
+        pages = self.landings.pages
         entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
         if token is None and not self.access.open:
-            return await self.sender.send(
-                request, self.pages.landing_page("/", entries, Landing({}, note=NO_TOKEN_NOTE), "zarr-gateway")
-            )
-
-        def page(readable: Readable) -> Resource:
-            landing = self.pages.landing(request, token, HOME_TREE, readable)
-            return self.pages.landing_page("/", entries, landing, "zarr-gateway")
-
+            landing = Landing({}, note=NO_TOKEN_NOTE)
+            return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
         grant = await self.access.authorize(token, ())
-        return await self.sender.send(request, await self.listings.readable(grant, page))
+        resource = await self.landings.page(
+            request,
+            token,
+            grant,
+            HOME_TREE,
+            lambda readable, landing: pages.landing_page("/", entries, landing, "zarr-gateway"),
+        )
+        return await self.sender.send(request, resource)

@@ -1,5 +1,7 @@
 """The HTML the handlers answer with: listings, the landing page and the dataset page, with links for
-the address a client used (:class:`~gateway.http.origin.PublicOrigin`)."""
+the address a client used (:class:`~gateway.http.origin.PublicOrigin`) in the credential form of the page."""
+
+from collections.abc import Mapping, Sequence
 
 from ... import extras
 from ...sources.catalog import BrokenDataset, Dataset
@@ -10,18 +12,25 @@ from ..messages import Request
 from ..origin import PublicOrigin
 from ..pages.dataset import build_dataset_page, render_dataset_page
 from ..pages.landing import Landing, dataset_card, render_landing
+from ..pages.links import LinkForm, PathToken, QueryToken
 from ..pages.listing import Entry, render_listing
 from ..pages.markup import HTML
 from ..pages.viewer import mixed_content_note, viewer_url
 
 
-def page_token(token: Token | None) -> str | None:
-    """The token a page was asked for with in its address: its links carry it on (a header token they cannot)."""
-    return token.value if token is not None and token.in_url else None
+def link_form(request: Request, token: Token | None, root_path: str = "") -> LinkForm:
+    """The credential form of a page: how the request's credential came in its address, which every link of the
+    page keeps (a header token, which no link can carry, leaves links as they are). The one place that decides
+    it: a new kind of credential adds its case here and its :class:`LinkForm` beside the others."""
+    if token is None or not token.in_url:
+        return LinkForm(root_path)
+    if request.path_token is not None:
+        return PathToken(root_path, token.value)
+    return QueryToken(root_path, token.value)
 
 
-def listing(base: str, entries: list[Entry]) -> Resource:
-    return bytes_resource(render_listing(base, entries), HTML)
+def listing(base: str, entries: list[Entry], links: LinkForm | None = None) -> Resource:
+    return bytes_resource(render_listing(base, entries, links or LinkForm()), HTML)
 
 
 class Pages:
@@ -34,18 +43,36 @@ class Pages:
         self.own_viewer = own_viewer
         self.tokens_needed = tokens_needed
 
+    def links(self, request: Request, token: Token | None) -> LinkForm:
+        """The page's credential form below the public root path."""
+        return link_form(request, token, self.origin.of(request.headers, request.client)[1])
+
+    def listing(self, request: Request, token: Token | None, base: str, entries: list[Entry]) -> Resource:
+        """A listing whose links keep the page's credential form."""
+        return listing(base, entries, self.links(request, token))
+
     def landing(
-        self, request: Request, token: Token | None, tree: str, readable: dict[str, list[Dataset | BrokenDataset]]
+        self,
+        request: Request,
+        token: Token | None,
+        tree: str,
+        readable: dict[str, list[Dataset | BrokenDataset]],
+        largest: Mapping[tuple[str, str], Mapping[str, Sequence[int]]] | None = None,
     ) -> Landing:
+        """The landing page's cards; ``largest`` by (organization, dataset): the segments their links select."""
         base, root_path = self.origin.of(request.headers, request.client)
-        link_token = page_token(token)
-        viewer = viewer_url(self.neuroglancer_url, self.own_viewer, root_path, link_token)
+        links = link_form(request, token, root_path)
+        viewer = viewer_url(self.neuroglancer_url, self.own_viewer, links)
         meshes = extras.MESHES.available
+        found = largest or {}
         groups = {
-            organization: [dataset_card(d, tree, base, root_path, link_token, viewer, meshes) for d in datasets]
+            organization: [
+                dataset_card(d, tree, base, links, viewer, meshes, found.get((d.organization, d.name)))
+                for d in datasets
+            ]
             for organization, datasets in readable.items()
         }
-        return Landing(groups, link_token is not None, viewer_note=mixed_content_note(viewer, base))
+        return Landing(groups, links, viewer_note=mixed_content_note(viewer, base))
 
     @staticmethod
     def landing_page(base_path: str, entries: list[Entry], landing: Landing, title: str) -> Resource:
@@ -58,20 +85,19 @@ class Pages:
         tree: str,
         request: Request,
         entries: list[Entry],
-        link_token: str | None,
+        links: LinkForm,
         largest: dict[str, list[int]],
     ) -> Resource:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
-        base, root_path = self.origin.of(request.headers, request.client)
-        viewer = viewer_url(self.neuroglancer_url, self.own_viewer, root_path, link_token)
+        base, _ = self.origin.of(request.headers, request.client)
+        viewer = viewer_url(self.neuroglancer_url, self.own_viewer, links)
         page = build_dataset_page(
             view.dataset,
             tree,
             base,
-            link_token,
+            links,
             viewer,
             self.tokens_needed,
-            root_path,
             largest=largest,
             with_meshes=extras.MESHES.available,
             viewer_note=mixed_content_note(viewer, base),

@@ -9,22 +9,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import anyio
-
-from ...meshes.service import MeshService
-from ...sources.catalog import Dataset
 from ...zarr.resource import Resource
 from ...zarr.trees import DatasetView, NodeNotFound
 from ..auth import Grant, Token
 from ..errors import HiddenRoots
 from ..messages import Answer, Request
+from ..pages.landing import Landing
+from ..pages.links import LinkForm
 from ..pages.listing import Entry
 from ..urls import DataTarget, Level, parse_data_path
 from .access import Authorizer
 from .chunks import Chunks
 from .datasets import Datasets
+from .index import Landings
 from .listings import Listings, Readable
-from .pages import Pages, listing, page_token
+from .pages import Pages, listing
+from .segments import LargestSegments
 from .sender import Sender
 
 
@@ -62,19 +62,18 @@ def check_placed(target: DataTarget) -> None:
 class TreeRoot:
     """A tree's root: its organizations, as the landing page of the datasets ``grant`` may read."""
 
-    listings: Listings
-    pages: Pages
+    landings: Landings
     sender: Sender
 
     async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
         check_placed(target)
+        tree = target.tree.name
 
-        def page(readable: Readable) -> Resource:
+        def page(readable: Readable, landing: Landing) -> Resource:
             entries = [Entry(organization, True) for organization in readable]
-            landing = self.pages.landing(request, token, target.tree.name, readable)
-            return self.pages.landing_page(target.base, entries, landing, target.tree.name)
+            return self.landings.pages.landing_page(target.base, entries, landing, tree)
 
-        return await self.sender.send(request, await self.listings.readable(grant, page))
+        return await self.sender.send(request, await self.landings.page(request, token, grant, tree, page))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +81,14 @@ class OrganizationListing:
     """An organization: the datasets ``grant`` may read there."""
 
     listings: Listings
+    pages: Pages
     sender: Sender
 
     async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
         await self.listings.check_organization(target.organization)
         check_placed(target)
         entries = await self.listings.dataset_entries(grant, target.organization)
-        return await self.sender.send(request, listing(target.base, entries))
+        return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +97,16 @@ class InDataset:
 
     datasets: Datasets
     sender: Sender
+    pages: Pages
 
     async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
         dataset = await self.datasets.served(target.organization, target.dataset, grant)
         view = await self.datasets.view_off_loop(dataset, target.tree)
-        return await self.sender.send(request, await self.resource(target, view, request, page_token(token)))
+        links = self.pages.links(request, token)
+        return await self.sender.send(request, await self.resource(target, view, request, links))
 
-    async def resource(
-        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
-    ) -> Resource:
+    async def resource(self, target: DataTarget, view: DatasetView, request: Request, links: LinkForm) -> Resource:
+        """The document, listing or chunk ``target`` names; a listing's links in the page's form ``links``."""
         raise NotImplementedError
 
 
@@ -113,14 +114,10 @@ class InDataset:
 class DatasetLevel(InDataset):
     """A dataset: its metadata documents, or its page (a listing with a card per layer)."""
 
-    pages: Pages
-    meshes: MeshService
+    largest: LargestSegments
     roots: HiddenRoots
-    chunk_threads: anyio.CapacityLimiter
 
-    async def resource(
-        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
-    ) -> Resource:
+    async def resource(self, target: DataTarget, view: DatasetView, request: Request, links: LinkForm) -> Resource:
         tree, file = target.tree, target.file
         check_placed(target)
         if file is not None:
@@ -128,35 +125,23 @@ class DatasetLevel(InDataset):
         entries = [Entry(f, False) for f in tree.dataset_files]
         entries += [Entry(name, True) for name in view.groups]
         entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
-        await self.meshes.ready_all(view.dataset)  # the data stamps, taken off the chunk threads
-        largest = await anyio.to_thread.run_sync(self._largest_segments, view.dataset, limiter=self.chunk_threads)
+        largest = await self.largest.of(view.dataset)
         page = self.pages.dataset_page
-        return await self.datasets.call(page, target.base, view, tree.name, request, entries, link_token, largest)
-
-    def _largest_segments(self, dataset: Dataset) -> dict[str, list[int]]:
-        """A few of the largest segments of each segmentation layer, for the viewer link (from its index or a scan)."""
-        return {
-            name: self.meshes.largest_segments(dataset, name)
-            for name, layer in dataset.layers.items()
-            if layer.properties.category == "segmentation" and layer.mags
-        }
+        return await self.datasets.call(page, target.base, view, tree.name, request, entries, links, largest)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupLevel(InDataset):
     """A group (a layer, or the xarray tree's mag): its documents, or a listing of its arrays."""
 
-    async def resource(
-        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
-    ) -> Resource:
+    async def resource(self, target: DataTarget, view: DatasetView, request: Request, links: LinkForm) -> Resource:
         tree, file = target.tree, target.file
         group = view.group(target.names[2])
         check_placed(target)
         if file is not None:
             return view.document((group.name, file), lambda: tree.group_document(view, group, file))
-        return listing(
-            target.base, [Entry(f, False) for f in tree.group_files] + [Entry(a, True) for a in group.arrays]
-        )
+        entries = [Entry(f, False) for f in tree.group_files] + [Entry(a, True) for a in group.arrays]
+        return listing(target.base, entries, links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +150,7 @@ class ArrayLevel(InDataset):
 
     chunks: Chunks
 
-    async def resource(
-        self, target: DataTarget, view: DatasetView, request: Request, link_token: str | None
-    ) -> Resource:
+    async def resource(self, target: DataTarget, view: DatasetView, request: Request, links: LinkForm) -> Resource:
         tree, file = target.tree, target.file
         group = view.group(target.names[2])
         array_name = target.names[3]
@@ -176,5 +159,5 @@ class ArrayLevel(InDataset):
         if file is not None:
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
-            return listing(target.base, [Entry(f, False) for f in tree.array_files])
+            return listing(target.base, [Entry(f, False) for f in tree.array_files], links)
         return await self.chunks.answer(target, node, target.key, request)

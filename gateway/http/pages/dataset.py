@@ -8,8 +8,9 @@ from html import escape
 from gateway_storage.geometry import Vec3, mag_name
 
 from ...sources.catalog import Dataset
-from .listing import Entry, listing_items
-from .markup import other_link, path_of, resource, text, with_token
+from .links import LinkForm
+from .listing import Entry, breadcrumbs, listing_items, token_note
+from .markup import other_link, page_head, path_of, resource, text
 from .neuroglancer import mesh_source, neuroglancer_layer, neuroglancer_link, neuroglancer_source
 from .snippets import Snippet, snippets
 
@@ -37,7 +38,7 @@ class DatasetPage:
     name: str
     layers: tuple[LayerCard, ...]
     snippets: tuple[Snippet, ...]
-    carries_token: bool = False  # the page was asked for with ?token=, and its links carry the token on
+    links: LinkForm  # the page's credential form, which its links keep
     viewer_note: str | None = None  # why the viewer link may show nothing (an https viewer, an http gateway)
 
 
@@ -45,7 +46,7 @@ def viewer_layers(
     dataset: Dataset,
     tree: str,
     base: str,
-    token: str | None,
+    links: LinkForm,
     with_meshes: bool,
     largest: Mapping[str, Sequence[int]] | None = None,
 ) -> list[dict[str, object]]:
@@ -58,10 +59,10 @@ def viewer_layers(
     )
     return [
         neuroglancer_layer(
-            neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token),
+            neuroglancer_source(base, tree, dataset.organization, dataset.name, name, links),
             name,
             layer.properties.category,
-            mesh_source(base, dataset.organization, dataset.name, name, token)
+            mesh_source(base, dataset.organization, dataset.name, name, links)
             if with_meshes and layer.properties.dtype.kind in "ui"
             else None,
             (largest or {}).get(name, ()),
@@ -79,10 +80,9 @@ def build_dataset_page(
     dataset: Dataset,
     tree: str,
     base: str,
-    token: str | None,
+    links: LinkForm,
     neuroglancer_url: str,
     needs_token: bool,
-    root_path: str = "",
     largest: Mapping[str, Sequence[int]] | None = None,
     with_meshes: bool = True,
     viewer_note: str | None = None,
@@ -90,21 +90,21 @@ def build_dataset_page(
     """The page of a dataset as tree ``tree`` lists it.
 
     ``base`` is the public ``scheme://host`` (see :func:`gateway.http.origin.public_base`) followed by any root
-    path; ``token`` is the one the page was requested with in its address (it goes into image and viewer URLs,
-    which cannot send headers); ``needs_token`` says whether the gateway checks tokens (the snippets then show a
-    placeholder); ``largest`` names a few of the largest segments of segmentation layers, for the viewer to
-    select; ``with_meshes`` whether the viewer links carry mesh sources.
+    path; ``links`` the page's credential form (image and viewer URLs cannot send headers, so they carry the
+    credential of the page's address, and its root path); ``needs_token`` says whether the gateway checks tokens
+    (the snippets then show a placeholder); ``largest`` names a few of the largest segments of segmentation layers,
+    for the viewer to select; ``with_meshes`` whether the viewer links carry mesh sources.
     """
     scale = dataset.properties.scale
-    layers = viewer_layers(dataset, tree, base, token, with_meshes, largest)
+    layers = viewer_layers(dataset, tree, base, links, with_meshes, largest)
     cards = []
     for name, layer in dataset.layers.items():
         if not layer.mags:
             continue  # listed with its reason, no card
         properties = layer.properties
         bbox = properties.bounding_box
-        preview = f"{root_path}/preview/{path_of(dataset.organization, dataset.name, name)}.png"
-        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, token)
+        preview = f"/preview/{path_of(dataset.organization, dataset.name, name)}.png"
+        source = neuroglancer_source(base, tree, dataset.organization, dataset.name, name, links)
         cards.append(
             LayerCard(
                 name=name,
@@ -116,7 +116,7 @@ def build_dataset_page(
                 voxel_size=scale.factor,
                 unit=scale.unit,
                 mags=tuple(mag_name(mag) for mag in sorted(layer.mags, key=max)),
-                preview_url=with_token(preview, token),
+                preview_url=links.href(preview),
                 neuroglancer_url=neuroglancer_link(
                     neuroglancer_url,
                     source,
@@ -133,7 +133,7 @@ def build_dataset_page(
     if cards:
         first = cards[0]
         code = snippets(base, dataset.organization, dataset.name, first.name, first.mags[0], needs_token)
-    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code, token is not None, viewer_note)
+    return DatasetPage(dataset.organization, dataset.name, tuple(cards), code, links, viewer_note)
 
 
 def _number(value: float) -> str:
@@ -176,16 +176,6 @@ def viewer_note_markup(note: str | None) -> str:
     return "" if note is None else f'<p class="viewer-note" role="note">{text(note)}</p>\n'
 
 
-def page_head(title: str) -> str:
-    """The start of every styled page, up to and with ``<body>``."""
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<meta name="referrer" content="no-referrer">'
-        f"<title>{title}</title>\n<style>{resource('static/pages.css')}</style></head>\n<body>\n"
-    )
-
-
 def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage) -> bytes:
     """The dataset's listing (the same links as ``render_listing``) with its layer cards and snippets."""
     title = escape(f"{page.organization}/{page.name}")
@@ -199,7 +189,7 @@ def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage)
         )
     return (
         page_head(title) + f"<h1>{title}<small>Index of {text(base_path)}</small></h1>\n"
-        f"{resource('static/token-note.html') if page.carries_token else ''}{viewer_note_markup(page.viewer_note)}"
-        '<ul class="children">\n' + "\n".join(listing_items(base_path, entries)) + "\n</ul>\n"
+        f"{token_note(page.links)}{viewer_note_markup(page.viewer_note)}{breadcrumbs(base_path, page.links)}"
+        '<ul class="children">\n' + "\n".join(listing_items(base_path, entries, page.links)) + "\n</ul>\n"
         f"{cards}\n{code}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
     ).encode()

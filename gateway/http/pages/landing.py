@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from html import escape
 
 from ...sources.catalog import BrokenDataset, Dataset
-from .dataset import page_head, viewer_layers, viewer_note_markup
-from .listing import Entry, listing_items
-from .markup import other_link, path_of, resource, text, with_token
+from .dataset import viewer_layers, viewer_note_markup
+from .links import PLAIN, LinkForm
+from .listing import Entry, listing_items, token_note
+from .markup import other_link, page_head, path_of, text
 from .neuroglancer import neuroglancer_link
 
 HOME_TREE = "zarr"  # the tree whose dataset pages ``/`` links to
@@ -34,7 +35,7 @@ class Landing:
     """What a landing page shows besides its listing."""
 
     groups: Mapping[str, Sequence[DatasetCard]]  # by organization, in listing order
-    carries_token: bool = False
+    links: LinkForm = PLAIN  # the page's credential form, which its links keep
     note: str | None = None  # e.g. that a token shows the datasets
     viewer_note: str | None = None
 
@@ -43,22 +44,23 @@ def dataset_card(
     dataset: Dataset | BrokenDataset,
     tree: str,
     base: str,
-    root_path: str,
-    token: str | None,
+    links: LinkForm,
     viewer: str,
     with_meshes: bool,
+    largest: Mapping[str, Sequence[int]] | None = None,
 ) -> DatasetCard:
-    """The card of one dataset; ``token`` is the page's own (from its address), carried on by every link."""
+    """The card of one dataset; ``links`` the page's credential form, kept by every link; ``largest`` a few of the
+    largest segments of its segmentation layers, which the viewer link selects (as the dataset page's does)."""
     names = path_of(dataset.organization, dataset.name)
-    page_url = with_token(f"{root_path}/data/{tree}/{names}/", token)
+    page_url = links.href(f"/data/{tree}/{names}/")
     if isinstance(dataset, BrokenDataset):
         return DatasetCard(dataset.organization, dataset.name, page_url, None, None, (), dataset.reason)
     servable = [(name, layer) for name, layer in dataset.layers.items() if layer.mags]
     if not servable:
         return DatasetCard(dataset.organization, dataset.name, page_url, None, None, (), "no servable layer")
     shown = next((name for name, layer in servable if layer.properties.category == "color"), servable[0][0])
-    thumbnail = with_token(f"{root_path}/preview/{names}/{path_of(shown)}.png", token)
-    layers = viewer_layers(dataset, tree, base, token, with_meshes)
+    thumbnail = links.href(f"/preview/{names}/{path_of(shown)}.png")
+    layers = viewer_layers(dataset, tree, base, links, with_meshes, largest)
     scale = dataset.properties.scale
     first, first_layer = servable[0]
     source = str(layers[0]["source"]) if layers else ""
@@ -106,13 +108,12 @@ def render_landing(base_path: str, entries: list[Entry], landing: Landing, title
             f'<ul class="datasets">\n{items}\n</ul></section>'
         )
     note = "" if landing.note is None else f'<p class="token-note" role="note">{text(landing.note)}</p>\n'
-    token_note = resource("static/token-note.html") if landing.carries_token else ""
     empty = "" if sections or landing.note else '<p class="empty">No datasets to show.</p>\n'
     return (
         page_head(escape(title)) + f"<h1>{escape(title)}<small>Index of {text(base_path)}</small></h1>\n"
-        f"{token_note}{note}{viewer_note_markup(landing.viewer_note)}"
+        f"{token_note(landing.links)}{note}{viewer_note_markup(landing.viewer_note)}"
         '<ul class="children">\n'
-        + "\n".join(listing_items(base_path, entries))
+        + "\n".join(listing_items(base_path, entries, landing.links))
         + "\n</ul>\n"
         + "\n".join(sections)
         + f"\n{empty}</body></html>\n"

@@ -18,16 +18,23 @@ def path_of(*segments: str) -> str:
     return "/".join(quote(segment, safe="") for segment in segments)
 
 
-def with_token(url: str, token: str | None) -> str:
-    return url if token is None else f"{url}?token={quote(token, safe='')}"
-
-
 def other_link(href: str, label: str, css_class: str, new_tab: bool = False) -> str:
     """A link that is not a child of the page: ``href = "..."`` (spaces around "=", the same attribute to HTML)
     is not what fsspec's listing parser takes for a child, whatever the URL; ``href`` is a path or an
     absolute URL already escaped where it needs to be, ``label`` markup."""
     target = ' target="_blank" rel="noopener noreferrer"' if new_tab else ""
     return f'<a class="{css_class}" href = "{escape(href)}"{target}>{label}</a>'
+
+
+def page_head(title: str) -> str:
+    """The start of every styled page (listings, the landing and dataset pages, error pages), up to ``<body>``;
+    ``title`` is markup."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>{title}</title>\n<style>{resource('static/pages.css')}</style></head>\n<body>\n"
+    )
 
 
 @functools.cache

@@ -11,31 +11,24 @@ from urllib.parse import quote
 from gateway_storage.geometry import Box
 
 from ...sources.units import meters_per_unit
-from ..urls import TOKEN_PREFIX
+from .links import LinkForm
 from .markup import path_of
 
 NEUROGLANCER_SCHEMES = {"zarr": ("zarr2", "zarr"), "zarr3": ("zarr3", "zarr3"), "xarray": ("zarr3", "zarr3")}
 
 
-def token_path(token: str | None) -> str:
-    """The ``/t/{token}`` path that carries ``token`` to every file below a viewer's source URL, or nothing.
-
-    Neuroglancer cannot be given a token any other way for every client in use: its zarr sources refuse a
-    query (or, in older clients, append keys to it), and a link cannot set a header.
-    """
-    return "" if token is None else f"{TOKEN_PREFIX}{quote(token, safe='')}"
-
-
-def neuroglancer_source(base: str, tree: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
-    """The layer group as a Neuroglancer source: zarr2:// of the v2 tree, zarr3:// of the v3 tree for the others."""
+def neuroglancer_source(base: str, tree: str, organization: str, dataset: str, layer: str, links: LinkForm) -> str:
+    """The layer group as a Neuroglancer source: zarr2:// of the v2 tree, zarr3:// of the v3 tree for the others;
+    the page's credential in its path (Neuroglancer cannot be given one any other way for every client in use:
+    its zarr sources refuse a query, or in older clients append keys to it, and a link cannot set a header)."""
     scheme, served_tree = NEUROGLANCER_SCHEMES.get(tree, NEUROGLANCER_SCHEMES["zarr3"])
-    return f"{scheme}://{base}{token_path(token)}/data/{served_tree}/{path_of(organization, dataset, layer)}/"
+    return f"{scheme}://{base}{links.path_prefix}/data/{served_tree}/{path_of(organization, dataset, layer)}/"
 
 
-def mesh_source(base: str, organization: str, dataset: str, layer: str, token: str | None) -> str:
+def mesh_source(base: str, organization: str, dataset: str, layer: str, links: LinkForm) -> str:
     """The layer's multi-resolution mesh source (:mod:`gateway.meshes`) in Neuroglancer's pipeline syntax, with
-    a token in the path as for the volume sources."""
-    url = f"{base}{token_path(token)}/data/meshes/{path_of(organization, dataset, layer)}/multires/"
+    the credential in the path as for the volume sources."""
+    url = f"{base}{links.path_prefix}/data/meshes/{path_of(organization, dataset, layer)}/multires/"
     return f"{url}|neuroglancer-precomputed:"
 
 

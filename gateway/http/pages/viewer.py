@@ -22,8 +22,8 @@ from ... import extras
 from ...zarr.resource import Resource, bytes_resource
 from ..messages import Answer, Receive
 from ..urls import VIEWER_PREFIX
+from .links import LinkForm
 from .markup import HTML
-from .neuroglancer import token_path
 
 PUBLIC_NEUROGLANCER = "https://neuroglancer-demo.appspot.com/"
 PREFIX = VIEWER_PREFIX  # where the client is served: the edge hands it every path below
@@ -46,12 +46,12 @@ _STATE_IN_ADDRESS = '<script>if (!location.hash) { history.replaceState(null, ""
 _TRUSTWORTHY_HOSTS = ("localhost", "127.", "[::1]")  # which an https page may read over http (and *.localhost)
 
 
-def viewer_url(setting: str, own_client: bool, root_path: str, token: str | None) -> str:
-    """The Neuroglancer that pages link to: the setting when given, else the gateway's own (under the page's
-    token path, as a proxy checks a token on every path), else the public demo."""
+def viewer_url(setting: str, own_client: bool, links: LinkForm) -> str:
+    """The Neuroglancer that pages link to: the setting when given, else the gateway's own (below the page's
+    credential path, as a proxy checks a credential on every path), else the public demo."""
     if setting:
         return setting
-    return f"{root_path}{token_path(token)}{PAGE}" if own_client else PUBLIC_NEUROGLANCER
+    return f"{links.root_path}{links.path_prefix}{PAGE}" if own_client else PUBLIC_NEUROGLANCER
 
 
 def mixed_content_note(viewer: str, page_base: str) -> str | None:
