@@ -389,6 +389,8 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         given = not field.is_required() and field.default_factory is None and field.default not in (None, ())
         shown = f"; default {field.default}" if given else ""
+        if field.is_required():  # a flag to argparse, as the variable or the settings file may give it instead
+            shown = "; REQUIRED: this flag, the variable or the settings file"
         description = plain(field.description or name).replace("%", "%%")
         parser.add_argument(
             flag_name(name), dest=name, help=f"{description} ({ENV_PREFIX}{name.upper()}{shown})", **_flag_kind(field)
@@ -434,8 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zarr-gateway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"zarr-gateway {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    required = " ".join(
+        f"{flag_name(name)} {name.upper()}" for name, f in Settings.model_fields.items() if f.is_required()
+    )
     run = commands.add_parser(
-        "serve", help="serve a data root as Zarr v2 and v3 over HTTP", description="Serve a data root over HTTP."
+        "serve",
+        help="serve a data root as Zarr v2 and v3 over HTTP",
+        description="Serve a data root over HTTP.",
+        usage=f"zarr-gateway serve {required} [OPTIONS]",
     )
     add_setting_flags(run)
     run.set_defaults(func=serve)

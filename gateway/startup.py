@@ -140,6 +140,8 @@ def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]
     """Open each root's store and ask it once: what start-up says, as (level, message); "exit" stops it."""
     from gateway_storage import LocalStore, Store, headers_for, store_kind
 
+    from .sources.root_shape import misplaced_root
+
     said: list[tuple[str, str]] = []
     stores: list[tuple[str, str, Store]] = []
     for url, what in roots:
@@ -162,6 +164,7 @@ def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]
                 said.append(("INFO", f"remote root {url} answers: mag and layer paths below it are served"))
                 continue
             organizations = store.list_directories(store.root)
+            hint = misplaced_root(store)
         except Exception as exc:
             then = (
                 "its layers answer 503 until then"
@@ -170,7 +173,9 @@ def probe_roots(roots: list[tuple[str, str]], headers: dict[str, dict[str, str]]
             )
             said.append(("ERROR", f"{what} {url} cannot be reached{endpoint}: {exc}; {then}"))
             continue
-        if organizations:
+        if hint is not None:
+            said.append(("WARNING", f"data root {url}: {hint}"))
+        elif organizations:
             said.append(("INFO", f"data root {url} answers{endpoint}: {len(organizations)} organizations"))
         else:
             said.append(("WARNING", f"data root {url}{endpoint} holds no datasets yet (no organization directories)"))

@@ -14,9 +14,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
 import urllib.parse
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -369,15 +371,15 @@ def test_index_segments_without_the_meshes_extra_is_refused_naming_it(
     ], done.stderr
 
 
-# --- the slim install: a fresh venv with the sample, meshes and viewer extras, what serve-sample installs ---
+# --- the slim install: a fresh venv with the extras serve-sample installs (sample, meshes, viewer, precomputed) ---
 
-SLIM_EXTRAS = "sample,meshes,viewer"
+SLIM_EXTRAS = "sample,meshes,viewer,precomputed"
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "gateway", "gateway_storage", "wkw_adapter")
 
 
 @pytest.fixture(scope="module")
 def slim_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with ``zarr-gateway[sample,meshes,viewer]`` from the package index, and nothing of the tests.
+    """A venv with ``zarr-gateway[sample,meshes,viewer,precomputed]`` from the package index, and nothing of the tests.
 
     Installed from a copy of the package's files, as the image is, so that no build output lands in the checkout.
     """
@@ -469,10 +471,9 @@ def test_the_slim_install_names_an_extra_it_lacks_in_one_line(slim_venv: Path, t
         assert "Traceback" not in done.stderr
 
 
-def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Path, sample_root: Path) -> None:
-    """scripts/serve-sample in a copy of the checkout whose pip only records what it is asked: it installs the
-    sample, meshes and viewer extras quietly, serves the sample, prints the page and viewer links, and stops
-    on SIGTERM with the gateway."""
+def serve_sample_copy(tmp_path: Path, sample_root: Path) -> tuple[Path, dict[str, str]]:
+    """scripts/serve-sample in a copy of the checkout whose pip only records what it is asked (in ``pip-calls``)
+    and whose installed package is this checkout's; the script and its environment."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "serve-sample"
     script.write_bytes((REPO / "scripts" / "serve-sample").read_bytes())
@@ -488,8 +489,16 @@ def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Pa
     (bin_dir / "zarr-gateway").write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m gateway "$@"\n')
     for tool in ("pip", "zarr-gateway"):
         (bin_dir / tool).chmod(0o755)
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
+    return script, {**env, "PYTHONPATH": str(REPO)}
+
+
+def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Path, sample_root: Path) -> None:
+    """scripts/serve-sample installs the sample, meshes, viewer and precomputed extras quietly, serves the sample,
+    prints the page and viewer links, and stops on SIGTERM with the gateway."""
+    script, env = serve_sample_copy(tmp_path, sample_root)
+    asked = tmp_path / "pip-calls"
+    port = free_port()
     log = tmp_path / "serve-sample.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -507,7 +516,7 @@ def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Pa
     # the gateway's own status: uvicorn ends by SIGTERM after its graceful shutdown, as the signal asked
     assert process.returncode in (0, 128 + signal.SIGTERM), text[-2000:]
     assert "Finished server process" in text, text[-2000:]
-    assert asked.read_text().splitlines() == ["install --disable-pip-version-check -q -e .[sample,meshes,viewer]"]
+    assert asked.read_text().splitlines() == [f"install --disable-pip-version-check -q -e .[{SLIM_EXTRAS}]"]
     assert "many lines of pip output" not in text, "pip's output is shown"
     assert f"the sample's dataset page: {page}" in text
     (link,) = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("open it in Neuroglancer: ")]
@@ -515,3 +524,32 @@ def test_serve_sample_installs_the_slim_extras_and_prints_the_links(tmp_path: Pa
     assert urllib.parse.quote(f"http://127.0.0.1:{port}/data/zarr3/sample_org/sample_dataset/color/", safe="") in link
     with pytest.raises(requests.ConnectionError):
         requests.get(page, timeout=5)
+
+
+def test_serve_sample_on_a_busy_port_says_so_before_printing_any_link(tmp_path: Path, sample_root: Path) -> None:
+    """Another server on the port answers the very page whose links serve-sample prints: it must stop first,
+    with the gateway's one line naming the address, and print no link that leads to the other server."""
+    script, env = serve_sample_copy(tmp_path, sample_root)
+    page = b'<a class="open-neuroglancer" href = "/elsewhere/">x</a>'
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Other) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        port = other.server_address[1]
+        done = subprocess.run(
+            [str(script), "--port", str(port), "--workers", "1"], env=env, capture_output=True, text=True, timeout=120
+        )
+        other.shutdown()
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert f"cannot listen on 127.0.0.1:{port}" in said and "choose another with --port" in said, said
+    assert "open it in Neuroglancer" not in said and "dataset page" not in said, said

@@ -12,7 +12,7 @@ import logging
 
 import anyio
 
-from gateway_storage import open_store, read_headers_file
+from gateway_storage import StorageError, Store, open_store, read_headers_file
 from gateway_storage.cache import CacheCounts
 
 from ..logs import configure_logging
@@ -24,6 +24,7 @@ from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
+from ..sources.root_shape import misplaced_root
 from ..sources.units import meters_per_unit
 from ..zarr.codecs import Codec
 from ..zarr.resource import Resource
@@ -33,7 +34,7 @@ from .answers import AnswerCache
 from .auth import Access
 from .budget import MemoryBudget
 from .edge import Edge, Endpoint, Handler, build_edge, endpoint_routes
-from .errors import HiddenRoots, json_error
+from .errors import HiddenRoots, HttpError
 from .handlers.access import Authorizer
 from .handlers.chunks import Chunks
 from .handlers.datasets import Datasets
@@ -57,9 +58,10 @@ from .handlers.trees import (
 from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
+from .pages.icon import favicon
 from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX, Level
+from .urls import DATA_PREFIX, FAVICON, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX, Level
 
 log = logging.getLogger("gateway")
 
@@ -107,7 +109,7 @@ def create_app(settings: Settings) -> Edge:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
-    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
+    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, root_note(store))
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
     answers = AnswerCache(settings.answer_cache_bytes, memory)
     chunks = Chunks(chunk_threads, memory, answers)
@@ -144,9 +146,10 @@ def create_app(settings: Settings) -> Edge:
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
     paths = {"/": Endpoint(IndexHandler(access, landings, sender), "index")}
+    paths[FAVICON] = Endpoint(icon_route(sender), "favicon")
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
-    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)
+    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, origin.root_path)
 
 
 def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:
@@ -158,13 +161,32 @@ def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) ->
             reply = await client.reply(request.path, request.receive, lambda: ops.draining)
         if reply is None:
             missing = "" if client is not None else ": the viewer extra is not installed"
-            return json_error(404, f"nothing at {request.exchange.logged_path}{missing}")
+            raise HttpError(404, f"nothing at {request.exchange.logged_path}{missing}")
         if reply.answer is not None:
             return reply.answer
         assert reply.resource is not None
         return await sender.send(request, reply.resource, reply.cache_control)
 
     return viewer
+
+
+def icon_route(sender: Sender) -> Handler:
+    """``/favicon.ico``, which browsers ask for by themselves: open, like the start page, and cached a day."""
+
+    async def icon(request: Request) -> Answer:
+        return await sender.send(request, favicon(), b"public, max-age=86400")
+
+    return icon
+
+
+def root_note(store: Store) -> str | None:
+    """What the start page says of a data root pointed too deep (start-up logs it too); nothing when the store
+    does not answer now (start-up said so)."""
+    try:
+        hint = misplaced_root(store)
+    except (OSError, StorageError):
+        return None
+    return None if hint is None else f"This gateway is set up wrong: {hint}."
 
 
 def create_app_from_env() -> Edge:

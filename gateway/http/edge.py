@@ -37,9 +37,11 @@ from starlette.types import ASGIApp
 
 from ..logs import access_log
 from ..metrics import STATS
-from .errors import HiddenRoots, error_answer, json_error
+from .auth import TOKEN_HEADER, read_token
+from .errors import Browser, HiddenRoots, HttpError, error_answer, prefers_html, refusal
 from .messages import Answer, Exchange, Message, Receive, Request, Scope, Send
 from .ops import Ops
+from .pages.links import link_form
 from .urls import TOKEN_PREFIX, split_path_token
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
@@ -63,6 +65,22 @@ Handler = Callable[[Request], Awaitable[Answer]]
 def exchange_of(scope: Scope) -> Exchange:
     exchange: Exchange = scope[EXCHANGE]
     return exchange
+
+
+def browser_of(scope: Scope, root_path: str) -> Browser | None:
+    """The request as the error map needs it when it prefers HTML (a browser following a link): its path as
+    logged and the credential form of its address, which the error page's links keep; None for every other."""
+    headers = scope["headers"]
+    if not prefers_html(next((value for name, value in headers if name == b"accept"), None)):
+        return None
+    exchange = exchange_of(scope)
+    lines = [value for name, value in headers if name == TOKEN_HEADER]
+    try:
+        token = read_token(lines, scope.get("query_string", b""), exchange.path_token)
+    except HttpError:  # more than one token, or one spelt otherwise: the page links carry none
+        token = None
+    in_address = token.value if token is not None and token.in_url else None
+    return Browser(exchange.logged_path, link_form(in_address, exchange.path_token is not None, root_path))
 
 
 class RequestLog:
@@ -133,7 +151,7 @@ class Methods:
             exchange_of(scope).route = "preflight"
             await _preflight(scope).send(send)
         else:
-            await json_error(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}).send(send)
+            await refusal(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}, None).send(send)
 
 
 def _preflight(scope: Scope) -> Answer:
@@ -212,11 +230,14 @@ class TreeRequests:
     takes their GET and HEAD past the router, as a Mount of the same endpoint would have them answered.
     """
 
-    def __init__(self, app: ASGIApp, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots) -> None:
+    def __init__(
+        self, app: ASGIApp, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots, root_path: str
+    ) -> None:
         self.app = app
         self.trees = trees
         self.prefixes = tuple(prefixes)
         self.roots = roots
+        self.root_path = root_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _READS or not scope["path"].startswith(self.prefixes):
@@ -228,18 +249,20 @@ class TreeRequests:
             exchange = exchange_of(scope)
             if exchange.status:
                 raise  # the head is out: the server drops the connection, and the client sees a short body
-            await error_answer(exc, exchange.context, self.roots).send(send)
+            await error_answer(exc, exchange.context, self.roots, browser_of(scope, self.root_path)).send(send)
 
 
-def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Awaitable[Response]]:
+def _error_map(roots: HiddenRoots, root_path: str) -> Callable[[StarletteRequest, Exception], Awaitable[Response]]:
     """The error map (:func:`errors.error_answer`) as Starlette's handler of every exception."""
 
     async def mapped(request: StarletteRequest, exc: Exception) -> Response:
         exchange = exchange_of(request.scope)
+        browser = browser_of(request.scope, root_path)
         if isinstance(exc, HTTPException):  # the router's own: a path no route takes
-            answer = json_error(exc.status_code, f"nothing at {exchange.logged_path}; data is under /data/")
+            message = f"nothing at {exchange.logged_path}; data is under /data/"
+            answer = refusal(exc.status_code, message, None, browser)
         else:
-            answer = error_answer(exc, exchange.context, roots)
+            answer = error_answer(exc, exchange.context, roots, browser)
         response = Response(answer.body, answer.status)
         response.raw_headers = answer.headers
         return response
@@ -251,21 +274,34 @@ class Edge:
     """The application: :class:`RequestLog` and :class:`PathTokens` around :class:`TreeRequests`, which hands the
     trees' GET and HEAD to their endpoint and everything else to the Starlette app."""
 
-    def __init__(self, starlette: Starlette, ops: Ops, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots):
-        self._parts = (starlette, ops, trees, roots)
-        self.app = RequestLog(PathTokens(TreeRequests(starlette, trees, prefixes, roots)), ops)
+    def __init__(
+        self,
+        starlette: Starlette,
+        ops: Ops,
+        trees: Endpoint,
+        prefixes: Sequence[str],
+        roots: HiddenRoots,
+        root_path: str = "",
+    ) -> None:
+        self._parts = (starlette, ops, trees, roots, root_path)
+        self.app = RequestLog(PathTokens(TreeRequests(starlette, trees, prefixes, roots, root_path)), ops)
 
     def through_starlette(self) -> "Edge":
         """The same application with every request routed by Starlette: what the shortcut must answer alike."""
-        starlette, ops, trees, roots = self._parts
-        return Edge(starlette, ops, trees, (), roots)
+        starlette, ops, trees, roots, root_path = self._parts
+        return Edge(starlette, ops, trees, (), roots, root_path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
 
 
 def build_edge(
-    routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots, trees: Endpoint, tree_prefixes: Sequence[str]
+    routes: Sequence[BaseRoute],
+    ops: Ops,
+    roots: HiddenRoots,
+    trees: Endpoint,
+    tree_prefixes: Sequence[str],
+    root_path: str = "",
 ) -> Edge:
     """The Starlette app over ``routes`` with the middleware above and the error map, behind the trees' shortcut.
 
@@ -273,14 +309,14 @@ def build_edge(
     key Exception, Starlette would hand it to its outermost error middleware, which answers and then
     raises again (a traceback and no access line for a mapped 500).
     """
-    mapped = _error_map(roots)
+    mapped = _error_map(roots, root_path)
     starlette = Starlette(
         routes=routes,
         middleware=[Middleware(Methods), Middleware(ExceptionMiddleware, handlers={Exception: mapped})],
         exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
-    return Edge(starlette, ops, trees, tree_prefixes, roots)
+    return Edge(starlette, ops, trees, tree_prefixes, roots, root_path)
 
 
 def endpoint_routes(paths: dict[str, Endpoint], mounts: dict[str, Endpoint]) -> list[BaseRoute]:

@@ -7,6 +7,10 @@ The map applies wherever bytes are produced, including bytes read while a
 response streams. No message names where the data lives on the server: every
 body built here, and every reason a page shows, says paths relative to the data
 root (:class:`HiddenRoots`, built once by the composition root).
+
+An error is a JSON body for every client, and an HTML page for a request that prefers HTML to JSON (a browser
+following a link: :func:`prefers_html`), with the same status, headers and message: content negotiation, so
+``Vary: Accept`` on both.
 """
 
 import json
@@ -37,10 +41,25 @@ from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
 from .budget import OverBudget
 from .messages import Answer, ClientGone, HttpError, raw_headers
+from .pages.links import LinkForm
+from .pages.markup import HTML
+from .pages.refusal import refusal_page
 from .ranges import PositionTooLong, TooManyRanges
 
 log = logging.getLogger("gateway")
-__all__ = ["NOTHING_HIDDEN", "RULES", "ErrorRule", "HiddenRoots", "HttpError", "error_answer", "json_error", "record"]
+__all__ = [
+    "NOTHING_HIDDEN",
+    "RULES",
+    "Browser",
+    "ErrorRule",
+    "HiddenRoots",
+    "HttpError",
+    "error_answer",
+    "json_error",
+    "prefers_html",
+    "record",
+    "refusal",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,20 +146,61 @@ class HiddenRoots:
 NOTHING_HIDDEN = HiddenRoots()  # for answers made where no root is known (unit tests of the map)
 
 
+@dataclass(frozen=True, slots=True)
+class Browser:
+    """A request that prefers HTML: its errors are pages, whose links keep the credential form of its address."""
+
+    path: str  # as log lines show it: no token
+    links: LinkForm
+
+
+def prefers_html(accept: bytes | None) -> bool:
+    """Whether an ``Accept`` header ranks ``text/html`` (named, not by a wildcard) above JSON, as browsers send
+    for a page; ``*/*``, no header, or JSON first (zarr-python, tensorstore, curl, an image tag) is JSON."""
+    if not accept or b"text/html" not in accept:  # the cheap test first: every data client
+        return False
+    html = json = 0.0
+    for part in accept.decode("latin-1").lower().split(","):
+        kind, *parameters = (piece.strip() for piece in part.split(";"))
+        quality = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        if kind == "text/html":
+            html = max(html, quality)
+        elif kind in ("application/json", "application/*", "*/*"):
+            json = max(json, quality)
+    return html > json
+
+
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
     body = json.dumps({"error": message, "status": status}).encode()
-    return Answer(status, raw_headers(headers or {}), body, JSON)
+    return Answer(status, raw_headers({**(headers or {}), "Vary": "Accept"}), body, JSON)
 
 
-def error_answer(exc: BaseException, context: str, roots: HiddenRoots = NOTHING_HIDDEN) -> Answer:
+def refusal(status: int, message: str, headers: dict[str, str] | None, browser: Browser | None) -> Answer:
+    """An error answer: JSON, or for a browser the page that says the same (:mod:`gateway.http.pages.refusal`)."""
+    if browser is None:
+        return json_error(status, message, headers)
+    page = refusal_page(status, message, browser.path, browser.links)
+    return Answer(status, raw_headers({**(headers or {}), "Vary": "Accept"}), page, HTML)
+
+
+def error_answer(
+    exc: BaseException, context: str, roots: HiddenRoots = NOTHING_HIDDEN, browser: Browser | None = None
+) -> Answer:
     """The answer to ``exc`` raised while serving ``context`` (method and path), counted and logged as mapped;
-    its message names no location of ``roots``."""
+    its message names no location of ``roots``; a page when ``browser`` asked."""
     if isinstance(exc, HttpError):  # the HTTP layer's own decision: nothing to map
-        return json_error(exc.status, roots.relative(exc.message), exc.headers)
+        return refusal(exc.status, roots.relative(exc.message), exc.headers, browser)
     rule = record(exc, context)
     message = rule.message if rule.message is not None else f"{rule.prefix}{exc}"
     headers = {"Retry-After": rule.retry_after} if rule.retry_after else None
-    return json_error(rule.status, roots.relative(message), headers)
+    return refusal(rule.status, roots.relative(message), headers, browser)
 
 
 def record(exc: BaseException, context: str) -> ErrorRule:

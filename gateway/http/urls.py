@@ -25,6 +25,7 @@ DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
 VIEWER_PREFIX = "/neuroglancer"  # the Neuroglancer client the gateway serves (gateway.http.pages.viewer)
 MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
+FAVICON = "/favicon.ico"  # the gateway's icon (gateway.http.pages.icon): open to everyone, as the start page is
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 
 

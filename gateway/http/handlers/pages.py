@@ -12,21 +12,17 @@ from ..messages import Request
 from ..origin import PublicOrigin
 from ..pages.dataset import build_dataset_page, render_dataset_page
 from ..pages.landing import Landing, dataset_card, render_landing
-from ..pages.links import LinkForm, PathToken, QueryToken
+from ..pages.links import LinkForm, link_form
 from ..pages.listing import Entry, render_listing
 from ..pages.markup import HTML
 from ..pages.viewer import mixed_content_note, viewer_url
 
 
-def link_form(request: Request, token: Token | None, root_path: str = "") -> LinkForm:
-    """The credential form of a page: how the request's credential came in its address, which every link of the
-    page keeps (a header token, which no link can carry, leaves links as they are). The one place that decides
-    it: a new kind of credential adds its case here and its :class:`LinkForm` beside the others."""
-    if token is None or not token.in_url:
-        return LinkForm(root_path)
-    if request.path_token is not None:
-        return PathToken(root_path, token.value)
-    return QueryToken(root_path, token.value)
+def page_links(request: Request, token: Token | None, root_path: str = "") -> LinkForm:
+    """The credential form of a page (:func:`~gateway.http.pages.links.link_form`): a header token, which no
+    link can carry, leaves links as they are."""
+    in_address = token.value if token is not None and token.in_url else None
+    return link_form(in_address, request.path_token is not None, root_path)
 
 
 def listing(base: str, entries: list[Entry], links: LinkForm | None = None) -> Resource:
@@ -37,15 +33,23 @@ class Pages:
     """Renders the pages that link to viewers; ``own_viewer`` when the gateway serves Neuroglancer at
     /neuroglancer/ (the viewer extra)."""
 
-    def __init__(self, origin: PublicOrigin, neuroglancer_url: str, own_viewer: bool, tokens_needed: bool) -> None:
+    def __init__(
+        self,
+        origin: PublicOrigin,
+        neuroglancer_url: str,
+        own_viewer: bool,
+        tokens_needed: bool,
+        root_note: str | None = None,
+    ) -> None:
         self.origin = origin
         self.neuroglancer_url = neuroglancer_url
         self.own_viewer = own_viewer
         self.tokens_needed = tokens_needed
+        self.root_note = root_note  # the landing pages say it: a data root pointed at a dataset, say
 
     def links(self, request: Request, token: Token | None) -> LinkForm:
         """The page's credential form below the public root path."""
-        return link_form(request, token, self.origin.of(request.headers, request.client)[1])
+        return page_links(request, token, self.origin.of(request.headers, request.client)[1])
 
     def listing(self, request: Request, token: Token | None, base: str, entries: list[Entry]) -> Resource:
         """A listing whose links keep the page's credential form."""
@@ -61,7 +65,7 @@ class Pages:
     ) -> Landing:
         """The landing page's cards; ``largest`` by (organization, dataset): the segments their links select."""
         base, root_path = self.origin.of(request.headers, request.client)
-        links = link_form(request, token, root_path)
+        links = page_links(request, token, root_path)
         viewer = viewer_url(self.neuroglancer_url, self.own_viewer, links)
         meshes = extras.MESHES.available
         found = largest or {}
@@ -72,7 +76,7 @@ class Pages:
             ]
             for organization, datasets in readable.items()
         }
-        return Landing(groups, links, viewer_note=mixed_content_note(viewer, base))
+        return Landing(groups, links, self.root_note, mixed_content_note(viewer, base))
 
     @staticmethod
     def landing_page(base_path: str, entries: list[Entry], landing: Landing, title: str) -> Resource:

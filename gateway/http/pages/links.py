@@ -77,3 +77,12 @@ def token_segment(token: str) -> str:
 
 
 PLAIN = LinkForm()  # links as they are, at the gateway's root
+
+
+def link_form(token: str | None, in_path: bool, root_path: str = "") -> LinkForm:
+    """The credential form of a page: how the request's credential came in its address (``token`` None: it did
+    not, or there is none), which every link of the page keeps. The one place that decides it: a new kind of
+    credential adds its case here and its :class:`LinkForm` beside the others."""
+    if token is None:
+        return LinkForm(root_path)
+    return PathToken(root_path, token) if in_path else QueryToken(root_path, token)

@@ -14,6 +14,14 @@ CLIENTS = {
     "webknossos": "webknossos-libs",
     "xarray": "xarray",
 }
+# What each snippet needs installed, its first line (the README's client sections give the same lines):
+# zarr alone cannot open an http:// URL, xarray reads through zarr and dask.
+INSTALL = {
+    "zarr-python": "pip install 'zarr>=3' fsspec aiohttp requests",
+    "tensorstore": "pip install tensorstore",
+    "webknossos": "pip install webknossos",
+    "xarray": "pip install xarray dask 'zarr>=3' fsspec aiohttp requests",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +34,8 @@ class Snippet:
 def snippets(
     public_base: str, organization: str, dataset: str, first_layer: str, finest_mag: str, needs_token: bool
 ) -> tuple[Snippet, ...]:
-    """Code that reads this dataset with each client, with ``<token>`` where the gateway needs a token."""
+    """Code that reads this dataset with each client, its install line first, with ``<token>`` where the gateway
+    needs a token."""
     layer_path = path_of(organization, dataset, first_layer)
     token = json.dumps(TOKEN_PLACEHOLDER)
     with_token = {
@@ -47,6 +56,8 @@ def snippets(
         **{name: value if needs_token else "" for name, value in with_token.items()},
     }
     return tuple(
-        Snippet(client, title, Template(resource(f"snippets/{client}.tmpl")).substitute(values))
+        Snippet(
+            client, title, f"# {INSTALL[client]}\n" + Template(resource(f"snippets/{client}.tmpl")).substitute(values)
+        )
         for client, title in CLIENTS.items()
     )
