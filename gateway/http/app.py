@@ -138,7 +138,7 @@ def create_app(settings: Settings) -> Edge:
     trees = Endpoint(TreeHandler(access, levels), None)  # the label (chunk, metadata, listing) is the target's
     mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
     precomputed_trees = Endpoint(
-        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads, memory), None
+        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads, memory, pages), None
     )
     mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
     mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender), "mesh")

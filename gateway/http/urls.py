@@ -18,8 +18,7 @@ from urllib.parse import unquote, unquote_to_bytes
 from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
-from .errors import HttpError
-from .messages import REDACTED_PATH_TOKEN
+from .messages import REDACTED_PATH_TOKEN, HttpError
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"

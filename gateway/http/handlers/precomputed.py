@@ -12,7 +12,7 @@ from ..messages import Answer, Request
 from .access import Authorizer
 from .datasets import Datasets
 from .listings import Listings
-from .pages import listing
+from .pages import Pages
 from .sender import Sender
 
 # What below a layer of the tree asks the mesh service (its listing too): its data stamp is taken first.
@@ -31,20 +31,21 @@ class PrecomputedHandler:
     sender: Sender
     chunk_threads: anyio.CapacityLimiter
     memory: MemoryBudget
+    pages: Pages  # the listings above the datasets, in the page's credential form
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_precomputed_path(request.path)
         request.exchange.route = target.route
         names = target.names
-        grant = await self.access.request_grant(request, names[:2])
+        token = self.access.token(request)
+        grant = await self.access.authorize(token, names[:2])
         if not names:
-            return await self.sender.send(
-                request, listing(target.base, await self.listings.organization_entries(grant))
-            )
+            entries = await self.listings.organization_entries(grant)
+            return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
         if len(names) < 2:
             await self.listings.check_organization(names[0])
             entries = await self.listings.dataset_entries(grant, names[0])
-            return await self.sender.send(request, listing(target.base, entries))
+            return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
         dataset = await self.datasets.served(names[0], names[1], grant)
         if len(names) > 2 and (not target.below or target.below[0] in MESH_AWARE):
             await self.tree.meshes.ready(dataset, names[2])  # its data stamp, taken off the chunk threads
