@@ -346,6 +346,27 @@ def test_the_proxy_shows_a_browser_pages(proxy: Proxy) -> None:
 
 
 @pytest.mark.nginx
+@pytest.mark.browser
+def test_a_browser_through_the_proxy_meets_pages(proxy: Proxy, browser: Browser) -> None:
+    """Chromium through nginx: the start page without a token says how to add one, a data page without one is
+    the 401 page, and with a token in the path every link of the dataset page opens."""
+    with browser.page() as page:
+        page.navigate(proxy.url + "/")
+        assert page.evaluate("document.contentType") == "text/html"
+        assert "/t/" in page.evaluate("document.body.innerText")
+        page.navigate(f"{proxy.url}/data/zarr3/{DATASET}/")
+        assert page.evaluate("document.contentType") == "text/html"
+        assert "YOUR_TOKEN" in page.evaluate("document.body.innerText")
+        page.navigate(f"{proxy.url}/t/{ENCODED}/data/zarr3/{DATASET}/")
+        links = page.evaluate(
+            "[...document.querySelectorAll('a')].map(a => a.href).filter(h => h.startsWith(location.origin))"
+        )
+        statuses = page.evaluate(f"Promise.all({json.dumps(links)}.map(l => fetch(l).then(r => r.status)))")
+    assert links and all(link.startswith(f"{proxy.url}/t/{ENCODED}/") for link in links), links
+    assert statuses == [200] * len(links), dict(zip(links, statuses))
+
+
+@pytest.mark.nginx
 def test_the_favicon_is_open_at_the_gateway_and_the_proxy(gateway: Server, proxy: Proxy) -> None:
     from PIL import Image
 
