@@ -178,6 +178,24 @@ def test_a_browser_gets_an_error_page_saying_the_same(gateway: Server, kind: str
     assert TOKEN not in answer.text.replace(f"?token={ENCODED}", ""), "no token but in a link of the page's form"
 
 
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "text/html;q=abc",
+        "text/html;q=nan, */*",
+        "text/html;q=inf",
+        ";;;text/html,,,;q=",
+        "text/html;" * 1000,
+        "\xfftext/html",
+    ],
+)
+def test_a_crafted_accept_header_gets_one_of_the_two_answers(gateway: Server, accept: str) -> None:
+    answer = requests.get(f"{gateway.url}/data/zarr/{DATASET}/", headers={"Accept": accept}, timeout=30)
+    assert answer.status_code == 401
+    kind = answer.headers["content-type"]
+    assert kind == "application/json" or (kind.startswith("text/html") and parsed(answer.text).message), kind
+
+
 def test_the_401_page_says_how_to_use_a_token(gateway: Server) -> None:
     path = f"/data/zarr3/{DATASET}/color_u8/"
     answer = requests.get(gateway.url + path, headers=HTML_HEADERS, timeout=30)
