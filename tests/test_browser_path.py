@@ -196,6 +196,16 @@ def test_a_crafted_accept_header_gets_one_of_the_two_answers(gateway: Server, ac
     assert kind == "application/json" or (kind.startswith("text/html") and parsed(answer.text).message), kind
 
 
+def test_a_method_refused_is_a_page_for_a_browser_and_json_for_the_rest(gateway: Server) -> None:
+    path = f"/data/zarr/{DATASET}/"
+    as_json = requests.post(gateway.url + path, timeout=30)
+    page = requests.post(gateway.url + path, headers=HTML_HEADERS, timeout=30)
+    assert as_json.status_code == page.status_code == 405
+    assert as_json.headers["content-type"] == "application/json" and as_json.headers["allow"] == page.headers["allow"]
+    assert page.headers["content-type"].startswith("text/html")
+    assert parsed(page.text).message == as_json.json()["error"]
+
+
 def test_the_401_page_says_how_to_use_a_token(gateway: Server) -> None:
     path = f"/data/zarr3/{DATASET}/color_u8/"
     answer = requests.get(gateway.url + path, headers=HTML_HEADERS, timeout=30)

@@ -140,8 +140,9 @@ class RequestLog:
 class Methods:
     """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, root_path: str = "") -> None:
         self.app = app
+        self.root_path = root_path  # of the links of a browser's error page
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
@@ -151,7 +152,8 @@ class Methods:
             exchange_of(scope).route = "preflight"
             await _preflight(scope).send(send)
         else:
-            await refusal(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}, None).send(send)
+            browser = browser_of(scope, self.root_path)
+            await refusal(405, f"method {method} is not allowed", {"Allow": ALLOWED_METHODS}, browser).send(send)
 
 
 def _preflight(scope: Scope) -> Answer:
@@ -312,7 +314,10 @@ def build_edge(
     mapped = _error_map(roots, root_path)
     starlette = Starlette(
         routes=routes,
-        middleware=[Middleware(Methods), Middleware(ExceptionMiddleware, handlers={Exception: mapped})],
+        middleware=[
+            Middleware(Methods, root_path=root_path),
+            Middleware(ExceptionMiddleware, handlers={Exception: mapped}),
+        ],
         exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
