@@ -12,7 +12,7 @@ import logging
 
 import anyio
 
-from gateway_storage import StorageError, Store, open_store, read_headers_file
+from gateway_storage import StorageError, Store, open_store, read_headers_file, store_kind
 from gateway_storage.cache import CacheCounts
 
 from ..logs import configure_logging
@@ -109,7 +109,8 @@ def create_app(settings: Settings) -> Edge:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
-    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, root_note(store))
+    note = root_note(store) if store_kind(settings.root) is None else None  # a store away must not delay start
+    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, note)
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
     answers = AnswerCache(settings.answer_cache_bytes, memory)
     chunks = Chunks(chunk_threads, memory, answers)
@@ -180,8 +181,8 @@ def icon_route(sender: Sender) -> Handler:
 
 
 def root_note(store: Store) -> str | None:
-    """What the start page says of a data root pointed too deep (start-up logs it too); nothing when the store
-    does not answer now (start-up said so)."""
+    """What the start page says of a local data root pointed too deep (start-up logs it for every kind of root);
+    nothing when it cannot be read now (start-up said so)."""
     try:
         hint = misplaced_root(store)
     except (OSError, StorageError):
