@@ -78,11 +78,13 @@ class MeshService:
         work = MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
         return source.file(work, name)
 
-    def working_bytes(self, dataset: Dataset, layer: str) -> int:
-        """The most memory one mesh request of ``layer`` holds (:func:`~gateway.meshes.surfaces.request_bytes`),
-        from its metadata alone; 0 for a layer without meshes (answered as such in the request's thread)."""
+    def working_bytes(self, dataset: Dataset, layer: str, kind: str) -> int:
+        """The most memory one request for a file of mesh source ``kind`` of ``layer`` holds
+        (:func:`~gateway.meshes.surfaces.request_bytes` of the levels it meshes), from the metadata alone; 0 for
+        a layer without meshes or an unknown source (answered as such in the request's thread)."""
+        source = MESH_SOURCES.get(kind)
         try:
-            return request_bytes(self.layer(dataset, layer).grid)
+            return 0 if source is None else request_bytes(source.levels(self.layer(dataset, layer).grid))
         except (MeshInputError, MeshNotFound):
             return 0
 
@@ -91,7 +93,7 @@ class MeshService:
         ``hold(working_bytes)`` while it runs: taken once the thread's turn has come, so that requests waiting
         for a mesh thread hold none of what it stands for (the worker's memory budget)."""
         await self.ready(dataset, layer)
-        async with self.limiter, hold(self.working_bytes(dataset, layer)):
+        async with self.limiter, hold(self.working_bytes(dataset, layer, kind)):
             return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self._running)
 
     async def ready(self, dataset: Dataset, layer: str) -> None:

@@ -17,7 +17,7 @@ from ..sources.mag import MagSource
 from .budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MAX_VERTICES, MeshBudget, surface_faces
 from .downsample import mode_downsample
 from .errors import MeshTooLarge
-from .geometry import MeshGrid
+from .geometry import Level
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
@@ -75,13 +75,13 @@ def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
 SURFACE_BYTES = 2 * (MAX_VERTICES * 3 * 8 + MAX_TRIANGLES * 3 * 4)
 
 
-def request_bytes(grid: MeshGrid) -> int:
-    """The most memory one mesh request of a layer holds at once, from its metadata alone (what it counts against
-    the worker's memory budget): the largest window a level reads (every stored chunk it touches, whole, decoded;
-    never past :data:`MAX_READ_DECODED_BYTES`, where the read is refused), its labels and a mask of them, and
-    the most surface a request may make."""
+def request_bytes(levels: list[Level]) -> int:
+    """The most memory one mesh request that meshes ``levels`` of a layer holds at once, from its metadata alone
+    (what it counts against the worker's memory budget): the largest window a level reads (every stored chunk it
+    touches, whole, decoded; never past :data:`MAX_READ_DECODED_BYTES`, where the read is refused), its labels
+    and a mask of them, and the most surface a request may make."""
     most = 0
-    for level in grid.levels:
+    for level in levels:
         edge = level.cube_voxels
         shape = (edge[0] + 1, edge[1] + 1, edge[2] + 1)
         decoded = min(level.source.decoded_bytes(shape), MAX_READ_DECODED_BYTES)
