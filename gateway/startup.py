@@ -47,7 +47,13 @@ EXAMPLE_TOKEN = "replace-with-a-long-random-token"
 
 def check_tokens(settings: Settings) -> None:
     from .http.auth import Tokens, TokensFileError
+    from .http.share import ShareKey, ShareKeyError
 
+    if settings.share_key_file is not None:
+        try:
+            ShareKey.load(settings.share_key_file)
+        except ShareKeyError as exc:
+            sys.exit(f"zarr-gateway: {exc}")
     if settings.tokens_file is not None:
         try:
             tokens = Tokens.load(settings.tokens_file)
