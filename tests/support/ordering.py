@@ -39,6 +39,7 @@ KNOWN_SECONDS = {
     "test_deploy.py": 45,
     "test_servers.py": 35,
     "test_proxy_cache.py": 30,
+    "test_share_links.py": 60,  # two gateways, three clients, nginx
     "test_mesh_segments.py": 40,
     "test_data_stamp.py": 25,
     "test_data_safety.py": 25,
