@@ -76,14 +76,11 @@ def test_neuroglancer_draws_the_dataset_from_a_link_made_on_its_page(
     assert opened.startswith(f"{prefix}/neuroglancer/v/gateway/#!"), opened
     sources = viewer.state_sources(json.loads(unquote(opened.partition("#!")[2])))
     assert len(sources) == 3 and all(prefix in source for source in sources), sources  # image, labels, meshes
-    time.sleep(0.5)
+    time.sleep(0.5)  # the pages' own requests are logged before the viewer's are counted
     start = len(gateway.log())
     with browser.page() as page:
-        page.navigate(opened)
-        page.wait_for("typeof window.viewer === 'object'", timeout=60)
-        final = viewer.wait_until_drawn(page)
-        loaded = [source for layer in final["layers"] for source in layer["sources"]]
-        assert len(loaded) == 3 and all(source["state"] == "loaded" for source in loaded), final
+        loaded = viewer.open_and_draw(page, opened)
+        assert len(loaded) == 3 and all(source["state"] == "loaded" for source in loaded), loaded
         page.evaluate("viewer.layout.restoreState('xy'), true")
         viewer.wait_until_drawn(page)
         shot = viewer.settled_screenshot(page, tmp_path / "share-link-xy.png")
