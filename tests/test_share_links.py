@@ -211,6 +211,18 @@ def test_forged_tampered_expired_and_malformed_links_are_401_saying_which(pair: 
     assert requests.get(f"{pair[1].url}/s/{good}{chunk}", timeout=30).status_code == 200
 
 
+def test_a_link_read_before_is_refused_once_it_expires(pair: list[Server]) -> None:
+    """Each worker remembers a checked signature, never a verdict on expiry: the link stops at its time."""
+    chunk = f"{prefix_of(made_link(pair[0], seconds=2)['link'])}/data/zarr3/{NAMES}/color/1/c/0/0/0/0"
+    assert requests.get(chunk, timeout=30).status_code == 200
+
+    def expired() -> bool:
+        answer = requests.get(chunk, timeout=30)
+        return answer.status_code == 401 and "has expired" in answer.json()["error"]
+
+    assert wait_until(expired, 30), "the link still reads after its expiry"
+
+
 def test_a_link_reads_nothing_outside_its_dataset(pair: list[Server]) -> None:
     prefix = prefix_of(made_link(pair[0])["link"])
     for path in (

@@ -16,6 +16,7 @@ another reader (nginx's
 holds a comma or surrounding blanks.
 """
 
+import functools
 import hmac
 import json
 import logging
@@ -91,11 +92,16 @@ class Grant:
     @classmethod
     def of_link(cls, organization: str, dataset: str, link: str) -> "Grant":
         """A share link's grant: exactly one dataset (its names match themselves, ``*`` included)."""
-        exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
-        return cls((exact,), f"the share link {link} (for {organization}/{dataset} only)")
+        return _link_grant(organization, dataset, link)
 
     def allows(self, organization: str, dataset: str) -> bool:
         return any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
+
+
+@functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker
+def _link_grant(organization: str, dataset: str, link: str) -> Grant:
+    exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
+    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)")
 
 
 class Tokens:

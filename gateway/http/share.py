@@ -21,6 +21,7 @@ grant has one capability and nothing can ride along in a part. The id is logged;
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import json
@@ -41,6 +42,7 @@ VERSION = "s1"
 READ = "r"
 DOMAIN = b"zarr-gateway share link\n"  # signatures of this kind, never mistaken for any other use of the key
 MIN_KEY_BYTES = 32
+CHECKED_LINKS = 4096  # links whose signature each worker remembers having checked (about 1 MiB)
 _ID = re.compile(r"[A-Za-z0-9_-]{16}")
 _EXPIRES = re.compile(r"[1-9][0-9]{0,11}")
 _B64 = re.compile(r"[A-Za-z0-9_-]+")
@@ -212,16 +214,22 @@ class Revocations:
 
 
 class ShareLinks:
-    """The links this gateway accepts: signed with its key, not expired, not revoked."""
+    """The links this gateway accepts: signed with its key, not expired, not revoked.
+
+    A link's signature is checked once per worker while it is among the last :data:`CHECKED_LINKS` used
+    (parsing and checking cost about thirty times a token's look-up, on every chunk); its expiry and the
+    revocation list are checked on every request. A link that fails is never remembered.
+    """
 
     def __init__(self, key: ShareKey, revoked: Revocations | None, clock: Callable[[], float] = time.time) -> None:
         self.key = key
         self.revoked = revoked
         self._clock = clock
+        self._signed = functools.lru_cache(maxsize=CHECKED_LINKS)(key.check)
 
     def check(self, capability: str) -> Capability:
         """The claims of a link in force; 401 saying whether it is malformed, forged, expired or revoked."""
-        claims = self.key.check(capability)
+        claims = self._signed(capability)
         if claims.expires <= self._clock():
             raise HttpError(401, f"the share link {claims.id} has expired: ask for a new one")
         if self.revoked is not None and claims.id in self.revoked:
