@@ -137,6 +137,22 @@ def test_zarr_python_and_tensorstore_read_exactly_through_a_link(
     np.testing.assert_array_equal(read_tensorstore(url, version, region=region), want)
 
 
+def test_xarray_opens_a_mag_through_a_link_as_through_a_token(pair: list[Server]) -> None:
+    import xarray as xr
+
+    prefix = prefix_of(made_link(pair[0])["link"])
+    through_link = xr.open_zarr(f"{prefix}/data/xarray/{NAMES}/2-2-1")
+    through_token = xr.open_zarr(
+        f"{pair[0].url}/data/xarray/{NAMES}/2-2-1", storage_options={"headers": {"X-Auth-Token": TOKEN}}
+    )
+    assert set(through_link.data_vars) == {"color", "segmentation"}
+    box = {"x": slice(8, 90), "y": slice(4, 70), "z": slice(2, 40)}
+    for name in ("color", "segmentation"):
+        got = through_link[name].isel(box).values
+        assert got.any(), name
+        np.testing.assert_array_equal(got, through_token[name].isel(box).values, err_msg=name)
+
+
 def test_cloudvolume_reads_the_precomputed_tree_and_meshes_through_a_link(pair: list[Server], setup: Setup) -> None:
     prefix = prefix_of(made_link(pair[0])["link"])
     whole = np.zeros((1, *HI), dtype=np.uint8)
