@@ -67,6 +67,7 @@ def share(args: argparse.Namespace) -> None:
     """Print a share link of a dataset (signed with the serving settings' key), or revoke one by its id."""
     from .http.handlers.share import expiry_text, share_url
     from .http.share import ShareKey, ShareKeyError, revoke
+    from .http.urls import TREE_ROUTES
 
     settings = _settings_from(args)
     if args.revoke is not None:
@@ -85,6 +86,8 @@ def share(args: argparse.Namespace) -> None:
         raise CommandError(f"{args.dataset!r} is not ORGANIZATION/DATASET")
     if args.expires <= 0:
         raise CommandError("--expires is the link's lifetime in seconds, at least 1")
+    if args.tree not in TREE_ROUTES:
+        raise CommandError(f"unknown tree {args.tree!r}; there are {', '.join(TREE_ROUTES)}")
     if settings.share_key_file is None:
         raise CommandError("share needs the share_key_file setting (ZARR_GATEWAY_SHARE_KEY_FILE), as serve does")
     try:
@@ -491,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument(
         "--tree",
         default="zarr3",
-        choices=["zarr", "zarr3", "xarray"],
+        metavar="TREE",
         help="the tree whose dataset page the link opens (default zarr3; every tree of the dataset works below it)",
     )
     link.add_argument("--revoke", metavar="ID", help="revoke the link of this id (printed when it was made)")

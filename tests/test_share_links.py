@@ -335,6 +335,7 @@ def test_the_share_command_prints_a_link_that_reads(pair: list[Server], setup: S
         (["no-slash", "--expires", "600"], "", "not ORGANIZATION/DATASET"),
         ([NAMES, "--expires", "0"], "", "at least 1"),
         ([NAMES], "", "--expires"),
+        ([NAMES, "--expires", "600", "--tree", "n5"], "", "unknown tree"),
     ],
 )
 def test_the_share_command_refuses_with_one_line(setup: Setup, arguments: list[str], without: str, words: str) -> None:
