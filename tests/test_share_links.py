@@ -198,6 +198,10 @@ def _tampered(capability: str, part: int, value: str) -> str:
     return ".".join(parts)
 
 
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
 def _other_dataset_part() -> str:
     return (
         base64.urlsafe_b64encode(json.dumps(["other_org", "theirs"], separators=(",", ":")).encode())
@@ -219,6 +223,9 @@ def test_forged_tampered_expired_and_malformed_links_are_401_saying_which(pair: 
         "expired": (expired, "expired"),
         "malformed": ("s1.not-a-link", "malformed"),
         "non-canonical base64": (_tampered(good, 4, good.split(".")[4] + "="), "malformed"),
+        "escaped surrogate": (_tampered(good, 4, _b64(b'["\\ud800","x"]')), "malformed"),
+        "not JSON": (_tampered(good, 4, _b64(b"\xff\xfe")), "malformed"),
+        "a number for a name": (_tampered(good, 4, _b64(b'["lab",1]')), "malformed"),
     }
     for name, (capability, word) in cases.items():
         answer = requests.get(f"{pair[1].url}/s/{capability}{chunk}", timeout=30)

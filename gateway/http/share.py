@@ -70,7 +70,9 @@ def _unb64(text: str) -> bytes | None:
 
 
 def _dataset_part(organization: str, dataset: str) -> str:
-    return _b64(json.dumps([organization, dataset], separators=(",", ":"), ensure_ascii=False).encode())
+    """The names as compact JSON in UTF-8; a name that is not UTF-8 on disk (a surrogate escape) is kept as is."""
+    names = json.dumps([organization, dataset], separators=(",", ":"), ensure_ascii=False)
+    return _b64(names.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,7 @@ def _parse(capability: str) -> tuple[Capability, bytes] | None:
     if not _ID.fullmatch(id_) or not _EXPIRES.fullmatch(expires) or names is None or mac is None:
         return None
     try:
-        decoded = json.loads(names.decode("utf-8"))
+        decoded = json.loads(names.decode("utf-8", "surrogatepass"))
     except ValueError:
         return None
     if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(n, str) and n for n in decoded)):
