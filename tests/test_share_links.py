@@ -37,6 +37,7 @@ KEY = b"k" * 16 + os.urandom(32)
 TOKEN = "share-test-token"
 OTHER_TOKEN = "share-test-other-org"
 NAMES = f"{ORGANIZATION}/{DATASET}"
+BORROWER = "borrowed_layer"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,15 @@ def setup(sample_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Setup:
     secrets = tmp_path_factory.mktemp("share-secrets")
     key_file = secrets / "share.key"
     key_file.write_bytes(base64.b64encode(KEY) + b"\n")
+    # A second dataset whose one layer is the sample's own (a symlink into its directory): what it reads lies
+    # in another dataset's directory, so a link to it alone reads nothing (authorization follows the files).
+    borrower = sample_root / ORGANIZATION / BORROWER
+    borrower.mkdir()
+    properties = json.loads((sample_root / NAMES / "datasource-properties.json").read_text())
+    properties["id"]["name"] = BORROWER
+    properties["dataLayers"] = [layer for layer in properties["dataLayers"] if layer["name"] == "color"]
+    (borrower / "datasource-properties.json").write_text(json.dumps(properties))
+    (borrower / "color").symlink_to(Path("..") / DATASET / "color")
     tokens_file = secrets / "tokens.json"
     tokens_file.write_text(json.dumps({"tokens": {TOKEN: [f"{ORGANIZATION}/*"], OTHER_TOKEN: ["other_org/*"]}}))
     return Setup(key_file, secrets / "revoked.txt", tokens_file, sample_root)
@@ -257,6 +267,31 @@ def test_a_link_reads_nothing_outside_its_dataset(pair: list[Server]) -> None:
         answer = requests.get(prefix + path, timeout=30)
         assert answer.status_code == 403, (path, answer.text)
         assert f"for {NAMES} only" in answer.json()["error"], answer.text
+
+
+def test_listings_below_a_link_show_its_dataset_alone(pair: list[Server]) -> None:
+    prefix = prefix_of(made_link(pair[0])["link"])
+    for path in (f"/data/zarr3/{ORGANIZATION}/", "/data/zarr3/", f"/data/precomputed/{ORGANIZATION}/"):
+        below_link = requests.get(prefix + path, timeout=120)
+        with_token = requests.get(pair[0].url + path, headers={"X-Auth-Token": TOKEN}, timeout=120)
+        assert below_link.status_code == 200 and with_token.status_code == 200, (path, below_link.text[:300])
+        assert BORROWER in with_token.text, "the token sees both datasets"
+        assert DATASET in below_link.text and BORROWER not in below_link.text, path
+
+
+def test_a_link_to_a_dataset_whose_files_lie_in_another_reads_nothing(pair: list[Server]) -> None:
+    _, capability = key().issue(ORGANIZATION, BORROWER, 600)
+    answer = requests.get(
+        f"{pair[0].url}/s/{capability}/data/zarr3/{ORGANIZATION}/{BORROWER}/color/zarr.json", timeout=30
+    )
+    assert answer.status_code == 403, answer.text
+    assert "or to every dataset whose files it reads" in answer.json()["error"]
+    with_token = requests.get(
+        f"{pair[0].url}/data/zarr3/{ORGANIZATION}/{BORROWER}/color/zarr.json",
+        headers={"X-Auth-Token": TOKEN},
+        timeout=30,
+    )
+    assert with_token.status_code == 200, "a grant of both datasets reads it"
 
 
 def test_a_link_with_another_credential_is_400(pair: list[Server]) -> None:
