@@ -454,14 +454,19 @@ def test_a_gateway_without_a_key_takes_no_links(setup: Setup, server_factory: Ca
     assert page.status_code == 200 and "share-form" not in page.text
 
 
-def test_a_short_key_stops_start_up(setup: Setup, tmp_path: Path) -> None:
+def test_a_short_key_or_an_unreadable_revocation_list_stops_start_up(setup: Setup, tmp_path: Path) -> None:
     short = tmp_path / "short.key"
     short.write_text("too short\n")
-    env = {**setup.env(), "ZARR_GATEWAY_SHARE_KEY_FILE": str(short), "ZARR_GATEWAY_PORT": "0"}
-    run = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve"], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert run.returncode != 0 and "at least 32" in run.stderr, run.stderr
+    unreadable = tmp_path / "revoked-is-a-directory"
+    unreadable.mkdir()
+    for name, path, words in (
+        ("ZARR_GATEWAY_SHARE_KEY_FILE", short, "at least 32"),
+        ("ZARR_GATEWAY_SHARE_REVOKED_FILE", unreadable, "revocation list"),
+    ):
+        env = {**setup.env(), name: str(path), "ZARR_GATEWAY_PORT": "0"}
+        command = [sys.executable, "-m", "gateway", "serve"]
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
 # --- through the compose proxy ------------------------------------------------------------------------------
