@@ -312,6 +312,7 @@ def test_a_revoked_link_is_401_at_every_replica(pair: list[Server], setup: Setup
     chunk = f"{prefix_of(made['link'])}/data/zarr3/{NAMES}/color/1/c/0/0/0/0"
     other_replica = chunk.replace(pair[0].url, pair[1].url)
     assert requests.get(other_replica, timeout=30).status_code == 200, "replicas accept each other's links"
+    setup.revoked_file.write_text("# revoked by hand, the last line without its end\nAAAAAAAAAAAAAAAA")
     revoke = subprocess.run(
         [sys.executable, "-m", "gateway", "share", "--revoke", made["id"]],
         env=setup.env(),
@@ -319,7 +320,7 @@ def test_a_revoked_link_is_401_at_every_replica(pair: list[Server], setup: Setup
         text=True,
     )
     assert revoke.returncode == 0, revoke.stderr
-    assert made["id"] in setup.revoked_file.read_text()
+    assert setup.revoked_file.read_text().splitlines()[1:] == ["AAAAAAAAAAAAAAAA", made["id"]]
     for url in (chunk, other_replica):
 
         def refused(url: str = url) -> bool:

@@ -179,8 +179,10 @@ def revoke(path: Path, link: str) -> bool:
         raise ValueError(f"{link!r} is not a share link id (16 characters of A-Z, a-z, 0-9, '_', '-')")
     if link in read_revocations(path):
         return False
-    with path.open("a", encoding="utf-8") as file:
-        file.write(f"{link}\n")
+    existing = path.read_bytes() if path.exists() else b""
+    separator = b"\n" if existing and not existing.endswith(b"\n") else b""  # an operator's last line may lack one
+    with path.open("ab") as file:
+        file.write(separator + f"{link}\n".encode())
     return True
 
 
