@@ -179,7 +179,7 @@ def test_cloudvolume_reads_the_precomputed_tree_and_meshes_through_a_link(pair: 
     np.testing.assert_array_equal(through_link.faces, through_token.faces)
 
 
-def test_the_dataset_page_below_a_link_links_below_it_and_offers_no_form(pair: list[Server]) -> None:
+def test_the_pages_below_a_link_link_below_it_and_offer_no_form(pair: list[Server]) -> None:
     link = made_link(pair[0])["link"]
     prefix = prefix_of(link)
     capability = capability_of(link)
@@ -195,6 +195,13 @@ def test_the_dataset_page_below_a_link_links_below_it_and_offers_no_form(pair: l
     sources = viewer.state_sources(json.loads(unquote(viewer_links[0].partition("#!")[2])))
     assert len(sources) == 3, sources  # image, segmentation, its meshes
     assert all(source.startswith((f"zarr3://{prefix}/data/", f"{prefix}/data/")) for source in sources), sources
+    for path in (f"/data/zarr3/{NAMES}/color/", f"/data/zarr/{NAMES}/color/1/", f"/data/xarray/{ORGANIZATION}/"):
+        listing = requests.get(prefix + path, timeout=120)
+        hrefs = [part.split('"', 1)[0] for part in listing.text.split('href="')[1:]]
+        assert listing.status_code == 200 and hrefs, (path, listing.text[:300])
+        assert all(href.startswith(f"/s/{capability}{path}") for href in hrefs), (path, hrefs)
+        followed = requests.get(prefix.split("/s/", 1)[0] + hrefs[-1], timeout=120)
+        assert followed.status_code == 200, (hrefs[-1], followed.text[:300])
     preview = requests.get(f"{prefix}/preview/{NAMES}/color.png", timeout=120)
     assert preview.status_code == 200 and preview.content.startswith(b"\x89PNG")
 

@@ -54,6 +54,7 @@ class DataTarget:
     file: str | None = None  # a metadata name at that level
     key: str | None = None  # a chunk key below an array
     misplaced: str | None = None  # why a metadata name is a 404 here, once the nodes above are found to exist
+    below: str = ""  # the share link path the request came under (/s/{capability}): its listings link below it
 
     @property
     def route(self) -> str:
@@ -72,8 +73,8 @@ class DataTarget:
 
     @property
     def base(self) -> str:
-        """The node's own path, ending in "/": what its listing's links start with."""
-        return DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
+        """The node's own path, ending in "/": what its listing's links start with (below a link, if any)."""
+        return self.below + DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
 
 
 _LEVEL_NAMES = {Level.DATASET: "dataset", Level.GROUP: "group", Level.ARRAY: "array"}

@@ -107,4 +107,4 @@ class Pages:
             organization, name = view.dataset.organization, view.dataset.name
             form = share_form(root_path, link_token, organization, name, tree, self.share_max_seconds)
             page = dataclasses.replace(page, share=form)
-        return bytes_resource(render_dataset_page(link_prefix(request) + base_path, entries, page), HTML)
+        return bytes_resource(render_dataset_page(base_path, entries, page), HTML)
