@@ -18,7 +18,7 @@ from urllib.parse import unquote, unquote_to_bytes
 from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
-from .messages import REDACTED_PATH_TOKEN, HttpError
+from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, HttpError
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
@@ -26,6 +26,9 @@ VIEWER_PREFIX = "/neuroglancer"  # the Neuroglancer client the gateway serves (g
 MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 FAVICON = "/favicon.ico"  # the gateway's icon (gateway.http.pages.icon): open to everyone, as the start page is
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
+SHARE_ROUTE = "/share/"  # POST /share/{organization}/{dataset}: a new share link (gateway.http.handlers.share)
+# What a /t/{token}/ or /s/{capability}/ prefix may stand in front of.
+_BELOW_PATH_CREDENTIAL = (DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/", SHARE_ROUTE)
 
 
 # The trees as the URL space names them: each tree under its own name, and webKnossos' older name for the v3 tree.
@@ -69,7 +72,8 @@ class DataTarget:
 
     @property
     def base(self) -> str:
-        """The node's own path, ending in "/": what its listing's links start with."""
+        """The node's own path, ending in "/": what its listing's links start with (a page's credential form, a
+        share link's prefix among them, is added by :mod:`gateway.http.pages.links`)."""
         return DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
 
 
@@ -179,6 +183,16 @@ def parse_mesh_path(path: str) -> MeshTarget:
     return MeshTarget(*parts)
 
 
+def parse_share_path(path: str) -> tuple[str, str]:
+    """The organization and dataset of ``/share/{organization}/{dataset}``, where a share link is made."""
+    rest = path[len(SHARE_ROUTE) :]
+    parts = rest.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise HttpError(404, f"a share link is made with POST {SHARE_ROUTE}{{organization}}/{{dataset}}")
+    _segments(rest)
+    return parts[0], parts[1]
+
+
 def request_path(raw_path: str) -> str:
     """A raw (percent-encoded) request path as the server decodes it for the routes: what ``/auth`` parses."""
     return unquote(raw_path) if "%" in raw_path else raw_path
@@ -207,21 +221,29 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
     """The token of a ``/t/{token}/...`` path (its percent-decoded bytes) and the path below it, as the routes
     read it; ``(None, path)`` for any other path.
 
-    ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same decoded. The
-    token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one segment. A path that
-    starts with ``/t/`` only once decoded, or holds neither ``/`` alone (the start page, for pages opened below a
-    token) nor a ``/data/``, ``/preview/`` or ``/neuroglancer/`` path below its token (the viewer's own files then
-    come with the token, as a proxy that checks every path needs), names nothing: it comes back as a path that no
-    route answers (a 404), with the token replaced by ``***``, so that no message and no log line shows it.
+    ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same
+    decoded. The token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one
+    segment. A path that starts with ``/t/`` only once decoded, or holds neither ``/`` alone (the start page,
+    for pages opened below a token) nor a ``/data/``, ``/preview/``, ``/neuroglancer/`` or ``/share/`` path
+    below its token (the viewer's own files then come with the token, as a proxy that checks every path needs),
+    names nothing: it comes back as a path that no route answers (a 404), with the token replaced by ``***``, so
+    that no message and no log line shows it.
     """
-    if not path.startswith(TOKEN_PREFIX):
+    return _split(TOKEN_PREFIX, REDACTED_PATH_TOKEN, raw_path, path)
+
+
+def split_share_link(raw_path: str, path: str) -> tuple[bytes | None, str]:
+    """The capability of a ``/s/{capability}/...`` share link path and the path below it, as
+    :func:`split_path_token` cuts a token (and with the same refusals, ``/s/***`` for a path that names nothing)."""
+    return _split(SHARE_PREFIX, REDACTED_SHARE_LINK, raw_path, path)
+
+
+def _split(prefix: str, redacted: str, raw_path: str, path: str) -> tuple[bytes | None, str]:
+    if not path.startswith(prefix):
         return None, path
-    segment, slash, rest = raw_path[len(TOKEN_PREFIX) :].partition("/")
+    segment, slash, rest = raw_path[len(prefix) :].partition("/")
     below = request_path("/" + rest)
-    if (
-        not raw_path.startswith(TOKEN_PREFIX)
-        or not slash
-        or not (below == "/" or below.startswith((DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/")))
-    ):
-        return None, REDACTED_PATH_TOKEN
+    start_page = below == "/" and prefix == TOKEN_PREFIX  # the start page, for pages opened below a token
+    if not raw_path.startswith(prefix) or not slash or not (start_page or below.startswith(_BELOW_PATH_CREDENTIAL)):
+        return None, redacted
     return unquote_to_bytes(segment.encode("latin-1")), below

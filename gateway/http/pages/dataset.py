@@ -12,6 +12,7 @@ from .links import LinkForm
 from .listing import Entry, breadcrumbs, listing_items, token_note
 from .markup import other_link, page_head, path_of, resource, text
 from .neuroglancer import mesh_source, neuroglancer_layer, neuroglancer_link, neuroglancer_source
+from .share import ShareForm, render_share_form
 from .snippets import Snippet, snippets
 
 
@@ -40,6 +41,7 @@ class DatasetPage:
     snippets: tuple[Snippet, ...]
     links: LinkForm  # the page's credential form, which its links keep
     viewer_note: str | None = None  # why the viewer link may show nothing (an https viewer, an http gateway)
+    share: ShareForm | None = None  # where its share form posts; None: no form (no key, or a link's own page)
 
 
 def viewer_layers(
@@ -191,5 +193,5 @@ def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage)
         page_head(title) + f"<h1>{title}<small>Index of {text(base_path)}</small></h1>\n"
         f"{token_note(page.links)}{viewer_note_markup(page.viewer_note)}{breadcrumbs(base_path, page.links)}"
         '<ul class="children">\n' + "\n".join(listing_items(base_path, entries, page.links)) + "\n</ul>\n"
-        f"{cards}\n{code}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
+        f"{cards}\n{code}{render_share_form(page.share)}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
     ).encode()
