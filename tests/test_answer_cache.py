@@ -26,7 +26,7 @@ from support.processes import wait_until
 from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
 from support.servers import Server
 
-from gateway.http.answers import INLINE_CHECK_FILES, AnswerCache, AnswerKey
+from gateway.http.answers import AnswerCache, AnswerKey
 from gateway.zarr.resource import OCTET_STREAM, FileVersions, bytes_resource
 from gateway_storage import FileIdentity, LocalStore
 
@@ -479,10 +479,11 @@ class _ThreadNotingStore(LocalStore):
         return super().identity(path)
 
 
-@pytest.mark.parametrize("files", [1, INLINE_CHECK_FILES, INLINE_CHECK_FILES + 1, 512])
-def test_a_kept_answer_of_many_files_is_checked_off_the_event_loop(tmp_path: Path, files: int) -> None:
-    """An answer made of small WKW file cubes names hundreds of files: their stats run in a chunk thread, while
-    a few stats (cheaper than the hand-off) run where the cheap chunk's own reads do, on the loop."""
+@pytest.mark.parametrize("files", [1, 8, 9, 512])
+def test_a_kept_answer_is_checked_off_the_event_loop(tmp_path: Path, files: int) -> None:
+    """An answer made of small WKW file cubes names hundreds of files, one of a large file cube one: however few,
+    their stats run in a chunk thread, never on the event loop (512 stats on the loop held /healthz at a p95 of
+    553 ms)."""
     store = _ThreadNotingStore(str(tmp_path))
     sources = []
     for n in range(files):
@@ -500,4 +501,4 @@ def test_a_kept_answer_of_many_files_is_checked_off_the_event_loop(tmp_path: Pat
 
     found, loop_thread = anyio.run(current)
     assert found and store.threads
-    assert (loop_thread in store.threads) == (files <= INLINE_CHECK_FILES), (files, store.threads, loop_thread)
+    assert loop_thread not in store.threads, (files, store.threads, loop_thread)

@@ -53,6 +53,7 @@ from .handlers.trees import (
     TreeHandler,
     TreeRoot,
 )
+from .kept import KeptAnswers
 from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
@@ -108,7 +109,8 @@ def create_app(settings: Settings) -> Edge:
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
-    answers = AnswerCache(settings.answer_cache_bytes, memory)
+    # a look at a kept answer's files holds for the settle time (README, "Kept answers and late data")
+    answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
     chunks = Chunks(chunk_threads, memory, answers)
     levels: dict[Level, LevelHandler] = {
         Level.TREE: TreeRoot(listings, pages, sender),
@@ -143,7 +145,8 @@ def create_app(settings: Settings) -> Edge:
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
-    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)
+    front = None if not answers.enabled else lambda behind: KeptAnswers(behind, answers, access, sender)
+    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, front)
 
 
 def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:
