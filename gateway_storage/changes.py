@@ -29,7 +29,7 @@ _MOVED_FROM, _MOVED_TO, _CREATE, _DELETE, _DELETE_SELF, _MOVE_SELF = 0x40, 0x80,
 _ONLYDIR = 0x01000000
 WATCHED = _MODIFY | _ATTRIB | _CLOSE_WRITE | _MOVED_FROM | _MOVED_TO | _CREATE | _DELETE | _DELETE_SELF | _MOVE_SELF
 _IGNORED = 0x8000
-MAX_WATCHES = 8192  # past this many directories, files are checked by interval only (the kernel's default is 8192)
+MAX_WATCHES = 32768  # past this many directories, files are checked by interval only (the kernel may allow fewer)
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -108,22 +108,29 @@ class Changes:
                 return fstype in NOTIFYING_FILE_SYSTEMS
         return False
 
-    def watch(self, path: str) -> bool:
-        """Watch the directory of the local file ``path`` (and of its real path, if a link leads elsewhere);
-        False when its changes would not be reported. File work: call it in a thread, before looking at the
-        file, so that no change after the look goes unreported."""
-        if not self.listening or not os.path.isabs(path):
+    def watch(self, path: str, root: str) -> bool:
+        """Watch every directory from that of the local file ``path`` up to its trusted ``root`` (a change of any
+        name on the way, a directory re-pointed or renamed, is reported in its parent), and that of its real path
+        if a link leads elsewhere; False when some change would not be reported. File work: call it in a thread,
+        before looking at the file, so that no change after the look goes unreported."""
+        if not self.listening or not os.path.isabs(path) or not os.path.isabs(root):
             return False
-        directories = {os.path.dirname(path)}
-        real = os.path.realpath(path)
-        directories.add(os.path.dirname(real))
-        if not all(self.notifying(os.path.realpath(directory)) for directory in directories):
-            return False
+        directories = []
+        directory = os.path.dirname(path)
+        while directory != root:
+            directories.append(directory)
+            above = os.path.dirname(directory)
+            if len(above) < len(root) or above == directory:
+                return False  # not below its root
+            directory = above
+        directories += [root, os.path.dirname(os.path.realpath(path))]
         return all(self._watch_directory(directory) for directory in directories)
 
     def _watch_directory(self, directory: str) -> bool:
         if directory in self._watches:
             return True
+        if not self.notifying(os.path.realpath(directory)):
+            return False
         with self._lock:
             if directory in self._watches:
                 return True

@@ -5,13 +5,13 @@ rarely change; making one again reads, decodes and encodes it every time. An ans
 versions of the files it was made from (the :class:`~gateway.zarr.resource.FileVersions` its ETag covers)
 and handed out again only while each file is still that version: the check ETags rely on.
 
-That check is never file work on the event loop, and it is made at most once per file per ``recheck_seconds``
-(the settle time: data written later than that may be answered as it was before, as the settle rule already lets
-it be a 503): a stat per file for local files, a request per object for a remote store, in a chunk thread. Where
-the kernel reports changes of local files (:class:`gateway_storage.changes.Changes`), a change in a directory of
-an answer's files makes it due for the check at once, so a rewritten local file is never answered from here.
-Its bytes were read under the settle rule when the answer was made, and a file rewritten since has another
-version.
+That check is never file work on the event loop. Where the kernel reports changes of local files
+(:class:`gateway_storage.changes.Changes`), the directories from each file's own up to its root are watched and an
+answer is trusted until a change is reported in one of them; then its files are looked at again (a stat each, in
+a chunk thread), so a rewritten local file is never answered from here. Elsewhere they are looked at (a stat, or a
+request per object) at most once per file per ``recheck_seconds``, the settle time: data written later than that
+may be answered as it was before, as the settle rule already lets it be a 503. Its bytes were read under the
+settle rule when the answer was made, and a file rewritten since has another version.
 
 The key holds no token: authorization is decided before a chunk is looked up, on every request.
 """
@@ -173,11 +173,12 @@ class AnswerCache:
         self._kept.shrink_to(nbytes)
 
     def _trusted(self, kept: _Kept) -> bool:
-        """Whether ``kept`` may be given without a look at its files: looked at within ``recheck_seconds``, and,
-        where changes are reported, no change reported since (and they are: never before its first check)."""
-        if time.monotonic() - kept.checked_at >= self.recheck_seconds:
-            return False
-        return kept.notified is False or (kept.notified is True and kept.epoch == self.changes.epoch)
+        """Whether ``kept`` may be given without a look at its files: where every change of them is reported, no
+        change reported since the last look (and never before its first); elsewhere, a look within
+        ``recheck_seconds``. (None at all with ``recheck_seconds`` 0: the promise is then to look every time.)"""
+        if kept.notified:
+            return kept.epoch == self.changes.epoch and self.recheck_seconds > 0
+        return kept.notified is False and time.monotonic() - kept.checked_at < self.recheck_seconds
 
     def fresh(self, key: AnswerKey) -> Resource | None:
         """The answer kept under ``key`` if it may be given without any file work now, else None. Nothing is
@@ -224,7 +225,7 @@ class AnswerCache:
         versions = kept.versions
         store = versions.store
         # Asked every time: a watched directory that went (and maybe came back) is watched again.
-        notified = store.is_local and all(self.changes.watch(path) for path, _ in versions.files)
+        notified = store.is_local and all(self.changes.watch(path, store.root_of(path)) for path, _ in versions.files)
         if not all(self.looked_up.identity(store, path, now) == read for path, read in versions.files):
             return False
         kept.checked_at, kept.epoch, kept.notified = now, epoch, notified
