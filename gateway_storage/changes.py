@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
 
 log = logging.getLogger("gateway")
 
@@ -48,15 +47,10 @@ def _mounts() -> list[tuple[str, str]]:
 
 
 class Changes:
-    """Counts the changes reported in watched local directories: ``epoch`` grows with every one.
+    """Counts the changes reported in watched local directories: ``epoch`` grows with every batch of them."""
 
-    ``on_change()`` is called on the event loop after every batch of changes, so that a cache of per-file looks
-    drops them.
-    """
-
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.epoch = 0
-        self.on_change = on_change
         self._inotify: object | None = None
         self._fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -162,5 +156,3 @@ class Changes:
                 if event.mask & _IGNORED and directory is not None:  # the directory went: watched again when looked at
                     del self._directories[event.wd]
                     self._watches.pop(directory, None)
-        if self.on_change is not None:
-            self.on_change()

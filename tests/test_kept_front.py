@@ -211,12 +211,16 @@ def test_rewrites_are_never_answered_torn_and_the_last_appears_within_the_settle
 ) -> None:
     """A file rewritten again and again while its chunk is read: every 200 is one whole version under its own
     ETag, none after the first rewrite is the kept answer of the version before it (the change is reported), and
-    once the settle time has passed after the last write the last version is answered."""
+    once the settle time has passed after the last write the last version is answered, by a replica that kept
+    the first version too, under the same ETag."""
     write_dataset(tmp_path)
     settle = 1.0
-    server = server_factory(tmp_path, settle_seconds=settle)
+    server, replica = (server_factory(tmp_path, settle_seconds=settle) for _ in range(2))
     url = f"{server.url}/data/zarr/{ORG}/kept/{LAYER}/1/0.1.0.1"
+    replica_url = url.replace(server.url, replica.url)
     with requests.Session() as session:
+        for _ in range(3):
+            assert value_of(session.get(replica_url, timeout=30)) == 1
         first = [session.get(url, timeout=30) for _ in range(5)]
         assert {value_of(r) for r in first} == {1} and len({r.headers["ETag"] for r in first}) == 1
         before = scrape(server)
@@ -261,7 +265,7 @@ def test_rewrites_are_never_answered_torn_and_the_last_appears_within_the_settle
 
         # The promise: once the last write is settle_seconds old, its version is answered, and only it.
         time.sleep(max(0.0, written + settle - time.time()))
-        final = [session.get(url, timeout=30) for _ in range(5)]
+        final = [session.get(where, timeout=30) for where in (url, replica_url) for _ in range(3)]
         for response in final:
             assert response.status_code == 200, (response.status_code, response.text[:300])
             assert value_of(response) == last[0]

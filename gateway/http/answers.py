@@ -104,30 +104,26 @@ class _Kept:
 
 
 class LookedUp:
-    """Identities of files, each looked up at most once per ``seconds`` (a change reported drops them all)."""
+    """Identities of files, each looked up at most once per ``seconds`` while no change is reported: one looked up
+    before the change notifications' epoch moved on is looked up again (it may have been read before the change)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self._found: dict[str, tuple[int, FileIdentity | None, float]] = {}  # path -> store, identity, when
+        self._found: dict[str, tuple[int, int, FileIdentity | None, float]] = {}  # path -> store, epoch, identity, when
         self._lock = threading.Lock()
 
-    def identity(self, store: Store, path: str, now: float) -> FileIdentity | None:
+    def identity(self, store: Store, path: str, epoch: int, now: float) -> FileIdentity | None:
+        """The identity of ``path`` in ``store``, for a look that began at ``epoch`` and ``now``."""
         found = self._found.get(path)
-        if found is not None and found[0] == id(store) and now - found[2] < self.seconds:
-            return found[1]
+        if found is not None and found[:2] == (id(store), epoch) and now - found[3] < self.seconds:
+            return found[2]
         identity = store.identity(path)
         if self.seconds > 0:
             with self._lock:
                 if len(self._found) >= MAX_LOOKED_UP:
                     del self._found[next(iter(self._found))]
-                self._found[path] = (id(store), identity, now)
+                self._found[path] = (id(store), epoch, identity, now)
         return identity
-
-    def changed(self) -> None:
-        """Forget every identity: a change was reported (the event names a file by one of its paths, maybe not
-        the one looked up, so none is trusted)."""
-        with self._lock:
-            self._found.clear()
 
 
 class AnswerCache:
@@ -154,8 +150,6 @@ class AnswerCache:
         self.recheck_seconds = recheck_seconds
         self.looked_up = LookedUp(recheck_seconds)
         self.changes = changes if changes is not None else Changes()
-        if self.changes.on_change is None:
-            self.changes.on_change = self.looked_up.changed
         self.targets = KeptTargets()
         self.hits = 0
         self.misses = 0
@@ -226,7 +220,7 @@ class AnswerCache:
         store = versions.store
         # Asked every time: a watched directory that went (and maybe came back) is watched again.
         notified = store.is_local and all(self.changes.watch(path, store.root_of(path)) for path, _ in versions.files)
-        if not all(self.looked_up.identity(store, path, now) == read for path, read in versions.files):
+        if not all(self.looked_up.identity(store, path, epoch, now) == read for path, read in versions.files):
             return False
         kept.checked_at, kept.epoch, kept.notified = now, epoch, notified
         return True
