@@ -18,8 +18,9 @@ import weakref
 
 log = logging.getLogger("gateway")
 
-# File systems whose changes the kernel sees as they are made (every writer goes through this kernel).
-NOTIFYING_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay", "zfs"})
+# File systems whose changes the kernel sees as they are made (every writer goes through this kernel). Not
+# overlay: a change to a lower layer made beneath it is not reported through it.
+NOTIFYING_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "zfs"})
 # What a directory's watch reports: a file in it written, closed after writing, its attributes or links changed
 # (a truncate, a touch, an unlink of a file still open), a name created, deleted or renamed over, the directory
 # itself deleted or moved.
