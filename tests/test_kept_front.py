@@ -5,8 +5,9 @@ chunk request (plain, HEAD, If-None-Match, ranges, If-Range, CORS, tokens in eac
 same application routed through Starlette without the front does, and as one that keeps no answers; and the
 requests it answers from kept answers never reach dispatch. On real gateways over data the ``wkw`` package writes:
 a file rewritten again and again while it is read is never answered torn, and its last version is answered once
-the settle time has passed; a revoked token or a narrowed grant is refused on the next request despite kept
-answers. The per-token decisions hold no token they were not given, and nothing once the tokens change.
+the settle time has passed (by a replica too, under the same ETag); on an object store, which reports no change,
+a kept answer's object is looked at once per settle time and a new one is answered after it; a revoked token or
+a narrowed grant is refused on the next request despite kept answers. The per-token decisions hold no token they were not given, and nothing once the tokens change.
 """
 
 import asyncio
@@ -28,6 +29,7 @@ from support.asgi import call
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.metrics import delta, scrape
 from support.processes import wait_until
+from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
 from support.servers import Server
 
 from gateway.http.app import create_app
@@ -336,3 +338,48 @@ def test_the_decisions_hold_no_token_they_were_not_given(tmp_path: Path) -> None
     time.sleep(0.02)
     assert decisions.grant("alpha") is None  # revoked: refused on the next decision
     assert len(decisions) == 0 and not decisions.holds("alpha")
+
+
+def test_on_an_object_store_a_kept_answer_is_looked_at_once_per_settle_time_and_a_new_object_follows(
+    tmp_path: Path, server_factory: Callable[..., Server]
+) -> None:
+    """No change is reported by S3 (moto): each object a kept answer was made from is looked at (a HEAD) at most
+    once per settle time, never read again, and an object uploaded anew is answered once the settle time has
+    passed since it was."""
+    local = tmp_path / "local"
+    write_dataset(local)
+    settle = 2.0
+    moto = start_moto(tmp_path / "moto.log")
+    proxy = CountingProxy(moto.endpoint)
+    try:
+        client = moto.client()
+        client.create_bucket(Bucket="kept")
+        upload_tree(client, local, "kept", "root")
+        proxy.start()
+        with aws_environment(proxy.endpoint):
+            server = server_factory("s3://kept/root", settle_seconds=settle)
+        url = f"{server.url}/data/zarr/{ORG}/kept/{LAYER}/1/0.1.0.1"
+        with requests.Session() as session:
+            first = [session.get(url, timeout=60) for _ in range(3)]
+            assert {value_of(r) for r in first} == {1}
+            proxy.take()
+            started = time.monotonic()
+            kept = [session.get(url, timeout=60) for _ in range(30)]
+            elapsed = time.monotonic() - started
+            assert all(r.headers["ETag"] == first[0].headers["ETag"] and value_of(r) == 1 for r in kept)
+            fetches = proxy.take()
+            assert {fetch.method for fetch in fetches} <= {"HEAD"}, "a kept answer was read again"
+            assert len(fetches) <= 1 + elapsed // settle, (len(fetches), elapsed)
+
+            write_version(local, 7)
+            data_file = local / ORG / "kept" / LAYER / "1" / "z0" / "y0" / "x0.wkw"
+            client.upload_file(str(data_file), "kept", f"root/{data_file.relative_to(local).as_posix()}")
+            uploaded = time.monotonic()
+            time.sleep(max(0.0, uploaded + settle - time.monotonic()))
+            after = [session.get(url, timeout=60) for _ in range(3)]
+            assert all(r.status_code == 200 and value_of(r) == 7 for r in after), [r.status_code for r in after]
+            assert len({r.headers["ETag"] for r in after}) == 1
+            assert after[0].headers["ETag"] != first[0].headers["ETag"]
+    finally:
+        proxy.stop()
+        moto.stop()
