@@ -23,7 +23,7 @@ import wkw
 from support.datasets import OTHER_TOKEN, TOKEN
 from support.metrics import Samples, delta, scrape, value
 from support.processes import wait_until
-from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
+from support.s3 import aws_environment, uploaded_behind_proxy
 from support.servers import Server
 
 from gateway.http.answers import AnswerCache, AnswerKey
@@ -433,13 +433,7 @@ def test_answers_from_an_object_store_are_checked_by_the_object_s_version(
     uploaded anew has another version, and its chunks are made from it."""
     local = tmp_path / "local"
     write_dataset(local, first_versions())
-    moto = start_moto(tmp_path / "moto.log")
-    proxy = CountingProxy(moto.endpoint)
-    try:
-        client = moto.client()
-        client.create_bucket(Bucket="answers")
-        upload_tree(client, local, "answers", "root")
-        proxy.start()
+    with uploaded_behind_proxy(tmp_path, local, "answers", "root") as (client, proxy):
         with aws_environment(proxy.endpoint):
             server = serve("s3://answers/root")
         listed = chunks(server, "lz4_u8", CHUNKS_32, 32)
@@ -462,9 +456,6 @@ def test_answers_from_an_object_store_are_checked_by_the_object_s_version(
             np.testing.assert_array_equal(voxels(response, "lz4_u8", 32), expected(local, "lz4_u8", chunk))
             assert response.headers["ETag"] != made[chunk.url].headers["ETag"]
         assert counted(server, before) == (0, len(listed))
-    finally:
-        proxy.stop()
-        moto.stop()
 
 
 class _ThreadNotingStore(LocalStore):

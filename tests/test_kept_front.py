@@ -7,7 +7,8 @@ requests it answers from kept answers never reach dispatch. On real gateways ove
 a file rewritten again and again while it is read is never answered torn, and its last version is answered once
 the settle time has passed (by a replica too, under the same ETag); on an object store, which reports no change,
 a kept answer's object is looked at once per settle time and a new one is answered after it; a revoked token or
-a narrowed grant is refused on the next request despite kept answers. The per-token decisions hold no token they were not given, and nothing once the tokens change.
+a narrowed grant is refused on the next request despite kept answers. The per-token decisions hold no token they
+were not given, and nothing once the tokens change.
 """
 
 import asyncio
@@ -29,7 +30,7 @@ from support.asgi import call
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.metrics import delta, scrape
 from support.processes import wait_until
-from support.s3 import CountingProxy, aws_environment, start_moto, upload_tree
+from support.s3 import aws_environment, uploaded_behind_proxy
 from support.servers import Server
 
 from gateway.http.app import create_app
@@ -349,13 +350,7 @@ def test_on_an_object_store_a_kept_answer_is_looked_at_once_per_settle_time_and_
     local = tmp_path / "local"
     write_dataset(local)
     settle = 2.0
-    moto = start_moto(tmp_path / "moto.log")
-    proxy = CountingProxy(moto.endpoint)
-    try:
-        client = moto.client()
-        client.create_bucket(Bucket="kept")
-        upload_tree(client, local, "kept", "root")
-        proxy.start()
+    with uploaded_behind_proxy(tmp_path, local, "kept", "root") as (client, proxy):
         with aws_environment(proxy.endpoint):
             server = server_factory("s3://kept/root", settle_seconds=settle)
         url = f"{server.url}/data/zarr/{ORG}/kept/{LAYER}/1/0.1.0.1"
@@ -380,6 +375,3 @@ def test_on_an_object_store_a_kept_answer_is_looked_at_once_per_settle_time_and_
             assert all(r.status_code == 200 and value_of(r) == 7 for r in after), [r.status_code for r in after]
             assert len({r.headers["ETag"] for r in after}) == 1
             assert after[0].headers["ETag"] != first[0].headers["ETag"]
-    finally:
-        proxy.stop()
-        moto.stop()
