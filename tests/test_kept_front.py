@@ -82,6 +82,8 @@ REQUESTS: list[tuple[str, str, list[tuple[bytes, bytes]], bytes]] = [
     ("GET", CHUNK, [*AUTH, (b"if-none-match", b'"other", ' + ETAG_OF_CHUNK.encode())], b""),
     ("GET", CHUNK, [*AUTH, (b"if-none-match", b'"other"')], b""),  # 200
     ("GET", CHUNK, [*AUTH, (b"if-match", b'"other"')], b""),
+    ("GET", CHUNK, [*AUTH, (b"if-modified-since", b"Fri, 01 Jan 2100 00:00:00 GMT")], b""),
+    ("GET", CHUNK, [*AUTH, (b"if-modified-since", b"Thu, 01 Jan 1970 00:00:00 GMT")], b""),
     ("GET", CHUNK, [*AUTH, (b"range", b"bytes=3-40")], b""),  # 206
     ("GET", CHUNK, [*AUTH, (b"range", b"bytes=-10")], b""),
     ("GET", CHUNK, [*AUTH, (b"range", b"bytes=0-1,5-9")], b""),  # multipart
