@@ -1,0 +1,279 @@
+"""Agglomerate mappings as segmentation layers (issue 43): every mapping beside a segmentation layer (an HDF5
+agglomerate file, a Zarr v3 agglomerate group, a JSON mapping) is a layer ``<layer>__<mapping>`` that
+zarr-python, tensorstore, webknossos-libs and CloudVolume read exactly as the source's labels with the mapping
+applied (numpy's truth), with every mapping file's version in its chunks' ETags."""
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import requests
+import wkw
+import zarr
+from support.clients import read_tensorstore, read_webknossos_mags, read_zarr_python
+from support.cloudvolume_reads import read_box
+from support.servers import Server, assert_no_unexpected_errors, assert_reason
+
+pytestmark = pytest.mark.slow  # whole mapped layers read by four clients
+
+ORG = "map_org"
+DATASET = "mapped"
+LAYER = "segmentation"
+SIZE = (96, 80, 40)  # mag-1 voxels, from the origin
+MAGS = ((1, 1, 1), (2, 2, 1))
+ENTRIES = 50_000  # segment_to_agglomerate's length; the labels reach past it (those ids stay as they are)
+TOP_ID = 60_000
+HDF5 = "agglomerate_view_5"
+HDF5_CHUNKED = "agglomerate_view_chunked"
+ZARR = "agglomerate_view_zarr"
+JSON = "equivalences"
+
+
+def mag_name(mag: tuple[int, int, int]) -> str:
+    return str(mag[0]) if len(set(mag)) == 1 else "-".join(map(str, mag))
+
+
+def labels(rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    """Blocks of 4^3 voxels, each one id: zeros, ids below ENTRIES and ids past it."""
+    blocks = rng.integers(0, TOP_ID, size=tuple(-(-s // 4) for s in SIZE), dtype=np.uint32)
+    blocks[rng.random(blocks.shape) < 0.1] = 0
+    full = np.repeat(np.repeat(np.repeat(blocks, 4, 0), 4, 1), 4, 2)
+    return full[: SIZE[0], : SIZE[1], : SIZE[2]]
+
+
+def segment_to_agglomerate(rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    table = rng.integers(1, 1 << 40, size=ENTRIES, dtype=np.uint64)  # agglomerate ids past uint32
+    table[0] = 0
+    table[7:200] = 77  # a run of segments joined into one agglomerate
+    return table
+
+
+def json_classes(rng: np.random.Generator) -> list[list[int]]:
+    ids = rng.permutation(np.arange(1, TOP_ID))[:3000].tolist()
+    return [ids[i : i + 30] for i in range(0, len(ids), 30)]
+
+
+def apply_json(data: np.ndarray[Any, Any], classes: list[list[int]]) -> np.ndarray[Any, Any]:
+    out = data.copy()
+    for members in classes:
+        out[np.isin(data, members)] = min(members)
+    return out
+
+
+def apply_table(data: np.ndarray[Any, Any], table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    wide = data.astype(np.uint64)
+    inside = wide < table.size
+    out = wide.copy()
+    out[inside] = table[wide[inside]]
+    return out
+
+
+class Written:
+    def __init__(self, root: Path) -> None:
+        rng = np.random.default_rng(43)
+        self.root = root
+        self.dataset = root / ORG / DATASET
+        self.layer = self.dataset / LAYER
+        self.source: dict[tuple[int, int, int], np.ndarray[Any, Any]] = {}
+        full = labels(rng)
+        for mag in MAGS:
+            data = np.ascontiguousarray(full[:: mag[0], :: mag[1], :: mag[2]])
+            header = wkw.Header(np.uint32, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=1)
+            padded = np.zeros(tuple(-(-s // 32) * 32 for s in data.shape), dtype=np.uint32)
+            padded[: data.shape[0], : data.shape[1], : data.shape[2]] = data
+            with wkw.Dataset.create(str(self.layer / mag_name(mag)), header) as ds:
+                ds.write((0, 0, 0), padded)
+            self.source[mag] = data
+        properties = {
+            "id": {"name": DATASET, "team": ""},
+            "scale": {"factor": [8.0, 8.0, 16.0], "unit": "nanometer"},
+            "dataLayers": [
+                {
+                    "name": LAYER,
+                    "category": "segmentation",
+                    "boundingBox": {"topLeft": [0, 0, 0], "width": SIZE[0], "height": SIZE[1], "depth": SIZE[2]},
+                    "elementClass": "uint32",
+                    "dataFormat": "wkw",
+                    "largestSegmentId": TOP_ID,
+                    "mags": [{"mag": list(mag), "path": f"./{LAYER}/{mag_name(mag)}"} for mag in MAGS],
+                }
+            ],
+        }
+        (self.dataset / "datasource-properties.json").write_text(json.dumps(properties))
+        self.table = segment_to_agglomerate(rng)
+        agglomerates = self.layer / "agglomerates"
+        agglomerates.mkdir()
+        with h5py.File(agglomerates / f"{HDF5}.hdf5", "w") as f:
+            f.create_dataset("segment_to_agglomerate", data=self.table)
+            f.create_dataset("agglomerate_to_segments_offsets", data=np.zeros(3, dtype=np.uint64))
+        self.chunked_table = self.table.copy()
+        self.chunked_table[1000:5000] = 5
+        with h5py.File(agglomerates / f"{HDF5_CHUNKED}.hdf5", "w") as f:
+            f.create_dataset("segment_to_agglomerate", data=self.chunked_table, chunks=(4096,), compression="gzip")
+        self.zarr_table = self.table[::-1].copy()
+        self.zarr_table[0] = 0
+        group = zarr.open_group(str(agglomerates / ZARR), mode="w", zarr_format=3)
+        group.create_array("segment_to_agglomerate", data=self.zarr_table, chunks=(4096,))
+        self.classes = json_classes(rng)
+        (self.layer / "mappings").mkdir()
+        (self.layer / "mappings" / f"{JSON}.json").write_text(json.dumps({"name": JSON, "classes": self.classes}))
+
+    def truth(self, mapping: str, mag: tuple[int, int, int]) -> np.ndarray[Any, Any]:
+        source = self.source[mag]
+        if mapping == HDF5:
+            return apply_table(source, self.table)
+        if mapping == HDF5_CHUNKED:
+            return apply_table(source, self.chunked_table)
+        if mapping == ZARR:
+            return apply_table(source, self.zarr_table)
+        return apply_json(source, self.classes)
+
+
+MAPPINGS = (HDF5, HDF5_CHUNKED, ZARR, JSON)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    return Written(tmp_path_factory.mktemp("mappings"))
+
+
+@pytest.fixture(scope="module")
+def gateway(written: Written, server_factory: Callable[..., Server]) -> Server:
+    return server_factory(written.root)
+
+
+@pytest.fixture(scope="module")
+def sharded(written: Written, server_factory: Callable[..., Server]) -> Server:
+    return server_factory(written.root, v3_layout="sharded")
+
+
+def base(server: Server, tree: str) -> str:
+    return f"{server.url}/data/{tree}/{ORG}/{DATASET}"
+
+
+def test_each_mapping_is_a_segmentation_layer_in_the_properties(gateway: Server, written: Written) -> None:
+    for tree in ("zarr", "zarr3"):
+        document = requests.get(f"{base(gateway, tree)}/datasource-properties.json").json()
+        layers = {layer["name"]: layer for layer in document["dataLayers"]}
+        assert set(layers) == {LAYER, *(f"{LAYER}__{m}" for m in MAPPINGS)}, set(layers)
+        for mapping in MAPPINGS:
+            layer = layers[f"{LAYER}__{mapping}"]
+            assert layer["category"] == "segmentation"
+            assert layer["elementClass"] == ("uint32" if mapping == JSON else "uint64"), layer
+            assert "largestSegmentId" not in layer
+            assert [m["path"] for m in layer["mags"]] == [f"./{LAYER}__{mapping}/{mag_name(m)}" for m in MAGS]
+
+
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_zarr_python_reads_every_mag_mapped_exactly(gateway: Server, written: Written, mapping: str) -> None:
+    for tree, version in (("zarr", 2), ("zarr3", 3)):
+        for mag in MAGS:
+            url = f"{base(gateway, tree)}/{LAYER}__{mapping}/{mag_name(mag)}"
+            read = read_zarr_python(url, version)
+            truth = written.truth(mapping, mag)
+            assert read.dtype == truth.dtype, (tree, mag, read.dtype)
+            np.testing.assert_array_equal(read[0], truth, err_msg=f"{tree} {mapping} {mag}")
+    assert_no_unexpected_errors(gateway)
+
+
+@pytest.mark.parametrize("mapping", [HDF5, ZARR])
+def test_tensorstore_reads_the_sharded_and_v2_trees_exactly(
+    gateway: Server, sharded: Server, written: Written, mapping: str
+) -> None:
+    for server, tree, version in ((sharded, "zarr3", 3), (gateway, "zarr", 2)):
+        for mag in MAGS:
+            read = read_tensorstore(f"{base(server, tree)}/{LAYER}__{mapping}/{mag_name(mag)}", version)
+            np.testing.assert_array_equal(read[0], written.truth(mapping, mag), err_msg=f"{tree} {mag}")
+
+
+def test_webknossos_libs_reads_the_mapped_layer_exactly(gateway: Server, written: Written) -> None:
+    import webknossos as wk
+    from upath import UPath
+
+    dataset = wk.Dataset.open(UPath(base(gateway, "zarr3")))
+    layer = dataset.get_layer(f"{LAYER}__{HDF5}")
+    assert layer.category == "segmentation"
+    seen = []
+    for mag, data, region in read_webknossos_mags(layer):
+        truth = written.truth(HDF5, mag)
+        assert isinstance(region, tuple)
+        np.testing.assert_array_equal(data[0], truth[region[1:]], err_msg=str(mag))
+        seen.append(mag)
+    assert sorted(seen) == sorted(MAGS)
+
+
+@pytest.mark.parametrize("mapping", [HDF5, JSON])
+def test_cloudvolume_reads_the_precomputed_tree_exactly(gateway: Server, written: Written, mapping: str) -> None:
+    url = f"{base(gateway, 'precomputed')}/{LAYER}__{mapping}"
+    info = requests.get(f"{url}/info").json()
+    assert (info["type"], info["data_type"]) == ("segmentation", "uint32" if mapping == JSON else "uint64")
+    for mip, mag in enumerate(MAGS):
+        hi = written.source[mag].shape
+        read = read_box(url, mip, (0, 0, 0), hi)
+        np.testing.assert_array_equal(read[..., 0], written.truth(mapping, mag), err_msg=str(mag))
+
+
+def test_the_xarray_tree_holds_the_mapped_layer_beside_the_source(gateway: Server, written: Written) -> None:
+    url = f"{base(gateway, 'xarray')}/1/{LAYER}__{ZARR}"
+    np.testing.assert_array_equal(read_zarr_python(url, 3), written.truth(ZARR, (1, 1, 1)))
+
+
+def test_the_dataset_page_lists_the_mapped_layers(gateway: Server) -> None:
+    page = requests.get(f"{base(gateway, 'zarr3')}/").text
+    for mapping in MAPPINGS:
+        assert f"{LAYER}__{mapping}" in page
+
+
+def test_mapped_chunks_name_the_mapping_in_their_etag_and_differ_from_the_source(gateway: Server) -> None:
+    raw = requests.get(f"{base(gateway, 'zarr')}/{LAYER}/1/0.0.0.0")
+    mapped = requests.get(f"{base(gateway, 'zarr')}/{LAYER}__{HDF5}/1/0.0.0.0")
+    other = requests.get(f"{base(gateway, 'zarr')}/{LAYER}__{HDF5_CHUNKED}/1/0.0.0.0")
+    assert raw.status_code == mapped.status_code == other.status_code == 200
+    assert len({raw.headers["etag"], mapped.headers["etag"], other.headers["etag"]}) == 3
+    again = requests.get(f"{base(gateway, 'zarr')}/{LAYER}__{HDF5}/1/0.0.0.0")
+    assert again.headers["etag"] == mapped.headers["etag"] and again.content == mapped.content
+
+
+def wait_settled(path: Path) -> None:
+    """Past the settle time (the gateway's default) of the file just written."""
+    time.sleep(max(0.0, os.stat(path).st_mtime + 1.2 - time.time()))
+
+
+def test_a_rewritten_mapping_changes_chunks_and_etags(
+    written: Written, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(written.root, root)
+    server = server_factory(root)
+    url = f"{base(server, 'zarr')}/{LAYER}__{HDF5}/1"
+    before = requests.get(f"{url}/0.0.0.0")
+    assert before.status_code == 200
+    np.testing.assert_array_equal(read_zarr_python(url, 2)[0], written.truth(HDF5, (1, 1, 1)))
+    table = written.table.copy()
+    table[1:] = 9  # proofreading joined every segment
+    path = root / ORG / DATASET / LAYER / "agglomerates" / f"{HDF5}.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=table)
+    wait_settled(path)
+    after = requests.get(f"{url}/0.0.0.0", headers={"If-None-Match": before.headers["etag"]})
+    assert after.status_code == 200, after.status_code
+    assert after.headers["etag"] != before.headers["etag"]
+    np.testing.assert_array_equal(read_zarr_python(url, 2)[0], apply_table(written.source[(1, 1, 1)], table))
+    assert_no_unexpected_errors(server)
+
+
+def test_the_raw_layer_reads_as_stored(gateway: Server, written: Written) -> None:
+    read = read_zarr_python(f"{base(gateway, 'zarr')}/{LAYER}/1", 2)
+    np.testing.assert_array_equal(read[0], written.source[(1, 1, 1)])
+
+
+def test_a_missing_mapped_layer_names_the_mapping_layers(gateway: Server) -> None:
+    assert_reason(requests.get(f"{base(gateway, 'zarr')}/{LAYER}__nothing/1/.zarray"), 404, f"{LAYER}__{HDF5}")
