@@ -277,3 +277,117 @@ def test_the_raw_layer_reads_as_stored(gateway: Server, written: Written) -> Non
 
 def test_a_missing_mapped_layer_names_the_mapping_layers(gateway: Server) -> None:
     assert_reason(requests.get(f"{base(gateway, 'zarr')}/{LAYER}__nothing/1/.zarray"), 404, f"{LAYER}__{HDF5}")
+
+
+# --- bad input: mapping files that are not what they say -------------------------------------------------
+
+
+def write_hostile(dataset: Path) -> dict[str, str]:
+    """Bad mappings beside the written layer, each with a word its refusal must name."""
+    agglomerates = dataset / LAYER / "agglomerates"
+    (agglomerates / "not_hdf5.hdf5").write_bytes(b"PK\x03\x04 a zip file, not HDF5" * 10)
+    with h5py.File(agglomerates / "truncated.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.arange(100_000, dtype=np.uint64))
+    with open(agglomerates / "truncated.hdf5", "r+b") as handle:
+        handle.truncate(200_000)
+    with h5py.File(agglomerates / "wrong_shape.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.zeros((10, 10), dtype=np.uint64))
+    with h5py.File(agglomerates / "wrong_type.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.zeros(10, dtype=np.float32))
+    with h5py.File(agglomerates / "signed.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.full(10, -1, dtype=np.int64))
+    with h5py.File(agglomerates / "no_array.hdf5", "w") as f:
+        f.create_dataset("agglomerate_to_segments", data=np.zeros(10, dtype=np.uint64))
+    with h5py.File(agglomerates / "sparse.hdf5", "w") as f:  # 2 GiB declared, nothing stored
+        f.create_dataset("segment_to_agglomerate", shape=(1 << 28,), dtype=np.uint64)
+    with h5py.File(agglomerates / "sparse_chunks.hdf5", "w") as f:
+        sparse = f.create_dataset("segment_to_agglomerate", shape=(1 << 28,), dtype=np.uint64, chunks=(1 << 16,))
+        sparse[:10] = 1
+    with h5py.File(agglomerates / "elsewhere.hdf5", "w") as f:
+        f["segment_to_agglomerate"] = h5py.ExternalLink("/etc/passwd.h5", "/segment_to_agglomerate")
+    with h5py.File(agglomerates / "x<b>markup.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.zeros(10, dtype=np.uint64))
+    zarr_group = zarr.open_group(str(agglomerates / "zarr_2d"), mode="w", zarr_format=3)
+    zarr_group.create_array("segment_to_agglomerate", data=np.zeros((4, 4), dtype=np.uint64))
+    mappings = dataset / LAYER / "mappings"
+    (mappings / "too_large_ids.json").write_text(json.dumps({"classes": [[1, 1 << 33]]}))
+    (mappings / "negative.json").write_text(json.dumps({"classes": [[-4, 2]]}))
+    (mappings / "twice.json").write_text(json.dumps({"classes": [[1, 2], [2, 3]]}))
+    (mappings / "no_classes.json").write_text(json.dumps({"name": "x"}))
+    (mappings / "not_json.json").write_text("{classes: nope")
+    return {
+        "not_hdf5": "not an HDF5 file",
+        "truncated": "truncated",
+        "wrong_shape": "not one dimension",
+        "wrong_type": "unsigned integers",
+        "signed": "unsigned integers",
+        "no_array": "holds no dataset",
+        "sparse": "truncated or sparse",
+        "sparse_chunks": "stores 1 of its 4096 chunks",
+        "elsewhere": "link to elsewhere",
+        "zarr_2d": "not one dimension",
+        "too_large_ids": "beyond uint32",
+        "negative": "beyond uint32",
+        "twice": "in more than one class",
+        "no_classes": "holds no 'classes'",
+        "not_json": "not usable JSON",
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile(written: Written, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    import shutil
+
+    root = tmp_path_factory.mktemp("hostile-mappings")
+    shutil.copytree(written.root, root, dirs_exist_ok=True)
+    return root, write_hostile(root / ORG / DATASET)
+
+
+def test_bad_mappings_are_listed_with_their_reason_and_the_rest_serves(
+    hostile: tuple[Path, dict[str, str]], written: Written, server_factory: Callable[..., Server]
+) -> None:
+    root, reasons = hostile
+    server = server_factory(root)
+    page = requests.get(f"{base(server, 'zarr3')}/").text
+    for name, words in reasons.items():
+        layer = f"{LAYER}__{name}"
+        response = requests.get(f"{base(server, 'zarr3')}/{layer}/zarr.json")
+        message = assert_reason(response, 404, "no servable layer", words)
+        assert name in message, message
+        assert words.replace("'", "&#x27;") in page, (name, words)
+    assert "markup" not in requests.get(f"{base(server, 'zarr')}/datasource-properties.json").text
+    assert "&lt;b&gt;markup" in page and "<b>markup" not in page  # its refusal is listed, escaped
+    assert "/etc/passwd" not in page
+    raw = read_zarr_python(f"{base(server, 'zarr')}/{LAYER}/1", 2)
+    np.testing.assert_array_equal(raw[0], written.source[(1, 1, 1)])
+    mapped = read_zarr_python(f"{base(server, 'zarr3')}/{LAYER}__{HDF5}/1", 3)
+    np.testing.assert_array_equal(mapped[0], written.truth(HDF5, (1, 1, 1)))
+    assert_no_unexpected_errors(server)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "deleted"])
+def test_a_mapping_damaged_after_loading_is_a_storage_fault_never_absent(
+    written: Written, server_factory: Callable[..., Server], tmp_path: Path, damage: str
+) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(written.root, root)
+    server = server_factory(root, answer_cache_bytes=0)
+    url = f"{base(server, 'zarr')}/{LAYER}__{HDF5}/1/0.0.0.0"
+    assert requests.get(url).status_code == 200
+    path = root / ORG / DATASET / LAYER / "agglomerates" / f"{HDF5}.hdf5"
+    if damage == "garbage":
+        path.write_bytes(b"\0" * 4096)
+    elif damage == "truncated":
+        with open(path, "r+b") as handle:
+            handle.truncate(os.path.getsize(path) // 2)
+    else:
+        path.unlink()
+    if path.exists():
+        wait_settled(path)
+    response = requests.get(url)
+    assert response.status_code == 500, (damage, response.status_code, response.text)
+    assert HDF5 in response.json()["error"], response.text
+    raw = requests.get(f"{base(server, 'zarr')}/{LAYER}/1/0.0.0.0")
+    assert raw.status_code == 200

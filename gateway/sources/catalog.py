@@ -30,8 +30,8 @@ from ..extras import MissingExtraError
 from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
-from .mappings import PLAIN_MAPPING_NAME, Found, MappedMag, mapped_dtype, mapped_name
 from .mappings import SEPARATOR as MAPPED_SEPARATOR
+from .mappings import Found, MappedMag, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
@@ -335,11 +335,11 @@ class Catalog:
                 continue
             for entry in found:
                 target = mapped_name(name, entry.name)
-                if not PLAIN_MAPPING_NAME.fullmatch(entry.name) or target in layers or target in mapped:
-                    why = "is a layer's name already" if PLAIN_MAPPING_NAME.fullmatch(entry.name) else "is not plain"
+                if not is_plain_name(target) or target in layers or target in mapped:
+                    why = "is a layer's name already" if is_plain_name(target) else "is no plain name"
                     layer.problems.append(f"mapping {entry.name!r} is not served: its layer name {why}")
                     continue
-                mapped[target] = self._mapped_layer(target, layer, entry)
+                mapped[target] = self._mapped_layer(target, layer, entry)  # a name of markup: listed, refused
         return mapped
 
     def _mapped_layer(self, target: str, layer: Layer, found: Found) -> Layer:
