@@ -391,3 +391,53 @@ def test_a_mapping_damaged_after_loading_is_a_storage_fault_never_absent(
     assert HDF5 in response.json()["error"], response.text
     raw = requests.get(f"{base(server, 'zarr')}/{LAYER}/1/0.0.0.0")
     assert raw.status_code == 200
+
+
+# --- meshes and segment lists of agglomerates ----------------------------------------------------------
+
+
+AGGLOMERATE = 77  # segments 7 to 199 joined (see segment_to_agglomerate)
+
+
+def test_cloudvolume_meshes_an_agglomerate_of_the_mapped_layer(gateway: Server, written: Written) -> None:
+    from support.cloudvolume_reads import open_volume
+
+    url = f"{base(gateway, 'precomputed')}/{LAYER}__{HDF5}"
+    info = requests.get(f"{url}/info").json()
+    assert info["mesh"] and info["segment_properties"], info
+    truth = written.truth(HDF5, (1, 1, 1))
+    where = np.argwhere(truth == AGGLOMERATE)
+    members = np.unique(written.source[(1, 1, 1)][truth == AGGLOMERATE])
+    assert len(where) and len(members) > 3, "the agglomerate joins several segments of the labels"
+    volume = open_volume(url)
+    mesh = volume.mesh.get(AGGLOMERATE)[AGGLOMERATE]
+    assert len(mesh.vertices) > 100 and len(mesh.faces) > 100
+    resolution = np.asarray(volume.resolution)
+    lo, hi = where.min(axis=0) * resolution, (where.max(axis=0) + 1) * resolution
+    assert np.all(mesh.vertices >= lo - 2 * resolution) and np.all(mesh.vertices <= hi + 2 * resolution)
+    assert mesh.vertices[:, 0].min() <= lo[0] + resolution[0] and mesh.vertices[:, 0].max() >= hi[0] - resolution[0]
+    properties = requests.get(f"{url}/segment_properties/info").json()
+    listed = dict(zip(properties["inline"]["ids"], properties["inline"]["properties"][0]["values"]))
+    assert str(AGGLOMERATE) in listed, list(listed)[:10]
+    member = int(members[0])
+    assert str(member) not in listed or member == AGGLOMERATE  # a joined segment is listed as its agglomerate
+
+
+def test_index_segments_indexes_a_mapped_layer(written: Written, tmp_path: Path) -> None:
+    import shutil
+
+    from support.batch_runs import run_batch
+
+    from gateway.meshes.index import SegmentIndex
+
+    root = tmp_path / "root"
+    shutil.copytree(written.root, root)
+    layer = f"{LAYER}__{HDF5}"
+    done = run_batch("index-segments", str(root), f"{ORG}/{DATASET}", layer)
+    assert done.returncode == 0, done.stdout + done.stderr
+    path = root / ORG / DATASET / f"{layer}.segment-index.npz"
+    index = SegmentIndex.from_bytes(path.read_bytes(), str(path))
+    truth = written.truth(HDF5, (1, 1, 1))
+    ids, counts = np.unique(truth[truth != 0], return_counts=True)
+    np.testing.assert_array_equal(index.ids, ids)
+    np.testing.assert_array_equal(index.voxels, counts)
