@@ -18,6 +18,7 @@ import wkw
 import zarr
 from support.clients import read_tensorstore, read_webknossos_mags, read_zarr_python
 from support.cloudvolume_reads import read_box
+from support.processes import wait_until
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 pytestmark = pytest.mark.slow  # whole mapped layers read by four clients
@@ -253,10 +254,15 @@ def test_a_rewritten_mapping_changes_chunks_and_etags(
     root = tmp_path / "root"
     shutil.copytree(written.root, root)
     server = server_factory(root)
+    replica = server_factory(root)
     url = f"{base(server, 'zarr')}/{LAYER}__{HDF5}/1"
+    properties_url = f"{base(server, 'precomputed')}/{LAYER}__{HDF5}/segment_properties/info"
     before = requests.get(f"{url}/0.0.0.0")
     assert before.status_code == 200
+    assert requests.get(f"{base(replica, 'zarr')}/{LAYER}__{HDF5}/1/0.0.0.0").headers["etag"] == before.headers["etag"]
     np.testing.assert_array_equal(read_zarr_python(url, 2)[0], written.truth(HDF5, (1, 1, 1)))
+    listed_before = requests.get(properties_url).json()["inline"]["ids"]
+    assert str(AGGLOMERATE) in listed_before
     table = written.table.copy()
     table[1:] = 9  # proofreading joined every segment
     path = root / ORG / DATASET / LAYER / "agglomerates" / f"{HDF5}.hdf5"
@@ -267,6 +273,15 @@ def test_a_rewritten_mapping_changes_chunks_and_etags(
     assert after.status_code == 200, after.status_code
     assert after.headers["etag"] != before.headers["etag"]
     np.testing.assert_array_equal(read_zarr_python(url, 2)[0], apply_table(written.source[(1, 1, 1)], table))
+    again = requests.get(f"{base(replica, 'zarr')}/{LAYER}__{HDF5}/1/0.0.0.0")
+    assert again.headers["etag"] == after.headers["etag"] and again.content == after.content  # replicas agree
+
+    def relisted() -> list[str] | None:
+        ids: list[str] = requests.get(properties_url).json()["inline"]["ids"]
+        return ids if str(AGGLOMERATE) not in ids else None
+
+    listed_after = wait_until(relisted, timeout=60, interval=1)  # the data stamp is taken again within seconds
+    assert listed_after and "9" in listed_after, listed_after
     assert_no_unexpected_errors(server)
 
 
