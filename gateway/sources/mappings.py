@@ -101,7 +101,11 @@ class Mapping(ABC):
     def apply(self, data: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, list[FileSource]]:
         """``data`` with the mapping applied, as ``dtype``; 0 stays 0."""
         flat = data.reshape(-1, order="F")
-        ids, inverse = np.unique(flat, return_inverse=True)
+        # Labels come in runs along x: the distinct ids are found among the runs' values (a tenth of the voxels
+        # or fewer in real segmentations), and the mapped runs are laid out again.
+        starts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+        lengths = np.diff(starts, prepend=0, append=flat.size)
+        ids, inverse = np.unique(flat[np.concatenate(([0], starts))] if flat.size else flat, return_inverse=True)
         values, sources = self.lookup(ids.astype(np.uint64, copy=False))
         if values.dtype != dtype:
             if values.size and int(values.max()) > np.iinfo(dtype).max:
@@ -109,7 +113,8 @@ class Mapping(ABC):
             values = values.astype(dtype)
         if ids.size and ids[0] == 0:
             values[0] = 0
-        return values[inverse].reshape(data.shape, order="F"), sources
+        mapped = np.repeat(values[inverse], lengths) if flat.size else values[inverse]
+        return mapped.reshape(data.shape, order="F"), sources
 
     def _identity(self, path: str) -> FileIdentity:
         identity = self.store.identity(path)
