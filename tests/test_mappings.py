@@ -113,10 +113,14 @@ class Written:
         with h5py.File(agglomerates / f"{HDF5}.hdf5", "w") as f:
             f.create_dataset("segment_to_agglomerate", data=self.table)
             f.create_dataset("agglomerate_to_segments_offsets", data=np.zeros(3, dtype=np.uint64))
-        self.chunked_table = self.table.copy()
-        self.chunked_table[1000:5000] = 5
+        self.chunked_table = np.arange(ENTRIES, dtype=np.uint64) // 50 + 1  # 50 segments per agglomerate
+        self.chunked_table[0] = 0
+        self.members = np.bincount(self.chunked_table.astype(np.int64))
+        self.members[0] = 0
         with h5py.File(agglomerates / f"{HDF5_CHUNKED}.hdf5", "w") as f:
             f.create_dataset("segment_to_agglomerate", data=self.chunked_table, chunks=(4096,), compression="gzip")
+            offsets = np.concatenate([[0], np.cumsum(self.members)]).astype(np.uint64)
+            f.create_dataset("agglomerate_to_segments_offsets", data=offsets)
         self.zarr_table = self.table[::-1].copy()
         self.zarr_table[0] = 0
         group = zarr.open_group(str(agglomerates / ZARR), mode="w", zarr_format=3)
@@ -436,6 +440,25 @@ def test_cloudvolume_meshes_an_agglomerate_of_the_mapped_layer(gateway: Server, 
     assert str(AGGLOMERATE) in listed, list(listed)[:10]
     member = int(members[0])
     assert str(member) not in listed or member == AGGLOMERATE  # a joined segment is listed as its agglomerate
+
+
+def test_the_segment_list_names_each_agglomerate_s_members(gateway: Server, written: Written) -> None:
+    for mapping in (HDF5_CHUNKED, JSON):
+        url = f"{base(gateway, 'precomputed')}/{LAYER}__{mapping}/segment_properties/info"
+        inline = requests.get(url).json()["inline"]
+        properties = {p["id"]: p["values"] for p in inline["properties"]}
+        ids = np.asarray([int(i) for i in inline["ids"]], dtype=np.uint64)
+        truth = written.truth(mapping, (1, 1, 1))
+        present, voxels = np.unique(truth[truth != 0], return_counts=True)
+        np.testing.assert_array_equal(ids, present)
+        assert properties["voxels"] == voxels.tolist()
+        if mapping == JSON:
+            sizes = {min(members): len(members) for members in written.classes}
+            expected = [sizes.get(int(i), 1) for i in ids]
+        else:
+            expected = [int(written.members[int(i)]) if int(i) < len(written.members) else 1 for i in ids]
+        assert properties["members"] == expected, mapping
+        assert max(expected) > 1
 
 
 def test_index_segments_indexes_a_mapped_layer(written: Written, tmp_path: Path) -> None:

@@ -197,6 +197,11 @@ class MagSource:
         store that cannot list. Past ``limit`` entries, OversizedListingError."""
         return self.storage.list_files(self.location, limit)
 
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """How many segments of a source layer each id joins (a mapped layer's agglomerates); None for a layer
+        whose ids are its segments."""
+        return None
+
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
         """False only where the source knows that nothing is stored for box ``[lo, hi)`` (it reads as the
         fill value), so that such a chunk is answered as absent instead of being made of fill values."""

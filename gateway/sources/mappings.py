@@ -40,6 +40,7 @@ SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnos
 AGGLOMERATES = "agglomerates"
 JSON_MAPPINGS = "mappings"
 ARRAY = "segment_to_agglomerate"
+OFFSETS = "agglomerate_to_segments_offsets"
 HDF5_SUFFIXES = (".hdf5", ".h5")
 # A mapping's name becomes part of a layer name, a URL and a page: letters, digits and ``._-`` only.
 PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -96,6 +97,10 @@ class Mapping(ABC):
 
     def named_files(self) -> list[str] | None:
         """Every file a lookup may read, before it reads (None where that depends on the ids)."""
+        return None
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """How many segments each agglomerate id joins, where the mapping says; None where it does not."""
         return None
 
     def apply(self, data: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, list[FileSource]]:
@@ -326,6 +331,27 @@ class Hdf5Mapping(Mapping):
     def named_files(self) -> list[str] | None:
         return [self.path]
 
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """From ``agglomerate_to_segments_offsets`` (agglomerate a's segments lie between entries a and a + 1),
+        reading only the entries of ``ids``; None where the file has no such 1-D dataset."""
+        opened = self._current()
+        offsets = opened.dataset.file.get(OFFSETS)
+        if offsets is None or getattr(offsets, "ndim", 0) != 1 or offsets.dtype.kind not in "ui":
+            return None
+        inside = ids + 1 < offsets.shape[0]  # an id past them is a segment the mapping left as it is: one member
+        wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1])).astype(np.int64)
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if wanted.size:
+            try:
+                values = np.asarray(offsets[wanted], dtype=np.int64)
+            except (StorageError, OversizedFileError):
+                raise
+            except Exception as exc:
+                raise MappingUnreadable(f"agglomerate file {self.key} cannot be read: {exc}") from None
+            at = np.searchsorted(wanted, ids[inside].astype(np.int64))
+            counts[inside] = values[at + 1] - values[at]
+        return counts
+
 
 # --- Zarr v3 --------------------------------------------------------------------------------------------
 
@@ -478,6 +504,17 @@ class JsonMapping(Mapping):
     def named_files(self) -> list[str] | None:
         return [self.path]
 
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """The size of each id's class (1 for an id in none)."""
+        _, _, values = self._parsed
+        classes, sizes = np.unique(values, return_counts=True)
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if classes.size:
+            at = np.minimum(np.searchsorted(classes, ids), classes.size - 1)
+            hit = classes[at] == ids
+            counts[hit] = sizes[at[hit]]
+        return counts
+
 
 # --- the mapped layer's mags ----------------------------------------------------------------------------
 
@@ -520,6 +557,9 @@ class MappedMag(MagSource):
 
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
         return self.source.holds_data(lo, hi)
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        return self.mapping.member_counts(ids)
 
     def listed_files(self, limit: int) -> list[ListedFile] | None:
         own = self.source.listed_files(limit)
