@@ -110,7 +110,7 @@ class Mapping(ABC):
         # or fewer in real segmentations), and the mapped runs are laid out again.
         starts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
         lengths = np.diff(starts, prepend=0, append=flat.size)
-        ids, inverse = np.unique(flat[np.concatenate(([0], starts))] if flat.size else flat, return_inverse=True)
+        ids, inverse = _distinct(flat[np.concatenate(([0], starts))] if flat.size else flat)
         values, sources = self.lookup(ids.astype(np.uint64, copy=False))
         if values.dtype != dtype:
             if values.size and int(values.max()) > np.iinfo(dtype).max:
@@ -126,6 +126,25 @@ class Mapping(ABC):
         if identity is None:
             raise MappingUnreadable(f"mapping {self.store.relative(path)} is gone")
         return identity
+
+
+DENSE_SPAN = 1 << 16  # ids spanning at most this many values (or 8 per value) are told apart by a table, not a sort
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; where the ids of a chunk lie close together (as supervoxels
+    of one region do), by a table over their span, several times faster than the sort."""
+    if values.size == 0:
+        return np.unique(values, return_inverse=True)
+    low, high = int(values.min()), int(values.max())
+    if high - low >= max(DENSE_SPAN, 8 * values.size):
+        return np.unique(values, return_inverse=True)
+    offsets = (values - values.dtype.type(low)).astype(np.intp, copy=False)
+    present = np.zeros(high - low + 1, dtype=bool)
+    present[offsets] = True
+    ids = (np.flatnonzero(present) + low).astype(values.dtype)
+    rank = np.cumsum(present, dtype=np.intp) - 1
+    return ids, rank[offsets]
 
 
 def _unmapped(ids: np.ndarray, entries: int, dtype: np.dtype) -> np.ndarray:
