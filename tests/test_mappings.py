@@ -16,6 +16,8 @@ import pytest
 import requests
 import wkw
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.clients import read_tensorstore, read_webknossos_mags, read_zarr_python
 from support.cloudvolume_reads import read_box
 from support.processes import wait_until
@@ -479,3 +481,24 @@ def test_index_segments_indexes_a_mapped_layer(written: Written, tmp_path: Path)
     ids, counts = np.unique(truth[truth != 0], return_counts=True)
     np.testing.assert_array_equal(index.ids, ids)
     np.testing.assert_array_equal(index.voxels, counts)
+
+
+@given(
+    st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64]),
+    st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=300),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 70_000),
+)
+@settings(max_examples=200, deadline=None)
+def test_distinct_ids_are_numpy_s_unique(dtype: type, raw: list[int], base: int, spread: int) -> None:
+    """The table over a chunk's span and the sort agree, for ids close together and far apart alike."""
+    from gateway.sources.mappings import _distinct
+
+    top = int(np.iinfo(dtype).max)
+    values = [min(top, base % (top + 1) + (v % (spread + 1))) for v in raw] + raw[:3]
+    array: np.ndarray[Any, Any] = np.asarray([v % (top + 1) for v in values], dtype=dtype)
+    ids, inverse = _distinct(array)
+    want_ids, want_inverse = np.unique(array, return_inverse=True)
+    assert ids.dtype == want_ids.dtype
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(inverse, want_inverse)
