@@ -44,7 +44,7 @@ OFFSETS = "agglomerate_to_segments_offsets"
 HDF5_SUFFIXES = (".hdf5", ".h5")
 # A mapping's name becomes part of a layer name, a URL and a page: letters, digits and ``._-`` only.
 PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-PIECE_ENTRIES = 1 << 10  # entries per piece of a contiguous array: 8 KiB of uint64, read and kept together
+PIECE_ENTRIES = 1 << 12  # entries per piece of a contiguous array: 32 KiB of uint64, read and kept together
 MAX_PIECE_BYTES = 8 << 20  # a chunked array's piece is one stored chunk, at most this large
 MAX_ENTRIES = 1 << 36  # past any real over-segmentation (10^9 ids): a larger declared extent is refused
 MAX_LISTED = 100_000  # entries walked below agglomerates/ and mappings/ when a dataset is loaded
@@ -102,6 +102,12 @@ class Mapping(ABC):
     def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
         """How many segments each agglomerate id joins, where the mapping says; None where it does not."""
         return None
+
+    @property
+    def lookups_are_cheap(self) -> bool:
+        """Whether a lookup is a few small reads at most (it may then run where a chunk's small reads run):
+        reading pieces is; parsing a whole document again after a rewrite is not."""
+        return True
 
     def apply(self, data: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, list[FileSource]]:
         """``data`` with the mapping applied, as ``dtype``; 0 stays 0."""
@@ -523,6 +529,10 @@ class JsonMapping(Mapping):
     def named_files(self) -> list[str] | None:
         return [self.path]
 
+    @property
+    def lookups_are_cheap(self) -> bool:
+        return False  # a rewritten file is parsed whole (up to MAX_JSON_BYTES) by the next lookup
+
     def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
         """The size of each id's class (1 for an id in none)."""
         _, _, values = self._parsed
@@ -562,7 +572,11 @@ class MappedMag(MagSource):
 
     def decoded_bytes(self, shape: Vec3) -> int:
         voxels = shape[0] * shape[1] * shape[2] * self.channels
-        return self.source.decoded_bytes(shape) + voxels * (self.dtype.itemsize + 8)  # the mapped copy, the inverse
+        return self.source.decoded_bytes(shape) + voxels * self.dtype.itemsize  # and the mapped copy
+
+    @property
+    def reads_are_cheap(self) -> bool:
+        return self.source.reads_are_cheap and self.mapping.lookups_are_cheap
 
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         data, sources = self.source.read_inside(offset, shape)

@@ -30,7 +30,7 @@ KNOWN_SECONDS = {
     "test_batch_selection.py": 75,  # the batch CLI four times, a dask LocalCluster once
     "test_own_viewer.py": 90,
     "test_precomputed_tree.py": 80,
-    "test_mappings.py": 60,  # mapped layers read by four clients, bad mapping files, meshes of agglomerates
+    "test_mappings.py": 70,  # mapped layers read by four clients, bad mapping files, meshes of agglomerates
     "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
     "test_n5_precomputed.py": 75,
     "test_stored_meshes.py": 75,
