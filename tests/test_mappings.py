@@ -231,10 +231,23 @@ def test_the_xarray_tree_holds_the_mapped_layer_beside_the_source(gateway: Serve
     np.testing.assert_array_equal(read_zarr_python(url, 3), written.truth(ZARR, (1, 1, 1)))
 
 
-def test_the_dataset_page_lists_the_mapped_layers(gateway: Server) -> None:
+def test_the_dataset_page_lists_the_mapped_layers_and_the_viewer_link_opens_them(gateway: Server) -> None:
+    import re
+    from html import unescape
+    from urllib.parse import unquote
+
     page = requests.get(f"{base(gateway, 'zarr3')}/").text
     for mapping in MAPPINGS:
-        assert f"{LAYER}__{mapping}" in page
+        assert f"{LAYER}__{mapping}" in page, mapping
+    links = [unquote(unescape(link)) for link in re.findall(r'class="open-neuroglancer" href = "([^"]*)"', page)]
+    assert links, "the page links Neuroglancer"
+    state = json.loads(links[0].partition("#!")[2])
+    by_name = {layer["name"]: layer for layer in state["layers"]}
+    mapped = by_name[f"{LAYER}__{HDF5}"]
+    assert mapped["type"] == "segmentation"
+    sources = mapped["source"] if isinstance(mapped["source"], list) else [mapped["source"]]
+    assert any(f"/{LAYER}__{HDF5}/" in str(source) for source in sources), sources
+    assert any("/data/meshes/" in str(source) for source in sources), sources
 
 
 def test_mapped_chunks_name_the_mapping_in_their_etag_and_differ_from_the_source(gateway: Server) -> None:
