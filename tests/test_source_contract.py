@@ -562,7 +562,21 @@ class TestN5BloscSource(N5Contract):
 # --- Neuroglancer precomputed ---------------------------------------------------------------------------
 
 
-class PrecomputedContract(MagSourceContract):
+class ReadOnlyVoxels(MagSourceContract):
+    """A source that hands out no chunk as stored (each is read as voxels): the stored-chunk tests say that."""
+
+    @pytest.mark.parametrize("corner", [(0, 0, 0), (16, 32, 16)], ids=str)
+    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
+        source = self.open(written.root, written.directory)
+        assert source.stored_chunk_shape is None and source.native is None
+        assert source.stored_chunk(self._index(corner), corner) is None, "read as voxels, never passed through"
+
+    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
+        corner: Vec3 = (16, 16, 16)
+        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
+
+
+class PrecomputedContract(ReadOnlyVoxels):
     """One scale (key ``mag``) of a precomputed volume at the data root, written by tensorstore in chunks of 16^3.
 
     Its chunks are never handed out as stored: a Zarr chunk cannot declare them. So the stored-chunk tests
@@ -621,16 +635,6 @@ class PrecomputedContract(MagSourceContract):
         starts = [p * CHUNK for p in position]
         return directory / "_".join(f"{s}-{min(s + CHUNK, e)}" for s, e in zip(starts, EXTENT))
 
-    @pytest.mark.parametrize("corner", [(0, 0, 0), (16, 32, 16)], ids=str)
-    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
-        source = self.open(written.root, written.directory)
-        assert source.stored_chunk_shape is None and source.native is None
-        assert source.stored_chunk(self._index(corner), corner) is None, "re-encoded, never passed through"
-
-    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
-        corner: Vec3 = (16, 16, 16)
-        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
-
     def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
         """The same source (as the catalog keeps it) reads the new voxels of a file rewritten under it."""
         corner: Vec3 = (16, 16, 16)
@@ -680,7 +684,7 @@ def _agglomerates() -> np.ndarray:
     return table
 
 
-class TestMappedSource(WkwContract):
+class TestMappedSource(ReadOnlyVoxels, WkwContract):
     """``MappedMag`` over a WKW mag: the contract's voxels are the WKW library's with the mapping applied; no chunk
     is handed out as stored (each is mapped), and a damaged data file is a fault of the mapped mag too."""
 
@@ -713,16 +717,6 @@ class TestMappedSource(WkwContract):
         assert (source.shape, source.bbox.lo, source.bbox.hi) == (BBOX_HI, TOP_LEFT, BBOX_HI)
         assert (source.dtype, source.channels, source.mag) == (np.dtype(self.dtype), self.channels, MAG)
         assert source.location_key == "mag#agglomerates.hdf5", "the source's and the mapping's, as replicas name them"
-
-    @pytest.mark.parametrize("corner", WRITTEN_CHUNKS, ids=str)
-    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
-        source = self.open(written.root, written.directory)
-        assert source.stored_chunk_shape is None and source.native is None
-        assert source.stored_chunk(self._index(corner), corner) is None, "mapped, never passed through"
-
-    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
-        corner: Vec3 = (16, 16, 16)
-        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
 
     def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
         """A rewritten data file and a rewritten mapping: the same source reads the new voxels, and names the
