@@ -476,7 +476,9 @@ def test_the_segment_list_names_each_agglomerate_s_members(gateway: Server, writ
         assert max(expected) > 1
 
 
-def test_index_segments_indexes_a_mapped_layer(written: Written, tmp_path: Path) -> None:
+def test_index_segments_and_mesh_segments_run_on_a_mapped_layer(
+    written: Written, tmp_path: Path, server_factory: Callable[..., Server]
+) -> None:
     import shutil
 
     from support.batch_runs import run_batch
@@ -494,6 +496,15 @@ def test_index_segments_indexes_a_mapped_layer(written: Written, tmp_path: Path)
     ids, counts = np.unique(truth[truth != 0], return_counts=True)
     np.testing.assert_array_equal(index.ids, ids)
     np.testing.assert_array_equal(index.voxels, counts)
+    meshed = run_batch("mesh-segments", str(root), f"{ORG}/{DATASET}", layer, "--segments", str(AGGLOMERATE))
+    assert meshed.returncode == 0, meshed.stdout + meshed.stderr
+    assert (root / ORG / DATASET / f"{layer}.meshes" / "stamp.json").is_file()
+    from support.cloudvolume_reads import open_volume
+
+    server = server_factory(root)
+    volume = open_volume(f"{base(server, 'precomputed')}/{layer}")
+    assert len(volume.mesh.get(AGGLOMERATE)[AGGLOMERATE].vertices) > 100  # from the stored set
+    assert_no_unexpected_errors(server)
 
 
 @given(
