@@ -3,8 +3,8 @@
 webKnossos keeps a layer's mappings beside it: ``<layer>/agglomerates/<name>.hdf5`` (the HDF5 dataset
 ``segment_to_agglomerate``: index a segment id, value its agglomerate id), the same arrays as a Zarr v3 group
 ``<layer>/agglomerates/<name>/``, and JSON mappings ``<layer>/mappings/<name>.json`` (``classes``: lists of
-equivalent ids, each mapped to its smallest, as webKnossos' viewer applies them). The gateway serves each as the
-layer ``<layer>__<name>`` (:func:`mapped_name`), whose voxels are the source layer's with the mapping applied:
+equivalent ids, each mapped to its smallest, in order, as webKnossos' viewer applies them). The gateway serves each
+as the layer ``<layer>__<name>`` (:func:`mapped_name`), whose voxels are the source layer's with the mapping applied:
 ids without an entry stay as they are, 0 stays 0.
 
 A real ``segment_to_agglomerate`` holds 10^8 to 10^9 entries, so a chunk looks up only its distinct ids, in
@@ -487,24 +487,23 @@ class JsonMapping(Mapping):
         if not isinstance(classes, list) or not all(isinstance(c, list) for c in classes):
             raise SourceError(f"{where} holds no 'classes' (a list of lists of segment ids)")
         top = int(np.iinfo(self.dtype).max)
-        keys: list[int] = []
-        values: list[int] = []
+        mapped: dict[int, int] = {}
         for members in classes:
             if not members:
-                continue
+                continue  # an empty class maps nothing
             if not all(isinstance(i, int) and not isinstance(i, bool) for i in members):
                 raise SourceError(f"{where}: a class holds something other than integer segment ids")
             smallest, largest = min(members), max(members)
             if smallest < 0 or largest > top:
                 raise SourceError(f"{where}: id {smallest if smallest < 0 else largest} is beyond {self.dtype}")
-            keys.extend(members)
-            values.extend([smallest] * len(members))
-        order = np.argsort(np.asarray(keys, dtype=np.uint64), kind="stable")
-        sorted_keys = np.asarray(keys, dtype=np.uint64)[order]
-        if sorted_keys.size > 1 and bool((np.diff(sorted_keys) == 0).any()):
-            twice = int(sorted_keys[np.flatnonzero(np.diff(sorted_keys) == 0)[0]])
-            raise SourceError(f"{where}: id {twice} is in more than one class")
-        return sorted_keys, np.asarray(values, dtype=np.uint64)[order]
+            # As webKnossos applies classes in order: a class whose smallest id an earlier class mapped joins
+            # that class's id, and a later class's mapping of an id replaces an earlier one.
+            target = mapped.get(smallest, smallest)
+            for member in members:
+                mapped[member] = target
+        keys = np.fromiter(mapped.keys(), dtype=np.uint64, count=len(mapped))
+        order = np.argsort(keys)
+        return keys[order], np.fromiter(mapped.values(), dtype=np.uint64, count=len(mapped))[order]
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
         identity = self._identity(self.path)
