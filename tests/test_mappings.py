@@ -350,6 +350,16 @@ def write_hostile(dataset: Path) -> dict[str, str]:
         f.create_dataset("segment_to_agglomerate", data=np.zeros(10, dtype=np.uint64))
     zarr_group = zarr.open_group(str(agglomerates / "zarr_2d"), mode="w", zarr_format=3)
     zarr_group.create_array("segment_to_agglomerate", data=np.zeros((4, 4), dtype=np.uint64))
+    outside = dataset.parent.parent.parent / "outside-the-root"
+    outside.mkdir()
+    with h5py.File(outside / "secret_name.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.zeros(10, dtype=np.uint64))
+    properties = json.loads((dataset / "datasource-properties.json").read_text())
+    properties["dataLayers"].append({**properties["dataLayers"][0], "name": "linked"})  # the same mags
+    (dataset / "datasource-properties.json").write_text(json.dumps(properties))
+    (dataset / "linked").mkdir()
+    (dataset / "linked" / "agglomerates").symlink_to(outside)  # a layer's folder that leads out of the root
+    (agglomerates / "linked_out.hdf5").symlink_to(outside / "secret_name.hdf5")
     mappings = dataset / LAYER / "mappings"
     (mappings / "too_large_ids.json").write_text(json.dumps({"classes": [[1, 1 << 33]]}))
     (mappings / "negative.json").write_text(json.dumps({"classes": [[-4, 2]]}))
@@ -370,6 +380,7 @@ def write_hostile(dataset: Path) -> dict[str, str]:
         "negative": "beyond uint32",
         "no_classes": "holds no 'classes'",
         "not_json": "not usable JSON",
+        "linked_out": "outside the data root",
     }
 
 
@@ -377,8 +388,8 @@ def write_hostile(dataset: Path) -> dict[str, str]:
 def hostile(written: Written, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     import shutil
 
-    root = tmp_path_factory.mktemp("hostile-mappings")
-    shutil.copytree(written.root, root, dirs_exist_ok=True)
+    root = tmp_path_factory.mktemp("hostile-mappings") / "root"
+    shutil.copytree(written.root, root)
     return root, write_hostile(root / ORG / DATASET)
 
 
@@ -396,7 +407,7 @@ def test_bad_mappings_are_listed_with_their_reason_and_the_rest_serves(
         assert words.replace("'", "&#x27;") in page, (name, words)
     assert "markup" not in requests.get(f"{base(server, 'zarr')}/datasource-properties.json").text
     assert "&lt;b&gt;markup" in page and "<b>markup" not in page  # its refusal is listed, escaped
-    assert "/etc/passwd" not in page
+    assert "/etc/passwd" not in page and "secret_name" not in page
     raw = read_zarr_python(f"{base(server, 'zarr')}/{LAYER}/1", 2)
     np.testing.assert_array_equal(raw[0], written.source[(1, 1, 1)])
     mapped = read_zarr_python(f"{base(server, 'zarr3')}/{LAYER}__{HDF5}/1", 3)

@@ -617,22 +617,30 @@ class Mappings:
         in ``mappings/``. Raises OversizedListingError for a folder of more than MAX_LISTED entries."""
         found: list[Found] = []
         agglomerates = self.store.join(layer_directory, AGGLOMERATES)
+        if not self._inside(agglomerates):
+            agglomerates = ""  # a folder symlinked out of the root is not listed: its names are not the data's
         for entry in self._top_files(agglomerates):
             for suffix in HDF5_SUFFIXES:
                 if entry.endswith(suffix):
                     found.append(Found(entry.removesuffix(suffix), "hdf5", self.store.join(agglomerates, entry)))
-        for name in self.store.list_directories(agglomerates):
+        for name in self.store.list_directories(agglomerates) if agglomerates else []:
             path = self.store.join(agglomerates, name)
             if self.store.identity(self.store.join(path, "zarr.json")) is not None:
                 found.append(Found(name, "zarr", path))
         mappings = self.store.join(layer_directory, JSON_MAPPINGS)
-        for entry in self._top_files(mappings):
+        for entry in self._top_files(mappings if self._inside(mappings) else ""):
             if entry.endswith(".json"):
                 found.append(Found(entry.removesuffix(".json"), "json", self.store.join(mappings, entry)))
         return sorted(found, key=lambda f: (f.name, f.kind))
 
+    def _inside(self, directory: str) -> bool:
+        try:
+            return self.store.resolve(directory) is not None
+        except ValueError:  # a name no file can have
+            return False
+
     def _top_files(self, directory: str) -> list[str]:
-        if not self.store.is_directory(directory):
+        if not directory or not self.store.is_directory(directory):
             return []
         listed = self.store.list_files(directory, MAX_LISTED) or []
         return [entry.path for entry in listed if "/" not in entry.path]
