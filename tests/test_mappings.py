@@ -34,7 +34,7 @@ ENTRIES = 50_000  # segment_to_agglomerate's length; the labels reach past it (t
 TOP_ID = 60_000
 HDF5 = "agglomerate_view_5"
 HDF5_CHUNKED = "agglomerate_view_chunked"
-ZARR = "agglomerate_view_zarr"
+ZARR = "proofread__v2"  # a mapping name with the separator in it
 JSON = "equivalences"
 
 

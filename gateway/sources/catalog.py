@@ -30,7 +30,6 @@ from ..extras import MissingExtraError
 from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
-from .mappings import SEPARATOR as MAPPED_SEPARATOR
 from .mappings import Found, MappedMag, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
@@ -66,8 +65,8 @@ class Layer:
     # Why its data cannot be reached now (a symlinked volume away when it was loaded), if that is why it has no
     # mag: its chunks are then a storage fault (503), never absent data (404), until a reload finds the volume.
     away: str | None = None
-    # The mapping a mapped layer applies to its source layer's voxels (its name), None for a stored layer.
-    mapping: str | None = None
+    # The layer whose voxels a mapped layer maps (its name), None for a stored layer.
+    mapped_from: str | None = None
 
 
 @dataclass
@@ -345,7 +344,7 @@ class Catalog:
     def _mapped_layer(self, target: str, layer: Layer, found: Found) -> Layer:
         source_dtype = layer.properties.dtype
         properties = layer.properties.model_copy(update={"name": target, "largest_segment_id": None})
-        loaded = Layer(properties, {}, owners=set(layer.owners), mapping=found.name)
+        loaded = Layer(properties, {}, owners=set(layer.owners), mapped_from=layer.properties.name)
         try:
             real = self._files.resolve(found.path)
             if real is None:
@@ -467,7 +466,7 @@ class Catalog:
 def _mapped_entry(entries: dict[Any, dict[str, Any]], layer: Layer) -> dict[str, Any]:
     """A mapped layer's entry in the served properties: its source layer's, renamed, with the mapped data type,
     without what describes the source's ids only (largest id, attached mappings)."""
-    source = layer.properties.name.rsplit(MAPPED_SEPARATOR, 1)[0]
+    source = layer.mapped_from
     entry = {k: v for k, v in entries.get(source, {}).items() if k not in ("largestSegmentId", "attachments")}
     return {**entry, "name": layer.properties.name, "elementClass": layer.properties.element_class}
 
