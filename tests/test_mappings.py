@@ -544,3 +544,12 @@ def test_distinct_ids_are_numpy_s_unique(dtype: type, raw: list[int], base: int,
     assert ids.dtype == want_ids.dtype
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(inverse, want_inverse)
+
+
+def test_a_mapped_layer_has_a_preview_of_its_agglomerates(gateway: Server) -> None:
+    mapped = requests.get(f"{gateway.url}/preview/{ORG}/{DATASET}/{LAYER}__{HDF5}.png")
+    raw = requests.get(f"{gateway.url}/preview/{ORG}/{DATASET}/{LAYER}.png")
+    assert mapped.status_code == raw.status_code == 200, (mapped.text[:200], raw.text[:200])
+    assert mapped.content.startswith(b"\x89PNG") and mapped.content != raw.content
+    again = requests.get(mapped.url, headers={"If-None-Match": mapped.headers["etag"]})
+    assert again.status_code == 304
