@@ -22,6 +22,7 @@ from support.clients import read_tensorstore, read_webknossos_mags, read_zarr_py
 from support.cloudvolume_reads import read_box
 from support.processes import wait_until
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
+from upath import UPath
 
 pytestmark = pytest.mark.slow  # whole mapped layers read by four clients
 
@@ -36,6 +37,7 @@ HDF5 = "agglomerate_view_5"
 HDF5_CHUNKED = "agglomerate_view_chunked"
 ZARR = "proofread__v2"  # a mapping name with the separator in it
 JSON = "equivalences"
+WK_ZARR = "agglomerate_view_wk"  # written by webknossos-libs: sharded
 
 
 def mag_name(mag: tuple[int, int, int]) -> str:
@@ -134,6 +136,7 @@ class Written:
         self.zarr_table[0] = 0
         group = zarr.open_group(str(agglomerates / ZARR), mode="w", zarr_format=3)
         group.create_array("segment_to_agglomerate", data=self.zarr_table, chunks=(4096,))
+        self.wk_table = write_webknossos_group(agglomerates / WK_ZARR)
         self.classes = json_classes(rng)
         (self.layer / "mappings").mkdir()
         (self.layer / "mappings" / f"{JSON}.json").write_text(json.dumps({"name": JSON, "classes": self.classes}))
@@ -146,10 +149,28 @@ class Written:
             return apply_table(source, self.chunked_table)
         if mapping == ZARR:
             return apply_table(source, self.zarr_table)
+        if mapping == WK_ZARR:
+            return apply_table(source, self.wk_table)
         return apply_json(source, self.classes)
 
 
-MAPPINGS = (HDF5, HDF5_CHUNKED, ZARR, JSON)
+MAPPINGS = (HDF5, HDF5_CHUNKED, ZARR, WK_ZARR, JSON)
+
+
+def write_webknossos_group(path: Path) -> np.ndarray[Any, Any]:
+    """An agglomerate group as webknossos-libs writes it (sharded Zarr v3 arrays), of 3,000 segments joined in
+    runs of three; returns its segment_to_agglomerate as zarr-python reads it back."""
+    from webknossos import AgglomerateAttachment, AgglomerateGraph
+    from webknossos.geometry import Vec3Int
+
+    graph = AgglomerateGraph()
+    for segment in range(1, 3001):
+        graph.add_segment(segment, position=Vec3Int(segment, 0, 0))
+        if segment % 3:
+            graph.add_affinity_edge(segment, segment + 1, affinity=1.0)
+    AgglomerateAttachment.create(path, graph)
+    table: np.ndarray[Any, Any] = np.asarray(zarr.open_array(str(path / "segment_to_agglomerate"), mode="r")[:])
+    return table
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +229,6 @@ def test_tensorstore_reads_the_sharded_and_v2_trees_exactly(
 
 def test_webknossos_libs_reads_the_mapped_layer_exactly(gateway: Server, written: Written) -> None:
     import webknossos as wk
-    from upath import UPath
 
     dataset = wk.Dataset.open(UPath(base(gateway, "zarr3")))
     layer = dataset.get_layer(f"{LAYER}__{HDF5}")

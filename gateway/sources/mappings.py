@@ -30,11 +30,12 @@ from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
 from ..extras import MAPPINGS
-from .bounds import check_chunk_bytes, read_document, stored_limit
+from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import MemoryDecoder
 from .documents import load_json
 from .mag import MagSource, SourceError
 from .metadata import ZarrArray, parse_zarr_json
+from .shard_index import decode_shard_index, is_absent
 
 SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
 AGGLOMERATES = "agglomerates"
@@ -382,7 +383,9 @@ class Hdf5Mapping(Mapping):
 
 
 class ZarrMapping(Mapping):
-    """``segment_to_agglomerate`` of a Zarr v3 group: a piece is one stored chunk, decoded from memory."""
+    """``segment_to_agglomerate`` of a Zarr v3 group: a piece is one stored (inner) chunk, decoded from memory.
+    webKnossos writes it sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
+    its shard's index, never the shard."""
 
     kind = "zarr"
 
@@ -396,29 +399,42 @@ class ZarrMapping(Mapping):
         document, self.metadata_identity = located
         if document.get("zarr_format") != 3 or document.get("node_type") != "array":
             raise SourceError(f"{where}: {ARRAY}/zarr.json is not a Zarr v3 array")
-        array: ZarrArray = parse_zarr_json(document)
+        with malformed_metadata(f"{where}: {ARRAY}/zarr.json"):
+            array: ZarrArray = parse_zarr_json(document)
         if len(array.shape) != 1:
             raise SourceError(f"{where}: {ARRAY} has shape {array.shape}, not one dimension")
         self.dtype = _checked_dtype(array.dtype, f"{where}: {ARRAY}")
-        if array.sharding is not None:
-            raise SourceError(f"{where}: {ARRAY} is sharded, which is not read here")
         self.entries = int(array.shape[0])
         if self.entries > MAX_ENTRIES:
             raise SourceError(f"{where}: {ARRAY} declares {self.entries} entries, more than {MAX_ENTRIES}")
         self.array = array
+        self.sharding = array.sharding
+        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
+            raise SourceError(f"{where}: {self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
         self.piece = int(array.inner_chunks[0])
         decoded = check_chunk_bytes((self.piece,), array.dtype.itemsize, f"a chunk of {ARRAY}")
         if decoded > MAX_PIECE_BYTES:
             raise SourceError(f"{where}: chunks of {self.piece} entries are more than one read here holds")
         self._stored_limit = stored_limit(decoded) if array.compressed else decoded
-        self._decoder = MemoryDecoder({"driver": "zarr3"}, {"zarr.json": json.dumps(document).encode()}, self.key)
+        inner = dict(document)
+        if self.sharding is not None:  # decoded as the array of its inner chunks, each fetched on its own
+            inner["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [self.piece]}}
+            inner["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/"}}
+            inner["codecs"] = document["codecs"][0]["configuration"]["codecs"]
+        inner.pop("attributes", None)
+        self._decoder = MemoryDecoder({"driver": "zarr3"}, {"zarr.json": json.dumps(inner).encode()}, self.key)
         self._decoder.check()
 
-    def _chunk_path(self, number: int) -> str:
+    def _file_of(self, number: int) -> str:
+        """The file piece ``number`` is stored in: its chunk's, or its shard's."""
+        if self.sharding is not None:
+            number //= self.sharding.chunks_per_shard[0]
         parts = [self.array.key_prefix] if self.array.key_prefix else []
         return self.store.join(self.array_path, self.array.separator.join([*parts, str(number)]))
 
-    def _chunk_key(self, number: int) -> str:
+    def _decoder_key(self, number: int) -> str:
+        if self.sharding is not None:
+            return f"c/{number}"
         parts = [self.array.key_prefix] if self.array.key_prefix else []
         return self.array.separator.join([*parts, str(number)])
 
@@ -429,30 +445,54 @@ class ZarrMapping(Mapping):
         out = _unmapped(ids, self.entries, self.dtype)
         inside = ids < self.entries
         wanted = ids[inside]
-        sources: list[FileSource] = [(self.store.join(self.array_path, "zarr.json"), metadata)]
+        files: dict[str, FileIdentity | None] = {self.store.join(self.array_path, "zarr.json"): metadata}
         numbers_of = wanted // self.piece
         result = np.empty(wanted.shape, dtype=np.uint64)
         for number in np.unique(numbers_of).tolist():
-            path = self._chunk_path(number)
-            identity = self.store.identity(path)
-            sources.append((path, identity))
-            version = None if identity is None else identity.version
-            piece = self.pieces.get((self.key, path, version))
+            path = self._file_of(number)
+            if path not in files:
+                files[path] = self.store.identity(path)
+            identity = files[path]
+            key = (self.key, path, None if identity is None else identity.version, number)
+            piece = self.pieces.get(key)
             if piece is None:
                 piece = self._read_piece(number, path, identity)
-                self.pieces.put((self.key, path, version), piece, piece.nbytes)
+                self.pieces.put(key, piece, piece.nbytes)
             at = numbers_of == number
             result[at] = piece[(wanted[at] - number * self.piece).astype(np.int64)]
         out[inside] = result
-        return out, sources
+        return out, list(files.items())
 
     def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:
         first, last = number * self.piece, min((number + 1) * self.piece, self.entries)
-        if identity is None:
+        data = None if identity is None else self._stored(number, path, identity)
+        if data is None:
             return np.full(last - first, self.array.fill_value, dtype=np.uint64)
-        data = self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
-        decoded = self._decoder.decode({self._chunk_key(number): data}, (slice(first, last),))
+        decoded = self._decoder.decode({self._decoder_key(number): data}, (slice(first, last),))
         return np.asarray(decoded, dtype=np.uint64)
+
+    def _stored(self, number: int, path: str, identity: FileIdentity) -> bytes | None:
+        """The stored bytes of piece ``number``: its chunk file, or its inner chunk by the shard's index."""
+        if self.sharding is None:
+            return self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
+        size = self.sharding.index_size
+        index_key = (self.key, path, identity.version, "index")
+        table = self.pieces.get(index_key)
+        if table is None:
+            if identity.size < size:
+                raise MappingUnreadable(f"{self.store.relative(path)}: the shard is smaller than its index")
+            at = identity.size - size if self.sharding.index_at_end else 0
+            raw = self.store.read(path, at, size, identity, limit=size)
+            table = decode_shard_index(
+                raw, self.sharding.chunks, self.sharding.index_checksum, self.store.relative(path)
+            )
+            self.pieces.put(index_key, table, table.nbytes)
+        offset, nbytes = (int(v) for v in table[number % self.sharding.chunks_per_shard[0]])
+        if is_absent(offset, nbytes):
+            return None
+        if offset + nbytes > identity.size:
+            raise MappingUnreadable(f"{self.store.relative(path)}: the shard index points past the end of the shard")
+        return self.store.read(path, offset, nbytes, identity, limit=self._stored_limit)
 
     def listed(self, limit: int) -> list[ListedFile]:
         listed = self.store.list_files(self.path, limit) or []
