@@ -382,37 +382,38 @@ class Hdf5Mapping(Mapping):
 # --- Zarr v3 --------------------------------------------------------------------------------------------
 
 
-class ZarrMapping(Mapping):
-    """``segment_to_agglomerate`` of a Zarr v3 group: a piece is one stored (inner) chunk, decoded from memory.
-    webKnossos writes it sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
+class ZarrVector:
+    """One 1-D array of a Zarr v3 agglomerate group: a piece is one stored (inner) chunk, decoded from memory.
+    webKnossos writes them sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
     its shard's index, never the shard."""
 
-    kind = "zarr"
-
-    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
-        super().__init__(store, found, pieces)
-        self.array_path = store.join(found.path, ARRAY)
-        where = f"agglomerate group {self.key}"
-        located = read_document(store, store.join(self.array_path, "zarr.json"), f"{where}: {ARRAY}/zarr.json")
+    def __init__(self, store: Store, group: str, name: str, pieces: ByteLRU[np.ndarray], key: str) -> None:
+        self.store = store
+        self.pieces = pieces
+        self.key = f"{key}/{name}"
+        self.path = store.join(group, name)
+        self.metadata_path = store.join(self.path, "zarr.json")
+        where = f"agglomerate group {key}"
+        located = read_document(store, self.metadata_path, f"{where}: {name}/zarr.json")
         if located is None:
-            raise SourceError(f"{where} holds no array {ARRAY!r} (no {ARRAY}/zarr.json)")
+            raise SourceError(f"{where} holds no array {name!r} (no {name}/zarr.json)")
         document, self.metadata_identity = located
         if document.get("zarr_format") != 3 or document.get("node_type") != "array":
-            raise SourceError(f"{where}: {ARRAY}/zarr.json is not a Zarr v3 array")
-        with malformed_metadata(f"{where}: {ARRAY}/zarr.json"):
+            raise SourceError(f"{where}: {name}/zarr.json is not a Zarr v3 array")
+        with malformed_metadata(f"{where}: {name}/zarr.json"):
             array: ZarrArray = parse_zarr_json(document)
         if len(array.shape) != 1:
-            raise SourceError(f"{where}: {ARRAY} has shape {array.shape}, not one dimension")
-        self.dtype = _checked_dtype(array.dtype, f"{where}: {ARRAY}")
+            raise SourceError(f"{where}: {name} has shape {array.shape}, not one dimension")
+        self.dtype = _checked_dtype(array.dtype, f"{where}: {name}")
         self.entries = int(array.shape[0])
         if self.entries > MAX_ENTRIES:
-            raise SourceError(f"{where}: {ARRAY} declares {self.entries} entries, more than {MAX_ENTRIES}")
+            raise SourceError(f"{where}: {name} declares {self.entries} entries, more than {MAX_ENTRIES}")
         self.array = array
         self.sharding = array.sharding
         if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
             raise SourceError(f"{where}: {self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
         self.piece = int(array.inner_chunks[0])
-        decoded = check_chunk_bytes((self.piece,), array.dtype.itemsize, f"a chunk of {ARRAY}")
+        decoded = check_chunk_bytes((self.piece,), array.dtype.itemsize, f"a chunk of {name}")
         if decoded > MAX_PIECE_BYTES:
             raise SourceError(f"{where}: chunks of {self.piece} entries are more than one read here holds")
         self._stored_limit = stored_limit(decoded) if array.compressed else decoded
@@ -430,7 +431,7 @@ class ZarrMapping(Mapping):
         if self.sharding is not None:
             number //= self.sharding.chunks_per_shard[0]
         parts = [self.array.key_prefix] if self.array.key_prefix else []
-        return self.store.join(self.array_path, self.array.separator.join([*parts, str(number)]))
+        return self.store.join(self.path, self.array.separator.join([*parts, str(number)]))
 
     def _decoder_key(self, number: int) -> str:
         if self.sharding is not None:
@@ -438,14 +439,12 @@ class ZarrMapping(Mapping):
         parts = [self.array.key_prefix] if self.array.key_prefix else []
         return self.array.separator.join([*parts, str(number)])
 
-    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
-        metadata = self._identity(self.store.join(self.array_path, "zarr.json"))
+    def values(self, wanted: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        """The entries at ``wanted`` (each below ``entries``), and every file read with its version."""
+        metadata = self.store.identity(self.metadata_path)
         if metadata != self.metadata_identity:
             raise MappingUnreadable(f"agglomerate group {self.key}: its metadata changed since the layer was loaded")
-        out = _unmapped(ids, self.entries, self.dtype)
-        inside = ids < self.entries
-        wanted = ids[inside]
-        files: dict[str, FileIdentity | None] = {self.store.join(self.array_path, "zarr.json"): metadata}
+        files: dict[str, FileIdentity | None] = {self.metadata_path: metadata}
         numbers_of = wanted // self.piece
         result = np.empty(wanted.shape, dtype=np.uint64)
         for number in np.unique(numbers_of).tolist():
@@ -460,8 +459,7 @@ class ZarrMapping(Mapping):
                 self.pieces.put(key, piece, piece.nbytes)
             at = numbers_of == number
             result[at] = piece[(wanted[at] - number * self.piece).astype(np.int64)]
-        out[inside] = result
-        return out, list(files.items())
+        return result, list(files.items())
 
     def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:
         first, last = number * self.piece, min((number + 1) * self.piece, self.entries)
@@ -483,9 +481,8 @@ class ZarrMapping(Mapping):
                 raise MappingUnreadable(f"{self.store.relative(path)}: the shard is smaller than its index")
             at = identity.size - size if self.sharding.index_at_end else 0
             raw = self.store.read(path, at, size, identity, limit=size)
-            table = decode_shard_index(
-                raw, self.sharding.chunks, self.sharding.index_checksum, self.store.relative(path)
-            )
+            where = self.store.relative(path)
+            table = decode_shard_index(raw, self.sharding.chunks, self.sharding.index_checksum, where)
             self.pieces.put(index_key, table, table.nbytes)
         offset, nbytes = (int(v) for v in table[number % self.sharding.chunks_per_shard[0]])
         if is_absent(offset, nbytes):
@@ -493,6 +490,39 @@ class ZarrMapping(Mapping):
         if offset + nbytes > identity.size:
             raise MappingUnreadable(f"{self.store.relative(path)}: the shard index points past the end of the shard")
         return self.store.read(path, offset, nbytes, identity, limit=self._stored_limit)
+
+
+class ZarrMapping(Mapping):
+    """A Zarr v3 agglomerate group: ``segment_to_agglomerate``, and ``agglomerate_to_segments_offsets`` for the
+    members of each agglomerate."""
+
+    kind = "zarr"
+
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+        super().__init__(store, found, pieces)
+        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key)
+        self.dtype = self.table.dtype
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        out = _unmapped(ids, self.table.entries, self.dtype)
+        inside = ids < self.table.entries
+        values, files = self.table.values(ids[inside])
+        out[inside] = values
+        return out, files
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        try:
+            offsets = ZarrVector(self.store, self.path, OFFSETS, self.pieces, self.key)
+        except SourceError:
+            return None
+        inside = ids + 1 < offsets.entries  # an id past them is a segment the mapping left as it is: one member
+        wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1]))
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if wanted.size:
+            values = offsets.values(wanted)[0].astype(np.int64)
+            at = np.searchsorted(wanted, ids[inside])
+            counts[inside] = values[at + 1] - values[at]
+        return counts
 
     def listed(self, limit: int) -> list[ListedFile]:
         listed = self.store.list_files(self.path, limit) or []
