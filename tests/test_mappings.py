@@ -16,7 +16,7 @@ import pytest
 import requests
 import wkw
 import zarr
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.clients import read_tensorstore, read_webknossos_mags, read_zarr_python
 from support.cloudvolume_reads import read_box
@@ -552,14 +552,18 @@ def test_index_segments_and_mesh_segments_run_on_a_mapped_layer(
     st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=300),
     st.integers(0, 2**64 - 1),
     st.integers(0, 70_000),
+    st.booleans(),
 )
-@settings(max_examples=200, deadline=None)
-def test_distinct_ids_are_numpy_s_unique(dtype: type, raw: list[int], base: int, spread: int) -> None:
-    """The table over a chunk's span and the sort agree, for ids close together and far apart alike."""
+@example(np.uint64, [0, 2, 7], 2**64 - 9, 10, False)  # ids near the top of uint64, close together
+@example(np.uint64, [0, 2, 7], 2**63 + 3, 10, False)
+@settings(max_examples=300, deadline=None)
+def test_distinct_ids_are_numpy_s_unique(dtype: type, raw: list[int], base: int, spread: int, far: bool) -> None:
+    """The table over a chunk's span and the sort agree, for ids close together (near the top of the type too)
+    and far apart alike."""
     from gateway.sources.mappings import _distinct
 
     top = int(np.iinfo(dtype).max)
-    values = [min(top, base % (top + 1) + (v % (spread + 1))) for v in raw] + raw[:3]
+    values = [min(top, base % (top + 1) + (v % (spread + 1))) for v in raw] + (raw[:3] if far else [])
     array: np.ndarray[Any, Any] = np.asarray([v % (top + 1) for v in values], dtype=dtype)
     ids, inverse = _distinct(array)
     want_ids, want_inverse = np.unique(array, return_inverse=True)

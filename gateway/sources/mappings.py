@@ -149,7 +149,7 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets = (values - values.dtype.type(low)).astype(np.intp, copy=False)
     present = np.zeros(high - low + 1, dtype=bool)
     present[offsets] = True
-    ids = (np.flatnonzero(present) + low).astype(values.dtype)
+    ids = np.flatnonzero(present).astype(values.dtype) + values.dtype.type(low)
     rank = np.cumsum(present, dtype=np.intp) - 1
     return ids, rank[offsets]
 
