@@ -364,7 +364,7 @@ class Hdf5Mapping(Mapping):
         offsets = opened.dataset.file.get(OFFSETS)
         if offsets is None or getattr(offsets, "ndim", 0) != 1 or offsets.dtype.kind not in "ui":
             return None
-        inside = ids + 1 < offsets.shape[0]  # an id past them is a segment the mapping left as it is: one member
+        inside = ids < max(offsets.shape[0] - 1, 0)  # past them: a segment left as it is, one member
         wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1])).astype(np.int64)
         counts = np.ones(ids.shape, dtype=np.int64)
         if wanted.size:
@@ -515,7 +515,7 @@ class ZarrMapping(Mapping):
             offsets = ZarrVector(self.store, self.path, OFFSETS, self.pieces, self.key)
         except SourceError:
             return None
-        inside = ids + 1 < offsets.entries  # an id past them is a segment the mapping left as it is: one member
+        inside = ids < max(offsets.entries - 1, 0)  # past them: a segment left as it is, one member
         wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1]))
         counts = np.ones(ids.shape, dtype=np.int64)
         if wanted.size:
