@@ -44,6 +44,7 @@ from .handlers.pages import Pages, listing
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
 from .handlers.sender import Sender
+from .handlers.share import ShareHandler
 from .handlers.trees import (
     ArrayLevel,
     DatasetLevel,
@@ -58,14 +59,22 @@ from .ops import Ops
 from .origin import PublicOrigin
 from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
-from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX, Level
+from .share import Revocations, ShareKey, ShareLinks
+from .urls import DATA_PREFIX, MESH_PREFIX, PREVIEW_PREFIX, SHARE_ROUTE, TREE_ROUTES, VIEWER_PREFIX, Level
 
 log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
-    own = [str(path) for path in (settings.tokens_file, settings.settings_file, settings.store_headers_file) if path]
+    own_settings = (
+        settings.tokens_file,
+        settings.settings_file,
+        settings.store_headers_file,
+        settings.share_key_file,
+        settings.share_revoked_file,
+    )
+    own = [str(path) for path in own_settings if path]
     store = open_store(
         settings.root,
         settings.extra_roots,
@@ -101,12 +110,14 @@ def create_app(settings: Settings) -> Edge:
     options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
     datasets = Datasets(catalog, options, shards, chunk_threads)
     listings = Listings(datasets, roots)
-    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds), datasets)
+    links = share_links(settings)
+    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds, links), datasets)
     if access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
-    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
+    share_most = None if links is None else settings.share_max_seconds
+    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, share_most)
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
     answers = AnswerCache(settings.answer_cache_bytes, memory)
     chunks = Chunks(chunk_threads, memory, answers)
@@ -140,10 +151,21 @@ def create_app(settings: Settings) -> Edge:
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
+    key = None if links is None else links.key
+    mounts[SHARE_ROUTE.rstrip("/")] = Endpoint(ShareHandler(access, key, settings.share_max_seconds, origin), "share")
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
     return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)
+
+
+def share_links(settings: Settings) -> ShareLinks | None:
+    """The share links the gateway accepts and makes: none without a key."""
+    if settings.share_key_file is None:
+        return None
+    revoked = settings.share_revoked_file
+    reload = settings.tokens_reload_seconds
+    return ShareLinks(ShareKey.load(settings.share_key_file), None if revoked is None else Revocations(revoked, reload))
 
 
 def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:

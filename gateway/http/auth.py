@@ -6,17 +6,20 @@ the very token read here. It comes once: as one ``X-Auth-Token`` header line who
 UTF-8 bytes exactly as the tokens file writes it (no list, no comma, no blanks around it), as one
 ``token`` query parameter (that name, lower case and unencoded; its value percent-decoded) or as the path
 segment of ``/t/{token}/data/...`` (cut from the path by :func:`gateway.http.urls.split_path_token`,
-percent-decoded). An empty header or parameter carries no token. Anything else is a 400 with the reason:
-two carriers, even of equal tokens; repeated header lines or parameters; a header value with a comma or
-surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which another reader (nginx's
+percent-decoded). A share link (``/s/{capability}/...``, :mod:`gateway.http.share`) is one more carrier, of a
+read-only grant of one dataset; it is checked by its signature, expiry and the revocation list.
+An empty header or parameter carries no token. Anything else is a 400 with the reason:
+two carriers, even of equal tokens (a link and a token too); repeated header lines or parameters; a header
+value with a comma or surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which
+another reader (nginx's
 ``$arg_token`` ignores case) might take for the token. The tokens file is refused at start-up if a token
 holds a comma or surrounding blanks.
 """
 
+import functools
 import hmac
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -27,7 +30,9 @@ from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from .filestamp import Stamp, file_stamp
 from .messages import HttpError
+from .share import ShareLinks
 
 log = logging.getLogger("gateway")
 SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
@@ -82,9 +87,21 @@ def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
 @dataclass(frozen=True, slots=True)
 class Grant:
     patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
+    holder: str = "the token"  # who holds it, as a refusal names it
+
+    @classmethod
+    def of_link(cls, organization: str, dataset: str, link: str) -> "Grant":
+        """A share link's grant: exactly one dataset (its names match themselves, ``*`` included)."""
+        return _link_grant(organization, dataset, link)
 
     def allows(self, organization: str, dataset: str) -> bool:
         return any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
+
+
+@functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker
+def _link_grant(organization: str, dataset: str, link: str) -> Grant:
+    exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
+    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)")
 
 
 class Tokens:
@@ -137,12 +154,8 @@ class ReloadingTokens:
         self._checked = time.monotonic()
         self._lock = threading.Lock()
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
+    def _stat(self) -> Stamp:
+        return file_stamp(self.path)
 
     def grant(self, token: str) -> Grant | None:
         if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
@@ -168,6 +181,27 @@ class ReloadingTokens:
 class Token:
     value: str
     in_url: bool  # a page asked for with ?token= or /t/{token}/ carries it on in its image and viewer URLs
+
+    def look_up(self, access: "Access") -> Grant | None:
+        """This credential's grant in ``access`` (None when the gateway is open); 401 when it grants nothing."""
+        return access.token_grant(self.value)
+
+    @property
+    def delegates(self) -> bool:
+        """Whether its holder may hand on read access to others (create a share link)."""
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class LinkToken(Token):
+    """A share link's capability, from a ``/s/{capability}/`` path: its pages carry it on as their path prefix."""
+
+    def look_up(self, access: "Access") -> Grant | None:
+        return access.link_grant(self.value)
+
+    @property
+    def delegates(self) -> bool:
+        return False  # a link is handed on as itself, never made into a longer or other one
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -225,29 +259,35 @@ def _path_token(raw: bytes) -> Token:
     return Token(_utf8(raw, "the path"), True)
 
 
-def read_token(header_lines: list[bytes], query: bytes, path_token: bytes | None = None) -> Token | None:
-    """The one token offered by these ``X-Auth-Token`` lines, this raw query string and the path's token
-    segment (see :func:`gateway.http.urls.split_path_token`), if any; 400 for more, or for a token spelt
-    otherwise than one way."""
+def read_token(
+    header_lines: list[bytes], query: bytes, path_token: bytes | None = None, path_link: bytes | None = None
+) -> Token | None:
+    """The one token offered by these ``X-Auth-Token`` lines, this raw query string, the path's token
+    segment (see :func:`gateway.http.urls.split_path_token`) and a share link's capability, if any; 400 for
+    more, or for a token spelt otherwise than one way."""
     offered = [
         token
         for token in (
             _header_token(header_lines),
             _query_token(query),
             None if path_token is None else _path_token(path_token),
+            None if path_link is None else LinkToken(path_link.decode("latin-1"), False),
         )
         if token is not None
     ]
     if len(offered) > 1:
+        if path_link is not None:
+            raise HttpError(400, "the request carries a share link and a token: a share link needs no other, send one")
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
     return offered[0] if offered else None
 
 
 class Access:
-    """The tokens in force and the decisions made with them; ``open`` without a tokens file."""
+    """The tokens and share links in force and the decisions made with them; ``open`` without a tokens file."""
 
-    def __init__(self, tokens_file: Path | None, reload_seconds: float) -> None:
+    def __init__(self, tokens_file: Path | None, reload_seconds: float, links: ShareLinks | None = None) -> None:
         self.tokens = ReloadingTokens(tokens_file, reload_seconds) if tokens_file is not None else None
+        self.links = links
 
     @property
     def open(self) -> bool:
@@ -255,20 +295,32 @@ class Access:
 
     def grant(self, token: Token | None) -> Grant | None:
         """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
+        if token is None:
+            if self.tokens is None:
+                return None
+            raise HttpError(401, f"a token is required: {HOW}")
+        return token.look_up(self)
+
+    def token_grant(self, value: str) -> Grant | None:
         if self.tokens is None:
             return None
-        if token is None:
-            raise HttpError(401, f"a token is required: {HOW}")
-        grant = self.tokens.grant(token.value)
+        grant = self.tokens.grant(value)
         if grant is None:
             raise HttpError(401, "the token is not valid")
         return grant
+
+    def link_grant(self, capability: str) -> Grant:
+        """A share link's grant, even where the gateway is open: a link reads its own dataset and nothing else."""
+        if self.links is None:
+            raise HttpError(401, "this gateway accepts no share links (no share_key_file is set)")
+        claims = self.links.check(capability)
+        return Grant.of_link(claims.organization, claims.dataset, claims.id)
 
 
 def check_dataset(grant: Grant | None, organization: str, dataset: str) -> None:
     """403 unless ``grant`` covers the dataset (whether or not it exists: absent and forbidden look alike)."""
     if grant is not None and not grant.allows(organization, dataset):
-        raise HttpError(403, f"the token does not grant access to {organization}/{dataset}")
+        raise HttpError(403, f"{grant.holder} does not grant access to {organization}/{dataset}")
 
 
 def check_files(grant: Grant | None, organization: str, dataset: str, owners: Iterable[tuple[str, str]]) -> None:
@@ -277,7 +329,8 @@ def check_files(grant: Grant | None, organization: str, dataset: str, owners: It
     if grant is not None and not all(grant.allows(org, name) for org, name in owners):
         raise HttpError(
             403,
-            f"the token does not grant access to {organization}/{dataset} (or to every dataset whose files it reads)",
+            f"{grant.holder} does not grant access to {organization}/{dataset} (or to every dataset whose files it "
+            "reads)",
         )
 
 
@@ -289,4 +342,4 @@ def granted_names(grant: Grant | None, organization: str, names: list[str]) -> l
 def check_organization(grant: Grant | None, organization: str, names: list[str]) -> None:
     """A token sees an organization only where it is granted a dataset there: 403 otherwise, absent or not."""
     if grant is not None and not granted_names(grant, organization, names):
-        raise HttpError(403, f"the token does not grant access to organization {organization}")
+        raise HttpError(403, f"{grant.holder} does not grant access to organization {organization}")

@@ -5,12 +5,13 @@ Around every request, outermost first:
 
 - :class:`RequestLog`: the request id, CORS and ``Referrer-Policy`` on every answer, the access log line,
   the metrics (in flight, per route, bytes);
-- :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
+- :class:`PathTokens`: ``/t/{token}/...`` and a share link's ``/s/{capability}/...`` routed as the path below
+  them, the token or capability kept for auth;
 - :class:`TreeRequests`: GET and HEAD below a Zarr tree straight to the trees' endpoint, with the error map
   (the chunk path, which Starlette's stack in front of a route cost about a fifth of its CPU); every other
   request to the Starlette app:
 - :class:`Methods`: a preflight for ``OPTIONS`` and 405 for any method but GET and HEAD, on every path
-  alike (before routing, so no route can forget it);
+  alike but ``/share/`` (which takes a POST), before routing, so no route can forget it;
 - Starlette's router and exception middleware: the handlers (:class:`Endpoint`) and the one error map
   (:mod:`gateway.http.errors`) as the handler of every exception.
 
@@ -38,9 +39,10 @@ from starlette.types import ASGIApp
 from ..logs import access_log
 from ..metrics import STATS
 from .errors import HiddenRoots, error_answer, json_error
-from .messages import Answer, Exchange, Message, Receive, Request, Scope, Send
+from .messages import SHARE_PREFIX, Answer, Exchange, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import TOKEN_PREFIX, split_path_token
+from .share import link_id
+from .urls import SHARE_ROUTE, TOKEN_PREFIX, split_path_token, split_share_link
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
 ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
@@ -120,14 +122,15 @@ class RequestLog:
 
 
 class Methods:
-    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike."""
+    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike but the
+    one that takes a form (POST ``/share/...``, which makes a share link)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
-        if method in _READS or scope["type"] != "http":
+        if method in _READS or scope["type"] != "http" or (method == "POST" and scope["path"].startswith(SHARE_ROUTE)):
             await self.app(scope, receive, send)
         elif method == "OPTIONS":
             exchange_of(scope).route = "preflight"
@@ -149,7 +152,8 @@ def _preflight(scope: Scope) -> Answer:
 
 
 class PathTokens:
-    """``/t/{token}/data/...`` is routed as ``/data/...``; the token is kept for :func:`auth.read_token`."""
+    """``/t/{token}/data/...`` and ``/s/{capability}/data/...`` are routed as ``/data/...``; the token or the
+    capability is kept for :func:`auth.read_token`, and a link's id for the log line."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -158,6 +162,12 @@ class PathTokens:
         if scope["type"] == "http" and scope["path"].startswith(TOKEN_PREFIX):
             exchange = exchange_of(scope)
             exchange.path_token, exchange.path = split_path_token(_raw_path(scope), scope["path"])
+            scope = {**scope, "path": exchange.path}
+        elif scope["type"] == "http" and scope["path"].startswith(SHARE_PREFIX):
+            exchange = exchange_of(scope)
+            exchange.path_link, exchange.path = split_share_link(_raw_path(scope), scope["path"])
+            if exchange.path_link is not None:
+                exchange.link_id = link_id(exchange.path_link.decode("latin-1"))
             scope = {**scope, "path": exchange.path}
         await self.app(scope, receive, send)
 

@@ -41,6 +41,8 @@ KNOWN_SECONDS = {
     "test_deploy.py": 60,  # nginx in front of two gateways, a slow head held to the proxy's header timeout
     "test_servers.py": 45,
     "test_proxy_cache.py": 30,
+    "test_share_links.py": 60,  # two gateways, three clients, nginx
+    "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
     "test_mesh_segments.py": 40,
     "test_data_stamp.py": 25,
     "test_data_safety.py": 25,

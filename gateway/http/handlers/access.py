@@ -21,7 +21,9 @@ class Authorizer:
     @staticmethod
     def token(request: Request) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here."""
-        return read_token(request.header_lines(TOKEN_HEADER), request.query_string, request.path_token)
+        return read_token(
+            request.header_lines(TOKEN_HEADER), request.query_string, request.path_token, request.exchange.path_link
+        )
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
         """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
