@@ -56,6 +56,7 @@ from .handlers.trees import (
     TreeHandler,
     TreeRoot,
 )
+from .kept import KeptAnswers
 from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
@@ -123,7 +124,9 @@ def create_app(settings: Settings) -> Edge:
     share_most = None if links is None else settings.share_max_seconds
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, share_most, note)
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
-    answers = AnswerCache(settings.answer_cache_bytes, memory)
+    # where no change is reported, a look at a kept answer's files holds for the settle time (README, "Kept answers
+    # and late data")
+    answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
     chunks = Chunks(chunk_threads, memory, answers)
     largest = LargestSegments(meshes, chunk_threads)  # what the pages' viewer links select
     landings = Landings(listings, pages, largest)
@@ -163,7 +166,10 @@ def create_app(settings: Settings) -> Edge:
     paths[FAVICON] = Endpoint(icon_route(sender), "favicon")
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
-    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, origin.root_path)
+    # With settle_seconds 0 every kept answer's files are looked at on every request: none is given before dispatch.
+    trusting = answers.enabled and settings.settle_seconds > 0
+    front = None if not trusting else lambda behind: KeptAnswers(behind, answers, access, sender)
+    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, front, origin.root_path)
 
 
 def share_links(settings: Settings) -> ShareLinks | None:

@@ -17,9 +17,11 @@ holds a comma or surrounding blanks.
 """
 
 import functools
+import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -157,10 +159,14 @@ class ReloadingTokens:
     def _stat(self) -> Stamp:
         return file_stamp(self.path)
 
-    def grant(self, token: str) -> Grant | None:
+    def current(self) -> Tokens:
+        """The tokens in force (the file looked at again if ``interval`` has passed)."""
         if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
             self._refresh()
-        return self._tokens.grant(token)
+        return self._tokens
+
+    def grant(self, token: str) -> Grant | None:
+        return self.current().grant(token)
 
     def _refresh(self) -> None:
         with self._lock:
@@ -175,6 +181,52 @@ class ReloadingTokens:
                 log.error("%s; the tokens read before stay in force", exc)
                 return
             log.info("tokens file %r changed: its tokens are now in force", str(self.path))
+
+
+MAX_DECISIONS = 4096  # tokens whose grants are remembered per worker; past it the oldest is forgotten
+
+
+class Decisions:
+    """The grants of the tokens offered, remembered per token until the tokens in force change.
+
+    Finding a token's grant compares it with every known token (in constant time) and costs as much as the rest
+    of a kept answer's way; a token comes again and again. A grant is remembered under a keyed hash of the token
+    offered, never the token, and only for a token that holds a grant: it holds no credential it was not given,
+    and an unknown token is compared every time. When the tokens file changes, everything remembered is dropped
+    before the next request is decided, so a revoked token or a narrowed grant is refused at once.
+    """
+
+    def __init__(self, tokens: ReloadingTokens) -> None:
+        self.tokens = tokens
+        self._key = os.urandom(16)  # per worker: a remembered hash tells nothing outside it
+        self._in_force: Tokens | None = None
+        self._grants: dict[bytes, Grant] = {}
+
+    def __len__(self) -> int:
+        return len(self._grants)
+
+    def _digest(self, token: str) -> bytes:
+        return hashlib.blake2b(token.encode("utf-8", "surrogatepass"), key=self._key, digest_size=16).digest()
+
+    def holds(self, token: str) -> bool:
+        """Whether a grant of ``token`` is remembered."""
+        return self._digest(token) in self._grants
+
+    def grant(self, token: str) -> Grant | None:
+        """The grant of ``token`` in the tokens in force; None for an unknown token."""
+        in_force = self.tokens.current()
+        if in_force is not self._in_force:
+            self._grants = {}
+            self._in_force = in_force
+        digest = self._digest(token)
+        found = self._grants.get(digest)
+        if found is None:
+            found = in_force.grant(token)
+            if found is not None:
+                if len(self._grants) >= MAX_DECISIONS:
+                    del self._grants[next(iter(self._grants))]
+                self._grants[digest] = found
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +340,7 @@ class Access:
     def __init__(self, tokens_file: Path | None, reload_seconds: float, links: ShareLinks | None = None) -> None:
         self.tokens = ReloadingTokens(tokens_file, reload_seconds) if tokens_file is not None else None
         self.links = links
+        self.decisions = Decisions(self.tokens) if self.tokens is not None else None
 
     @property
     def open(self) -> bool:
@@ -302,9 +355,9 @@ class Access:
         return token.look_up(self)
 
     def token_grant(self, value: str) -> Grant | None:
-        if self.tokens is None:
+        if self.decisions is None:
             return None
-        grant = self.tokens.grant(value)
+        grant = self.decisions.grant(value)
         if grant is None:
             raise HttpError(401, "the token is not valid")
         return grant

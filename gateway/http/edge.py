@@ -7,6 +7,7 @@ Around every request, outermost first:
   the metrics (in flight, per route, bytes);
 - :class:`PathTokens`: ``/t/{token}/...`` and a share link's ``/s/{capability}/...`` routed as the path below
   them, the token or capability kept for auth;
+- the front (:class:`gateway.http.kept.KeptAnswers`): a chunk whose answer is kept, given before dispatch;
 - :class:`TreeRequests`: GET and HEAD below a Zarr tree straight to the trees' endpoint, with the error map
   (the chunk path, which Starlette's stack in front of a route cost about a fifth of its CPU); every other
   request to the Starlette app:
@@ -59,7 +60,7 @@ _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 # A client's (or a proxy's) X-Request-Id is kept only when it is plain, as the shipped proxy keeps it; it lands
 # in log lines, so it can hold no separator and no control character.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-_READS = ("GET", "HEAD")
+READS = ("GET", "HEAD")  # the methods that read: the trees' shortcut and the kept answers take only these
 EXCHANGE = "gateway.exchange"  # the scope key of the request's :class:`Exchange`
 Handler = Callable[[Request], Awaitable[Answer]]
 
@@ -149,7 +150,7 @@ class Methods:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
-        if method in _READS or scope["type"] != "http" or (method == "POST" and scope["path"].startswith(SHARE_ROUTE)):
+        if method in READS or scope["type"] != "http" or (method == "POST" and scope["path"].startswith(SHARE_ROUTE)):
             await self.app(scope, receive, send)
         elif method == "OPTIONS":
             exchange_of(scope).route = "preflight"
@@ -212,23 +213,28 @@ class Endpoint:
         self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = exchange_of(scope)
+        request = request_of(scope, receive)
         if self.route is not None:
-            exchange.route = self.route
-        raw_headers = scope["headers"]
-        client = scope.get("client")
-        request = Request(
-            scope["method"],
-            exchange.path,
-            dict(raw_headers),
-            scope.get("query_string", b""),
-            exchange,
-            receive,
-            raw_headers,
-            client[0] if client else "",
-        )
+            request.exchange.route = self.route
         answer = await self.handler(request)
         await answer.send(send)
+
+
+def request_of(scope: Scope, receive: Receive) -> Request:
+    """The gateway's :class:`Request` of an HTTP scope (below the edge's middleware, which made its exchange)."""
+    exchange = exchange_of(scope)
+    raw_headers = scope["headers"]
+    client = scope.get("client")
+    return Request(
+        scope["method"],
+        exchange.path,
+        dict(raw_headers),
+        scope.get("query_string", b""),
+        exchange,
+        receive,
+        raw_headers,
+        client[0] if client else "",
+    )
 
 
 class TreeRequests:
@@ -252,7 +258,7 @@ class TreeRequests:
         self.root_path = root_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _READS or not scope["path"].startswith(self.prefixes):
+        if scope["type"] != "http" or scope["method"] not in READS or not scope["path"].startswith(self.prefixes):
             await self.app(scope, receive, send)
             return
         try:
@@ -282,9 +288,13 @@ def _error_map(roots: HiddenRoots, root_path: str) -> Callable[[StarletteRequest
     return mapped
 
 
+Front = Callable[[ASGIApp], ASGIApp]  # a layer put in front of dispatch (the kept answers), given what is behind it
+
+
 class Edge:
-    """The application: :class:`RequestLog` and :class:`PathTokens` around :class:`TreeRequests`, which hands the
-    trees' GET and HEAD to their endpoint and everything else to the Starlette app."""
+    """The application: :class:`RequestLog` and :class:`PathTokens` around ``front`` (the kept answers, if given)
+    and :class:`TreeRequests`, which hands the trees' GET and HEAD to their endpoint and everything else to the
+    Starlette app."""
 
     def __init__(
         self,
@@ -293,15 +303,18 @@ class Edge:
         trees: Endpoint,
         prefixes: Sequence[str],
         roots: HiddenRoots,
+        front: Front | None = None,
         root_path: str = "",
     ) -> None:
         self._parts = (starlette, ops, trees, roots, root_path)
-        self.app = RequestLog(PathTokens(TreeRequests(starlette, trees, prefixes, roots, root_path)), ops)
+        dispatch: ASGIApp = TreeRequests(starlette, trees, prefixes, roots, root_path)
+        self.app = RequestLog(PathTokens(dispatch if front is None else front(dispatch)), ops)
 
     def through_starlette(self) -> "Edge":
-        """The same application with every request routed by Starlette: what the shortcut must answer alike."""
+        """The same application with every request routed by Starlette (and no kept answer given before
+        dispatch): what the shortcuts must answer alike."""
         starlette, ops, trees, roots, root_path = self._parts
-        return Edge(starlette, ops, trees, (), roots, root_path)
+        return Edge(starlette, ops, trees, (), roots, root_path=root_path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -313,6 +326,7 @@ def build_edge(
     roots: HiddenRoots,
     trees: Endpoint,
     tree_prefixes: Sequence[str],
+    front: Front | None = None,
     root_path: str = "",
 ) -> Edge:
     """The Starlette app over ``routes`` with the middleware above and the error map, behind the trees' shortcut.
@@ -331,7 +345,7 @@ def build_edge(
         exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
-    return Edge(starlette, ops, trees, tree_prefixes, roots, root_path)
+    return Edge(starlette, ops, trees, tree_prefixes, roots, front, root_path)
 
 
 def endpoint_routes(paths: dict[str, Endpoint], mounts: dict[str, Endpoint]) -> list[BaseRoute]:

@@ -15,6 +15,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]  # an ASGI application (or a layer of one)
 T = TypeVar("T")
 RawHeaders = list[tuple[bytes, bytes]]
 REDACTED_PATH_TOKEN = "/t/***"  # what log lines and messages show for the token of a /t/{token}/ path

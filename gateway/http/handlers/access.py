@@ -41,6 +41,13 @@ class Authorizer:
             check_organization(grant, names[0], names_there)
         return grant
 
+    def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
+        """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup, so no wait."""
+        grant = self.access.grant(token)
+        check_dataset(grant, dataset.organization, dataset.name)
+        check_files(grant, dataset.organization, dataset.name, dataset.owners)
+        return grant
+
     async def request_grant(self, request: Request, names: tuple[str, ...]) -> Grant | None:
         """:meth:`authorize` for the token ``request`` carries."""
         return await self.authorize(self.token(request), names)

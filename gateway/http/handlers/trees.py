@@ -160,4 +160,4 @@ class ArrayLevel(InDataset):
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
             return listing(target.base, [Entry(f, False) for f in tree.array_files], links)
-        return await self.chunks.answer(target, node, target.key, request)
+        return await self.chunks.answer(target, node, target.key, request, view.dataset)
