@@ -11,6 +11,12 @@ two carriers, even of equal tokens; repeated header lines or parameters; a heade
 surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which another reader (nginx's
 ``$arg_token`` ignores case) might take for the token. The tokens file is refused at start-up if a token
 holds a comma or surrounding blanks.
+
+With sign-in configured (:mod:`gateway.http.oidc`) two more credentials count: ``Authorization: Bearer <access
+token>``, a token like the others (with any of them a 400), and the login cookie, which the browser sends on
+every request to this site whether asked or not: it counts only when the request carries no other credential
+(a page opened with ``?token=`` or a ``/t/`` path by a signed-in browser reads as that token). Both end in
+the issuer's claims, which the tokens file's ``"claims"`` map to grants; without sign-in neither is read.
 """
 
 import hmac
@@ -20,18 +26,23 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from .messages import HttpError
+from .messages import HttpError, Request
 
 log = logging.getLogger("gateway")
-SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
+SHAPE = (
+    '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}, '
+    '"claims": {"<claim>": {"<value>": ["<organization>/<dataset pattern>", ...]}}}'
+)
 TOKEN_HEADER = b"x-auth-token"
+AUTHORIZATION_HEADER = b"authorization"
 QUERY_NAME = b"token"  # the one spelling of the token parameter
 HOW = "send it as the X-Auth-Token header, the token query parameter or the path /t/{token}/data/..."
 
@@ -47,8 +58,23 @@ class TokensFileError(ValueError):
     """The tokens file cannot be used; the message names the problem."""
 
 
+def _check_patterns(where: str, patterns: list[str]) -> None:
+    for pattern in patterns:
+        if pattern.count("/") != 1 or not all(pattern.split("/")):
+            raise ValueError(f"{where}: pattern {pattern!r} is not '<org>/<dataset pattern>'")
+
+
 class _TokensFile(BaseModel):
     tokens: dict[str, list[str]]
+    claims: dict[str, dict[str, list[str]]] = {}  # signed-in users: claim name -> claim value -> patterns
+
+    @field_validator("claims")
+    @classmethod
+    def _claim_patterns(cls, claims: dict[str, dict[str, list[str]]]) -> dict[str, dict[str, list[str]]]:
+        for name, values in claims.items():
+            for value, patterns in values.items():
+                _check_patterns(f"claim {name!r} value {value!r}", patterns)
+        return claims
 
     @field_validator("tokens")
     @classmethod
@@ -61,9 +87,7 @@ class _TokensFile(BaseModel):
                     f"token #{number} holds a comma, a control character or surrounding blanks: a header "
                     "could not carry it as one token"
                 )
-            for pattern in patterns:
-                if pattern.count("/") != 1 or not all(pattern.split("/")):
-                    raise ValueError(f"token #{number}: pattern {pattern!r} is not '<org>/<dataset pattern>'")
+            _check_patterns(f"token #{number}", patterns)
         return tokens
 
 
@@ -90,8 +114,9 @@ class Grant:
 class Tokens:
     """The grants of a tokens file. ``None`` from :meth:`grant` means the token is unknown."""
 
-    def __init__(self, grants: dict[bytes, Grant]) -> None:
+    def __init__(self, grants: dict[bytes, Grant], claims: dict[str, dict[str, list[str]]] | None = None) -> None:
         self._grants = list(grants.items())
+        self._claims = claims or {}
 
     @classmethod
     def load(cls, path: Path) -> "Tokens":
@@ -110,7 +135,8 @@ class Tokens:
             {
                 token.encode("utf-8", "surrogatepass"): Grant(tuple(_pattern(p) for p in patterns))
                 for token, patterns in parsed.tokens.items()
-            }
+            },
+            parsed.claims,
         )
 
     def grant(self, token: str) -> Grant | None:
@@ -121,6 +147,21 @@ class Tokens:
             if hmac.compare_digest(offered, known):
                 found = grant
         return found
+
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
+        """The grant of a signed-in user's verified ``claims``: the patterns of every value of every claim the
+        file names (a claim is a string or a list of strings; 401 for another type, never a guess)."""
+        patterns: list[str] = []
+        for name, by_value in self._claims.items():
+            value = claims.get(name)
+            if value is None:
+                continue
+            values = [value] if isinstance(value, str) else value
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise HttpError(401, f"the claim {name!r} is neither a string nor a list of strings")
+            for one in values:
+                patterns += by_value.get(one, [])
+        return Grant(tuple(_pattern(p) for p in dict.fromkeys(patterns)))
 
 
 class ReloadingTokens:
@@ -149,6 +190,11 @@ class ReloadingTokens:
             self._refresh()
         return self._tokens.grant(token)
 
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
+        if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
+            self._refresh()
+        return self._tokens.claims_grant(claims)
+
     def _refresh(self) -> None:
         with self._lock:
             self._checked = time.monotonic()
@@ -164,10 +210,42 @@ class ReloadingTokens:
             log.info("tokens file %r changed: its tokens are now in force", str(self.path))
 
 
+class Identities(Protocol):
+    """Who a signed-in request is: the claims the OpenID issuer vouches for (:class:`gateway.http.oidc.SignIn`)."""
+
+    async def bearer_claims(self, token: str) -> Mapping[str, Any]: ...
+
+    def login_claims(self, cookie: str) -> Mapping[str, Any]: ...
+
+    def login_cookie(self, request: Request) -> str | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
+    """A token of the tokens file."""
+
     value: str
     in_url: bool  # a page asked for with ?token= or /t/{token}/ carries it on in its image and viewer URLs
+
+    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
+        """The grant this credential has (None: unknown)."""
+        return tokens.grant(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class BearerToken(Token):
+    """An access token of the OpenID issuer (``Authorization: Bearer``)."""
+
+    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
+        return tokens.claims_grant(await access.identities_or_401().bearer_claims(self.value))
+
+
+@dataclass(frozen=True, slots=True)
+class LoginCookie(Token):
+    """The login cookie of a browser signed in at /login."""
+
+    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
+        return tokens.claims_grant(access.identities_or_401().login_claims(self.value))
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -225,44 +303,94 @@ def _path_token(raw: bytes) -> Token:
     return Token(_utf8(raw, "the path"), True)
 
 
-def read_token(header_lines: list[bytes], query: bytes, path_token: bytes | None = None) -> Token | None:
-    """The one token offered by these ``X-Auth-Token`` lines, this raw query string and the path's token
-    segment (see :func:`gateway.http.urls.split_path_token`), if any; 400 for more, or for a token spelt
-    otherwise than one way."""
+def _bearer_token(lines: list[bytes]) -> Token | None:
+    """The access token of the one ``Authorization: Bearer`` line; 400 for another scheme, or more lines."""
+    if len(lines) > 1:
+        raise HttpError(400, "the request carries more than one Authorization header line")
+    if not lines or not lines[0]:
+        return None
+    scheme, _, value = _utf8(lines[0], "the Authorization header").partition(" ")
+    value = value.strip(" ")
+    if scheme.lower() != "bearer" or not value or " " in value or "," in value:
+        raise HttpError(400, "the Authorization header carries 'Bearer <access token>', one token, nothing else")
+    return BearerToken(value, False)
+
+
+def read_token(
+    header_lines: list[bytes],
+    query: bytes,
+    path_token: bytes | None = None,
+    authorization: list[bytes] | None = None,
+    login_cookie: str | None = None,
+) -> Token | None:
+    """The one token offered by these ``X-Auth-Token`` lines, this raw query string, the path's token
+    segment (see :func:`gateway.http.urls.split_path_token`) and the ``Authorization`` lines, if any; 400 for
+    more, or for a token spelt otherwise than one way. Failing those, the login cookie's."""
     offered = [
         token
         for token in (
             _header_token(header_lines),
             _query_token(query),
             None if path_token is None else _path_token(path_token),
+            _bearer_token(authorization or []),
         )
         if token is not None
     ]
     if len(offered) > 1:
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
-    return offered[0] if offered else None
+    if offered:
+        return offered[0]
+    return None if login_cookie is None else LoginCookie(login_cookie, False)
 
 
 class Access:
-    """The tokens in force and the decisions made with them; ``open`` without a tokens file."""
+    """The tokens in force and the decisions made with them; ``open`` without a tokens file. ``identities``:
+    sign-in with OpenID Connect, when configured (see the module's docstring)."""
 
-    def __init__(self, tokens_file: Path | None, reload_seconds: float) -> None:
+    def __init__(
+        self,
+        tokens_file: Path | None,
+        reload_seconds: float,
+        identities: Identities | None = None,
+    ) -> None:
         self.tokens = ReloadingTokens(tokens_file, reload_seconds) if tokens_file is not None else None
+        self.identities = identities
 
     @property
     def open(self) -> bool:
         return self.tokens is None
 
-    def grant(self, token: Token | None) -> Grant | None:
+    def read(self, request: Request, query: bytes, path_token: bytes | None) -> Token | None:
+        """The request's one credential (see :func:`read_token`): a sign-in's only when sign-in is configured."""
+        if self.identities is None:
+            return read_token(request.header_lines(TOKEN_HEADER), query, path_token)
+        return read_token(
+            request.header_lines(TOKEN_HEADER),
+            query,
+            path_token,
+            request.header_lines(AUTHORIZATION_HEADER),
+            self.identities.login_cookie(request),
+        )
+
+    def identities_or_401(self) -> Identities:
+        if self.identities is None:
+            raise HttpError(401, "sign-in is not configured on this gateway")
+        return self.identities
+
+    async def grant(self, token: Token | None) -> Grant | None:
         """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
         if self.tokens is None:
             return None
         if token is None:
-            raise HttpError(401, f"a token is required: {HOW}")
-        grant = self.tokens.grant(token.value)
+            raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
+        grant = await token.grant_in(self, self.tokens)
         if grant is None:
             raise HttpError(401, "the token is not valid")
         return grant
+
+    @property
+    def _or_sign_in(self) -> str:
+        return "" if self.identities is None else "; or an Authorization: Bearer access token; or sign in at /login"
 
 
 def check_dataset(grant: Grant | None, organization: str, dataset: str) -> None:

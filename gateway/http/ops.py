@@ -33,7 +33,6 @@ from gateway_storage.cache import CacheCounts
 from .. import heap, metrics
 from ..settings import Settings
 from ..zarr.trees import NodeNotFound
-from .auth import TOKEN_HEADER, read_token
 from .errors import HiddenRoots, HttpError, json_error
 from .handlers.access import Authorizer
 from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
@@ -150,7 +149,7 @@ class Ops:
             path_token, path = split_path_token(raw_path, request_path(raw_path))
             if path == REDACTED_PATH_TOKEN:  # a /t/ path that names nothing: the routes' 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-            token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"), path_token)
+            token = self.access.read(request, query.encode("latin-1"), path_token)
             await self.access.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):

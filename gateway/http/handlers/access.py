@@ -1,7 +1,7 @@
 """The one access decision of the data routes, the previews, the meshes and the proxy's ``/auth``."""
 
 from ...sources.catalog import Dataset
-from ..auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_files, check_organization, read_token
+from ..auth import Access, Grant, Token, check_dataset, check_files, check_organization
 from ..messages import Request
 from .datasets import Datasets
 
@@ -18,16 +18,20 @@ class Authorizer:
         """No tokens file: every dataset is readable without a token."""
         return self.access.open
 
-    @staticmethod
-    def token(request: Request) -> Token | None:
+    def token(self, request: Request) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here."""
-        return read_token(request.header_lines(TOKEN_HEADER), request.query_string, request.path_token)
+        return self.read(request, request.query_string, request.path_token)
+
+    def read(self, request: Request, query: bytes, path_token: bytes | None) -> Token | None:
+        """The one token of ``request``'s headers, this query and path token (the proxy's ``/auth`` gives the
+        original URI's)."""
+        return self.access.read(request, query, path_token)
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
         """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
         point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
         None when the gateway is open."""
-        grant = self.access.grant(token)
+        grant = await self.access.grant(token)
         if len(names) >= 2:
             check_dataset(grant, names[0], names[1])
             if grant is not None:
