@@ -17,7 +17,8 @@ import requests
 import wkw
 from support.clients import read_tensorstore, read_zarr_python
 from support.datasets import ORG, TOKEN, WrittenDataset
-from support.oidc import AUDIENCE, GATEWAY_CLIENT, GATEWAY_SECRET, Provider, SigningKey, provider_at
+from support.oidc import AUDIENCE, Provider, SigningKey, provider_at
+from support.oidc import signin_settings as support_settings
 from support.servers import Server
 
 DATASET = f"/data/zarr3/{ORG}/wk_dataset"
@@ -38,20 +39,8 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
 
 
 def signin_settings(provider: Provider, directory: Path) -> dict[str, object]:
-    policy = directory / "policy.json"
-    policy.write_text(json.dumps(POLICY))
-    secret = directory / "client-secret"
-    secret.write_text(GATEWAY_SECRET + "\n")
-    return {
-        "tokens_file": policy,
-        "oidc_issuer": provider.issuer,
-        "oidc_client_id": GATEWAY_CLIENT,
-        "oidc_client_secret_file": secret,
-        "oidc_audience": AUDIENCE,
-        "oidc_scope": "openid email profile groups",
-        "oidc_jwks_refresh_seconds": 0,  # a rotated key counts at the first token that names it
-        "oidc_logout_dir": directory / "logouts",
-    }
+    # a rotated key counts at the first token that names it
+    return {**support_settings(provider, directory, POLICY), "oidc_jwks_refresh_seconds": 0}
 
 
 @pytest.fixture(scope="module")
@@ -372,3 +361,41 @@ def test_a_gateway_that_never_reached_the_provider_answers_503_for_sign_in(
     token = requests.get(server.url + CHUNK, headers=bearer(away.forged()), timeout=30)
     assert token.status_code == 503
     assert requests.get(server.url + CHUNK, headers={"X-Auth-Token": TOKEN}, timeout=10).status_code == 200
+
+
+# --- the proxy in front (deploy/nginx.conf) ----------------------------------------------------------------------
+
+
+@pytest.mark.nginx
+def test_the_proxy_checks_and_caches_sign_in_credentials_apart(
+    signin: Server, provider: Provider, tmp_path: Path
+) -> None:
+    """Through the compose proxy, with its token-check cache on: a Bearer token and a login cookie read, and a
+    request with another credential never reuses their cached grant (the key holds each credential)."""
+    from support.proxy import address, start_proxy
+
+    proxy = start_proxy(tmp_path / "nginx", [address(signin)], PROXY_AUTH_CACHE_TIME="60s")
+    try:
+        token = provider.client_token()
+        cookie = login_value(sign_in(signin, "ada"))
+        for _ in range(2):  # the second time from the proxy's cache
+            assert requests.get(proxy.url + CHUNK, headers=bearer(token), timeout=10).status_code == 200
+            assert requests.get(proxy.url + CHUNK, cookies={"zg_login": cookie}, timeout=10).status_code == 200
+        others = {
+            "forged bearer": bearer(provider.forged(key=SigningKey("first"))),
+            "no groups": bearer(provider.forged(groups=None)),
+            "forged cookie": {"Cookie": f"zg_login={cookie[:-2]}xx"},
+            "nothing": {},
+        }
+        for case, headers in others.items():
+            answer = requests.get(proxy.url + CHUNK, headers=headers, timeout=10)
+            assert answer.status_code in (400, 401, 403), case
+        assert requests.get(proxy.url + CHUNK, headers=bearer(token), timeout=10).status_code == 200
+        spaced = {"Authorization": f"Bearer  {token}"}  # the same token (RFC 6750 allows blanks), a key of its own
+        assert requests.get(proxy.url + CHUNK, headers=spaced, timeout=10).status_code == 200
+        # sign-in's own routes pass the proxy unchecked
+        started = requests.get(proxy.url + "/login", allow_redirects=False, timeout=30)
+        assert started.status_code == 303 and started.headers["Location"].startswith(provider.issuer)
+        assert requests.get(proxy.url + "/logout", allow_redirects=False, timeout=10).status_code == 303
+    finally:
+        proxy.stop()

@@ -169,14 +169,14 @@ def _sign_in(settings: Settings, origin: PublicOrigin) -> "SignIn | None":
     if settings.oidc_issuer is None or settings.oidc_client_id is None:
         return None
     extras.OIDC.require("oidc_issuer")
-    from .oidc import Issuer, SignIn
+    from .oidc import Issuer, SignIn, default_logout_dir
 
     secret = None if settings.oidc_client_secret_file is None else _secret(settings.oidc_client_secret_file)
     key_file = settings.oidc_cookie_key_file
     key = _secret(key_file) if key_file is not None else secret
     assert key is not None  # the settings refuse a public client without a cookie key
     cookie_key = hashlib.sha256(b"zarr-gateway login cookie\0" + key.encode()).digest()  # 32 bytes, for HS256
-    logout_dir = settings.oidc_logout_dir or SignIn.default_logout_dir(settings.oidc_issuer, settings.oidc_client_id)
+    logout_dir = settings.oidc_logout_dir or default_logout_dir(settings.oidc_issuer, settings.oidc_client_id)
     return SignIn(
         Issuer(settings.oidc_issuer, settings.oidc_jwks_refresh_seconds),
         settings.oidc_client_id,

@@ -262,6 +262,12 @@ def login_cookie(request: Request) -> str | None:
     return values[0] if values else None
 
 
+def default_logout_dir(issuer: str, client_id: str) -> Path:
+    """One directory per issuer and client in the system's temporary directory: every worker finds the same."""
+    name = hashlib.sha256(f"{issuer}\0{client_id}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"zarr-gateway-logouts-{os.getuid()}-{name}"
+
+
 class SignIn:
     """The issuer, the client and the login cookies: what :mod:`gateway.http.auth` asks for claims."""
 
@@ -287,12 +293,6 @@ class SignIn:
         self.origin = origin
         self.scope = scope
         logout_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-    @staticmethod
-    def default_logout_dir(issuer: str, client_id: str) -> Path:
-        """One directory per issuer and client in the system's temporary directory: every worker finds the same."""
-        name = hashlib.sha256(f"{issuer}\0{client_id}".encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"zarr-gateway-logouts-{os.getuid()}-{name}"
 
     # --- the checks auth.py asks for -------------------------------------------------------------
 

@@ -111,6 +111,23 @@ class Provider:
         return (key or self.keys[0]).sign({k: v for k, v in body.items() if v is not None})
 
 
+def signin_settings(provider: Provider, directory: Path, policy: dict[str, Any]) -> dict[str, object]:
+    """The settings of a gateway that signs in with ``provider``, granting by ``policy`` (the tokens file)."""
+    policy_path = directory / "policy.json"
+    policy_path.write_text(json.dumps(policy))
+    secret = directory / "client-secret"
+    secret.write_text(GATEWAY_SECRET + "\n")
+    return {
+        "tokens_file": policy_path,
+        "oidc_issuer": provider.issuer,
+        "oidc_client_id": GATEWAY_CLIENT,
+        "oidc_client_secret_file": secret,
+        "oidc_audience": AUDIENCE,
+        "oidc_scope": "openid email profile groups",
+        "oidc_logout_dir": directory / "logouts",
+    }
+
+
 def provider_at(directory: Path, keys: list[SigningKey] | None = None) -> Provider:
     """A provider on a port of its own, not started yet: the gateway it serves needs its address first (the
     gateway reads the discovery document on first use), and the provider the gateway's callback."""

@@ -34,9 +34,10 @@ KNOWN_SECONDS = {
     "test_n5_precomputed.py": 75,
     "test_stored_meshes.py": 75,
     "test_mesh_viewer.py": 70,
+    "test_oidc_browser.py": 65,  # signs in through a real OpenID provider in Chromium, then Neuroglancer draws
+    "test_oidc.py": 55,  # a real OpenID provider (oidc-provider, node), restarted to rotate its keys and go away
     "test_kubernetes.py": 50,
     "test_hostile_data.py": 50,
-    "test_oidc.py": 55,  # a real OpenID provider (oidc-provider, node), restarted to rotate its keys and go away
     "test_deploy.py": 45,
     "test_servers.py": 35,
     "test_proxy_cache.py": 30,
