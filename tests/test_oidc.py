@@ -172,6 +172,15 @@ def test_bad_bearer_tokens_are_401_with_the_reason(signin: Server, provider: Pro
     assert checked.status_code == status
 
 
+def test_a_token_checked_once_is_refused_once_it_expires(signin: Server, provider: Provider) -> None:
+    """Verified tokens are kept (one signature check for a script's many requests), never past their exp."""
+    token = provider.forged(exp=int(time.time()) + 1)
+    assert requests.get(signin.url + CHUNK, headers=bearer(token), timeout=10).status_code == 200
+    time.sleep(1 + 5 + 1)  # past exp and the 5 s of clock skew a fresh check allows
+    expired = requests.get(signin.url + CHUNK, headers=bearer(token), timeout=10)
+    assert expired.status_code == 401 and "expired" in error_of(expired)
+
+
 def test_two_credentials_or_a_malformed_authorization_header_are_400(signin: Server, provider: Provider) -> None:
     token = provider.client_token()
     cases = {

@@ -116,7 +116,11 @@ class Tokens:
 
     def __init__(self, grants: dict[bytes, Grant], claims: dict[str, dict[str, list[str]]] | None = None) -> None:
         self._grants = list(grants.items())
-        self._claims = claims or {}
+        # compiled once: a signed-in request only looks its claims' values up
+        self._claims = {
+            name: {value: tuple(map(_pattern, patterns)) for value, patterns in by_value.items()}
+            for name, by_value in (claims or {}).items()
+        }
 
     @classmethod
     def load(cls, path: Path) -> "Tokens":
@@ -151,7 +155,7 @@ class Tokens:
     def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
         """The grant of a signed-in user's verified ``claims``: the patterns of every value of every claim the
         file names (a claim is a string or a list of strings; 401 for another type, never a guess)."""
-        patterns: list[str] = []
+        patterns: list[tuple[re.Pattern[str], re.Pattern[str]]] = []
         for name, by_value in self._claims.items():
             value = claims.get(name)
             if value is None:
@@ -160,8 +164,8 @@ class Tokens:
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
                 raise HttpError(401, f"the claim {name!r} is neither a string nor a list of strings")
             for one in values:
-                patterns += by_value.get(one, [])
-        return Grant(tuple(_pattern(p) for p in dict.fromkeys(patterns)))
+                patterns += by_value.get(one, ())
+        return Grant(tuple(dict.fromkeys(patterns)))
 
 
 class ReloadingTokens:

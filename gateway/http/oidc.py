@@ -27,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ KEYS_MAX_AGE = 3600.0  # keys older than this are read again before use (a key t
 FETCH_SECONDS = 5.0
 FETCH_BYTES = 1 << 20
 LEEWAY_SECONDS = 5  # clock skew allowed on exp and nbf
+VERIFIED_ENTRIES = 4096  # tokens and cookies kept verified per worker (a few MiB at most)
 COOKIE_BYTES = 3800  # a browser keeps a cookie of up to 4096 bytes, name and attributes included
 _COOKIE_ISSUER = "zarr-gateway"
 # Claims about the token itself, not the person: not kept in the login cookie.
@@ -262,6 +264,31 @@ def login_cookie(request: Request) -> str | None:
     return values[0] if values else None
 
 
+class Verified:
+    """Tokens and cookies whose signature was checked, with their claims, until their ``exp`` (a bounded
+    LRU): a script's or a viewer's thousands of requests with one token cost one signature check, not
+    thousands. Only what verified is kept, so a forged token is checked (and refused) every time."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._kept: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def get(self, credential: str) -> dict[str, Any] | None:
+        claims = self._kept.get(credential)
+        if claims is None:
+            return None
+        if claims["exp"] <= time.time():
+            del self._kept[credential]
+            return None
+        self._kept.move_to_end(credential)
+        return claims
+
+    def put(self, credential: str, claims: dict[str, Any]) -> None:
+        self._kept[credential] = claims
+        if len(self._kept) > self.entries:
+            self._kept.popitem(last=False)
+
+
 def default_logout_dir(issuer: str, client_id: str) -> Path:
     """One directory per issuer and client in the system's temporary directory: every worker finds the same."""
     name = hashlib.sha256(f"{issuer}\0{client_id}".encode()).hexdigest()[:16]
@@ -292,17 +319,26 @@ class SignIn:
         self.logout_dir = logout_dir
         self.origin = origin
         self.scope = scope
+        self._verified = Verified(VERIFIED_ENTRIES)
         logout_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # --- the checks auth.py asks for -------------------------------------------------------------
 
     async def bearer_claims(self, token: str) -> Mapping[str, Any]:
-        """The claims of an access token the issuer signed for this gateway."""
-        return await self.issuer.claims(token, self.audience, "bearer token")
+        """The claims of an access token the issuer signed for this gateway (each token checked once, then
+        taken from :class:`Verified` until its ``exp``)."""
+        known = self._verified.get(token)
+        if known is None:
+            known = await self.issuer.claims(token, self.audience, "bearer token")
+            self._verified.put(token, known)
+        return known
 
     def login_claims(self, cookie: str) -> Mapping[str, Any]:
         """The claims a login cookie holds: 401 if it is not one this gateway signed, has expired or was logged out."""
-        session = self._session(cookie)
+        session = self._verified.get(cookie)
+        if session is None:
+            session = self._session(cookie)
+            self._verified.put(cookie, session)
         if (self.logout_dir / session["sid"]).exists():
             raise HttpError(401, "this sign-in has ended (/logout): sign in again at /login")
         claims: Mapping[str, Any] = session["claims"]
