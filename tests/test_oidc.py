@@ -254,6 +254,14 @@ def test_sign_in_sets_a_login_cookie_that_reads_pages_and_data(signin: Server) -
     assert checked.status_code == 204
 
 
+def test_the_landing_page_without_a_credential_says_where_to_sign_in(signin: Server) -> None:
+    page = requests.get(signin.url + "/", timeout=10)
+    assert page.status_code == 200 and "wk_dataset" not in page.text
+    assert "Sign in at /login" in html.unescape(page.text)
+    refused = requests.get(signin.url + CHUNK, timeout=10)
+    assert refused.status_code == 401 and "sign in at /login" in error_of(refused)
+
+
 def test_the_login_redirect_carries_pkce_state_and_nonce(signin: Server) -> None:
     answer = requests.get(signin.url + "/login", params={"next": "/data/"}, allow_redirects=False, timeout=30)
     assert answer.status_code == 303
@@ -408,3 +416,40 @@ def test_the_proxy_checks_and_caches_sign_in_credentials_apart(
         assert requests.get(proxy.url + "/logout", allow_redirects=False, timeout=10).status_code == 303
     finally:
         proxy.stop()
+
+
+def test_cookies_are_secure_behind_tls(
+    signin: Server,
+    provider: Provider,
+    test_data: WrittenDataset,
+    server_factory: Callable[..., Server],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    directory = tmp_path_factory.mktemp("tls")
+    behind_tls = server_factory(
+        test_data.root, public_url="https://zarr.example.org", **signin_settings(provider, directory)
+    )
+    started = requests.get(behind_tls.url + "/login", allow_redirects=False, timeout=30)
+    assert started.status_code == 303, started.text
+    assert "; Secure" in started.headers["Set-Cookie"]
+    redirect = parse_qs(urlsplit(started.headers["Location"]).query)["redirect_uri"]
+    assert redirect == ["https://zarr.example.org/callback"]
+    plain = requests.get(signin.url + "/login", allow_redirects=False, timeout=30)
+    assert "Secure" not in plain.headers["Set-Cookie"]
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        ({"oidc_issuer": "http://idp.example.org"}, "https URL"),
+        ({"oidc_issuer": "https://idp.example.org"}, "needs oidc_client_id and tokens_file"),
+        ({"oidc_issuer": "https://idp.example.org", "oidc_client_id": "c", "tokens_file": "t.json"}, "public"),
+    ],
+)
+def test_incomplete_sign_in_settings_are_refused(tmp_path: Path, settings: dict[str, str], words: str) -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings import Settings
+
+    with pytest.raises(ValidationError, match=words):
+        Settings.model_validate({"root": str(tmp_path), **settings})

@@ -15,6 +15,7 @@ from .sender import Sender
 # The trees ``/`` lists.
 HOME_TREES = tuple(TREES)
 NO_TOKEN_NOTE = "Open this page with a token (?token=... in its address) to see the datasets it may read."
+SIGN_IN_NOTE = "Sign in at /login, or open this page with a token (?token=... in its address), to see your datasets."
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +27,16 @@ class IndexHandler:
     pages: Pages
     sender: Sender
 
+    @property
+    def _note(self) -> str:
+        return SIGN_IN_NOTE if self.access.signs_in else NO_TOKEN_NOTE
+
     async def __call__(self, request: Request) -> Answer:
         token = self.access.token(request)
         entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
         if token is None and not self.access.open:
             return await self.sender.send(
-                request, self.pages.landing_page("/", entries, Landing({}, note=NO_TOKEN_NOTE), "zarr-gateway")
+                request, self.pages.landing_page("/", entries, Landing({}, note=self._note), "zarr-gateway")
             )
 
         def page(readable: Readable) -> Resource:
