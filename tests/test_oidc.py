@@ -331,13 +331,18 @@ def test_login_next_is_a_path_of_this_site_only(signin: Server, next_path: str) 
     assert "Location" not in answer.headers
 
 
-def test_callback_without_a_started_sign_in_or_with_another_state_is_400(signin: Server) -> None:
+def test_callback_without_a_started_sign_in_another_state_or_a_refusal_is_refused(signin: Server) -> None:
     answer = requests.get(signin.url + "/callback", params={"code": "x", "state": "y"}, timeout=10)
     assert answer.status_code == 400 and "start again at /login" in error_of(answer)
     session = requests.Session()
     session.get(signin.url + "/login", allow_redirects=False, timeout=30)
     wrong = session.get(signin.url + "/callback", params={"code": "x", "state": "not-the-state"}, timeout=10)
     assert wrong.status_code == 400 and "state does not match" in error_of(wrong)
+    started = session.get(signin.url + "/login", allow_redirects=False, timeout=30)
+    denied = session.get(signin.url + "/callback", params={"error": "access_denied", "state": _state(started)})
+    assert denied.status_code == 401 and "refused the sign-in: access_denied" in error_of(denied)
+    unknown_code = session.get(signin.url + "/callback", params={"code": "forged", "state": _state(started)})
+    assert unknown_code.status_code == 401 and "refused the sign-in" in error_of(unknown_code)
 
 
 def test_provider_unreachable_keeps_signed_in_users_and_refuses_new_sign_ins_with_503(
@@ -418,7 +423,7 @@ def test_the_proxy_checks_and_caches_sign_in_credentials_apart(
         proxy.stop()
 
 
-def test_cookies_are_secure_behind_tls(
+def test_cookies_are_secure_behind_tls_and_kept_below_the_public_path(
     signin: Server,
     provider: Provider,
     test_data: WrittenDataset,
@@ -427,13 +432,14 @@ def test_cookies_are_secure_behind_tls(
 ) -> None:
     directory = tmp_path_factory.mktemp("tls")
     behind_tls = server_factory(
-        test_data.root, public_url="https://zarr.example.org", **signin_settings(provider, directory)
+        test_data.root, public_url="https://zarr.example.org/lab", **signin_settings(provider, directory)
     )
     started = requests.get(behind_tls.url + "/login", allow_redirects=False, timeout=30)
     assert started.status_code == 303, started.text
     assert "; Secure" in started.headers["Set-Cookie"]
+    assert "; Path=/lab/callback;" in started.headers["Set-Cookie"]  # below the public URL's path
     redirect = parse_qs(urlsplit(started.headers["Location"]).query)["redirect_uri"]
-    assert redirect == ["https://zarr.example.org/callback"]
+    assert redirect == ["https://zarr.example.org/lab/callback"]
     plain = requests.get(signin.url + "/login", allow_redirects=False, timeout=30)
     assert "Secure" not in plain.headers["Set-Cookie"]
 

@@ -227,11 +227,11 @@ def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def same_origin_path(next_path: str | None) -> str:
+def same_origin_path(next_path: str | None, home: str = "/") -> str:
     """Where to go after signing in: a path of this origin only (``/x``), never ``//host``, ``/\\host``, a scheme
     or a control character, any of which a browser could follow to another site: 400 for those."""
     if next_path is None or next_path == "":
-        return "/"
+        return home
     parts = urlsplit(next_path)
     if (
         not next_path.startswith("/")
@@ -369,10 +369,15 @@ class SignIn:
     # --- the browser's routes ----------------------------------------------------------------------
 
     def _cookie(self, request: Request, name: str, value: str, path: str, max_age: int) -> str:
-        """A ``Set-Cookie`` value: HttpOnly, SameSite=Lax, Secure when the site is reached over TLS."""
-        base, _ = self.origin.of(request.headers, request.client)
+        """A ``Set-Cookie`` value: HttpOnly, SameSite=Lax, Secure when the site is reached over TLS; its path
+        below the public URL's own path (a gateway at ``https://host/zarr`` keeps its cookies to ``/zarr/``)."""
+        base, root_path = self.origin.of(request.headers, request.client)
         secure = "; Secure" if base.startswith("https://") else ""
-        return f"{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+        return f"{name}={value}; Path={root_path}{path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+
+    def _home(self, request: Request) -> str:
+        """The gateway's landing page as the browser reaches it (below the public URL's path)."""
+        return self.origin.of(request.headers, request.client)[1] + "/"
 
     def _redirect_uri(self, request: Request) -> str:
         base, _ = self.origin.of(request.headers, request.client)
@@ -380,7 +385,7 @@ class SignIn:
 
     async def login(self, request: Request) -> Answer:
         """``/login?next=PATH``: off to the issuer, with PKCE, state and nonce kept in a short-lived signed cookie."""
-        next_path = same_origin_path(request.query("next"))
+        next_path = same_origin_path(request.query("next"), self._home(request))
         metadata = await self.issuer.metadata()
         state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
         flow = jwt.encode(
@@ -483,7 +488,7 @@ class SignIn:
         """``/logout?next=PATH``: the sign-in ended for good (its cookie, replayed, is refused) and the cookie cleared.
 
         The issuer's own session is left alone: signing in again may not ask for a password there."""
-        next_path = same_origin_path(request.query("next"))
+        next_path = same_origin_path(request.query("next"), self._home(request))
         cookie = login_cookie(request)
         if cookie is not None:
             try:
