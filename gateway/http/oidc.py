@@ -13,6 +13,8 @@ The discovery document is read once; the keys (JWKS) are kept and read again whe
 lack (at most every ``oidc_jwks_refresh_seconds``) and when they are an hour old, so keys the issuer rotates
 in count at once and keys it drops stop counting. An issuer that does not answer is a 503 for whatever needs
 it (a new sign-in, a token signed by a key not yet seen); a failed refresh keeps the keys read before.
+
+PyJWT (the ``oidc`` extra) is imported where it is used, as every extra's library is (:mod:`gateway.extras`).
 """
 
 import base64
@@ -30,15 +32,17 @@ import urllib.request
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import anyio
-import jwt
 
 from .messages import Answer, HttpError, Request, raw_headers
 from .origin import PublicOrigin
 from .urls import CALLBACK_PATH
+
+if TYPE_CHECKING:
+    import jwt
 
 log = logging.getLogger("gateway")
 
@@ -144,6 +148,8 @@ class Issuer:
 
     async def _read_keys(self, jwks_uri: str) -> None:
         """Read the keys again; a failure keeps the keys read before (and says so), unless there are none."""
+        import jwt
+
         self._keys_at = time.monotonic()
         try:
             document = await self._get(jwks_uri)
@@ -164,7 +170,7 @@ class Issuer:
             return
         self._keys, self._failed = keys, None
 
-    async def key(self, kid: str) -> jwt.PyJWK:
+    async def key(self, kid: str) -> "jwt.PyJWK":
         """The issuer's key ``kid``: 401 when the issuer does not publish it (also after reading its keys again)."""
         if time.monotonic() - self._keys_at >= KEYS_MAX_AGE or kid not in self._keys:
             jwks_uri = (await self.metadata())["jwks_uri"]
@@ -181,6 +187,8 @@ class Issuer:
 
     async def claims(self, token: str, audience: str, what: str) -> dict[str, Any]:
         """The claims of ``token``, a JWT this issuer signed for ``audience``; 401 with the reason otherwise."""
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -209,18 +217,18 @@ class Issuer:
         return claims
 
 
-_REASONS: dict[type[jwt.PyJWTError], str] = {
-    jwt.ExpiredSignatureError: "it has expired (exp)",
-    jwt.ImmatureSignatureError: "it is not valid yet (nbf)",
-    jwt.InvalidAudienceError: "it is for another audience (aud)",
-    jwt.InvalidIssuerError: "it is from another issuer (iss)",
-    jwt.InvalidSignatureError: "its signature does not verify",
-}
-
-
-def _reason(exc: jwt.PyJWTError) -> str:
+def _reason(exc: "jwt.PyJWTError") -> str:
     """What was wrong with a token, in the words of the claim that failed (never the token itself)."""
-    return _REASONS.get(type(exc), str(exc)[:200])
+    import jwt
+
+    reasons: dict[type[jwt.PyJWTError], str] = {
+        jwt.ExpiredSignatureError: "it has expired (exp)",
+        jwt.ImmatureSignatureError: "it is not valid yet (nbf)",
+        jwt.InvalidAudienceError: "it is for another audience (aud)",
+        jwt.InvalidIssuerError: "it is from another issuer (iss)",
+        jwt.InvalidSignatureError: "its signature does not verify",
+    }
+    return reasons.get(type(exc), str(exc)[:200])
 
 
 def _b64(raw: bytes) -> str:
@@ -345,6 +353,8 @@ class SignIn:
         return claims
 
     def _session(self, cookie: str) -> dict[str, Any]:
+        import jwt
+
         try:
             session: dict[str, Any] = jwt.decode(
                 cookie,
@@ -385,6 +395,8 @@ class SignIn:
 
     async def login(self, request: Request) -> Answer:
         """``/login?next=PATH``: off to the issuer, with PKCE, state and nonce kept in a short-lived signed cookie."""
+        import jwt
+
         next_path = same_origin_path(request.query("next"), self._home(request))
         metadata = await self.issuer.metadata()
         state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
@@ -419,6 +431,8 @@ class SignIn:
         return Answer(303, raw_headers({**NO_STORE, "Location": location, "Set-Cookie": cookie}))
 
     def _flow(self, request: Request) -> dict[str, Any]:
+        import jwt
+
         values = _cookie_values(request, FLOW_COOKIE)
         try:
             if len(values) != 1:
@@ -435,6 +449,8 @@ class SignIn:
     async def callback(self, request: Request) -> Answer:
         """``/callback``: the issuer's answer; the code exchanged (with the PKCE verifier), the ID token checked
         (and its nonce), then the login cookie and off to the path the sign-in started for."""
+        import jwt
+
         flow = self._flow(request)
         error = request.query("error")
         if error is not None:
