@@ -43,7 +43,9 @@ from .ops import Ops
 from .urls import TOKEN_PREFIX, split_path_token
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
-ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
+ALLOWED_HEADERS = (
+    "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Authorization, Content-Type"
+)
 ALLOWED_METHODS = "GET, HEAD, OPTIONS"
 # On every answer: CORS for browser viewers, and no Referer to other origins (a page's address may hold ?token=).
 _ALWAYS = [
