@@ -4,6 +4,7 @@ it, and every forged, expired, misdirected or replayed credential refused with t
 
 import html
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -459,3 +460,20 @@ def test_incomplete_sign_in_settings_are_refused(tmp_path: Path, settings: dict[
 
     with pytest.raises(ValidationError, match=words):
         Settings.model_validate({"root": str(tmp_path), **settings})
+
+
+def test_start_up_refuses_an_unreadable_or_empty_secret_file(tmp_path: Path, test_data: WrittenDataset) -> None:
+    import subprocess
+    import sys
+
+    from support.processes import free_port
+
+    settings = support_settings(provider_at(tmp_path), tmp_path, POLICY)
+    (tmp_path / "empty").write_text("\n")
+    for secret, words in ((tmp_path / "absent", "cannot be read"), (tmp_path / "empty", "is empty")):
+        flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings.items()]
+        command = [sys.executable, "-m", "gateway", "serve", "--root", str(test_data.root), "--port", str(free_port())]
+        command += [*flags, f"--oidc-client-secret-file={secret}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode != 0 and "oidc_client_secret_file" in done.stderr and words in done.stderr, done.stderr
