@@ -18,11 +18,6 @@ class Authorizer:
         """No tokens file: every dataset is readable without a token."""
         return self.access.open
 
-    @property
-    def signs_in(self) -> bool:
-        """Sign-in with OpenID Connect is configured (/login)."""
-        return self.access.identities is not None
-
     def token(self, request: Request) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here."""
         return self.read(request, request.query_string, request.path_token)

@@ -29,7 +29,7 @@ class IndexHandler:
 
     @property
     def _note(self) -> str:
-        return SIGN_IN_NOTE if self.access.signs_in else NO_TOKEN_NOTE
+        return NO_TOKEN_NOTE if self.access.access.identities is None else SIGN_IN_NOTE
 
     async def __call__(self, request: Request) -> Answer:
         token = self.access.token(request)
