@@ -477,3 +477,25 @@ def test_start_up_refuses_an_unreadable_or_empty_secret_file(tmp_path: Path, tes
         env = {k: v for k, v in os.environ.items() if not k.startswith("ZARR_GATEWAY_")}
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode != 0 and "oidc_client_secret_file" in done.stderr and words in done.stderr, done.stderr
+
+
+@pytest.mark.nginx
+def test_the_proxy_limits_the_rate_per_bearer_token(signin: Server, provider: Provider, tmp_path: Path) -> None:
+    """PROXY_RATE_LIMIT_PER=token counts a Bearer token (and a login cookie) as it counts a token: one
+    script's burst leaves another's, from the same address, untouched."""
+    from support.proxy import address, start_proxy
+
+    proxy = start_proxy(
+        tmp_path / "nginx",
+        [address(signin)],
+        PROXY_RATE_LIMIT_PER="token",
+        PROXY_RATE_LIMIT="5r/s",
+        PROXY_RATE_BURST="10",
+    )
+    try:
+        busy, other = bearer(provider.client_token()), bearer(provider.forged(sub="another-script"))
+        statuses = [requests.get(proxy.url + CHUNK, headers=busy, timeout=10).status_code for _ in range(40)]
+        assert 429 in statuses and statuses[:10] == [200] * 10, statuses
+        assert requests.get(proxy.url + CHUNK, headers=other, timeout=10).status_code == 200
+    finally:
+        proxy.stop()
