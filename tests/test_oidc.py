@@ -499,3 +499,12 @@ def test_the_proxy_limits_the_rate_per_bearer_token(signin: Server, provider: Pr
         assert requests.get(proxy.url + CHUNK, headers=other, timeout=10).status_code == 200
     finally:
         proxy.stop()
+
+
+def test_without_sign_in_authorization_and_cookies_are_not_read(gateway: Server) -> None:
+    """A gateway with no issuer reads neither (a client may send an Authorization header for its own reasons)."""
+    foreign = {"Authorization": "Basic dXNlcjpwYXNz", "Cookie": "zg_login=x; zg_login=y"}
+    assert requests.get(gateway.url + CHUNK, headers={**foreign, "X-Auth-Token": TOKEN}, timeout=10).status_code == 200
+    alone = requests.get(gateway.url + CHUNK, headers=bearer("a.b.c"), timeout=10)
+    assert alone.status_code == 401 and "/login" not in error_of(alone)
+    assert requests.get(gateway.url + "/login", timeout=10).status_code == 404
