@@ -53,6 +53,7 @@ FLOW_COOKIE = "zg_login_flow"  # state, nonce, PKCE verifier and next path of a 
 FLOW_SECONDS = 600  # a sign-in must come back from the issuer within this long
 KEYS_MAX_AGE = 3600.0  # keys older than this are read again before use (a key the issuer dropped stops counting)
 FETCH_SECONDS = 5.0
+DISCOVERY_RETRY_SECONDS = 5.0  # an issuer whose discovery document could not be read is asked again after this
 FETCH_BYTES = 1 << 20
 LEEWAY_SECONDS = 5  # clock skew allowed on exp and nbf
 VERIFIED_ENTRIES = 4096  # tokens and cookies kept verified per worker (a few MiB at most)
@@ -122,14 +123,24 @@ class Issuer:
         self._keys: dict[str, jwt.PyJWK] = {}
         self._keys_at = -math.inf  # monotonic time of the last read of the keys, answered or not
         self._failed: HttpError | None = None  # why the last read of the keys failed, if it did
+        self._discovery_failed: tuple[HttpError | None, float] = (None, -math.inf)
         self._lock = anyio.Lock()
 
     async def metadata(self) -> dict[str, Any]:
-        """The discovery document, read once (503 until it can be)."""
+        """The discovery document, read once (503 until it can be; asked again at most every
+        ``DISCOVERY_RETRY_SECONDS``, so that a burst of requests while the issuer is away waits for no fetch)."""
         if self._metadata is None:
             async with self._lock:
                 if self._metadata is None:
-                    self._metadata = self._checked(await self._get(f"{self.url}/.well-known/openid-configuration"))
+                    failed, at = self._discovery_failed
+                    if failed is not None and time.monotonic() - at < DISCOVERY_RETRY_SECONDS:
+                        raise failed
+                    try:
+                        document = await self._get(f"{self.url}/.well-known/openid-configuration")
+                        self._metadata = self._checked(document)
+                    except HttpError as exc:
+                        self._discovery_failed = (exc, time.monotonic())
+                        raise
         return self._metadata
 
     def _checked(self, document: dict[str, Any]) -> dict[str, Any]:
