@@ -141,10 +141,11 @@ def granian_worker_app() -> Any:
     Granian's graceful stop, which was seen to hang, under load, when asked this early.
     """
     from .http.app import create_app_from_env
+    from .serving import StrictFraming
 
     signal.signal(signal.SIGTERM, lambda signum, frame: _early_sigterm.append(signum))
     _sigterm_when_the_supervisor_dies()
-    app = create_app_from_env()
+    app = StrictFraming(create_app_from_env())
     loop = asyncio.get_event_loop()
     loop.call_soon(_route_sigterm_through_sigint, loop)  # runs before the lifespan's first step
     return app

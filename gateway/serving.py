@@ -21,6 +21,7 @@ either a whole small answer or nothing, and "nothing" is what the proxy retries.
 import asyncio
 import json
 import os
+import sys
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -172,8 +173,44 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
+    def send_400_response(self, msg: str) -> None:
+        """A head httptools cannot parse (raw UTF-8 in the URL, LF-only lines, Content-Length beside
+        Transfer-Encoding) is a JSON 400 that says what the parser found, as every other error is: uvicorn's own
+        answer is plain text. Called from the parser's ``except`` clause, whose exception holds the reason."""
+        found = sys.exc_info()[1]
+        reason = str(found) if found is not None and str(found) else msg
+        self._refuse(400, "Bad Request", f"malformed request head: {reason}")
+
     def _refuse(self, status: int, reason: str, message: str) -> None:
         self._cancel_head_timer()
         if not self.transport.is_closing():
             self.transport.write(_refusal(status, reason, message))
             self.transport.close()
+
+
+class StrictFraming:
+    """Under Granian, a request that carries Transfer-Encoding is a JSON 400 that closes the connection, on every
+    path, before the gateway sees it.
+
+    Granian's parser drops a Content-Length sent beside Transfer-Encoding, so the app cannot tell that ambiguous
+    framing (whose body a proxy in front may have framed otherwise: request smuggling) from a chunked body alone;
+    httptools refuses the pair itself. Reads carry no body, so refusing every request with a transfer coding, as
+    the shipped proxy does, loses no client."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and any(name.lower() == b"transfer-encoding" for name, _ in scope["headers"]):
+            body = json.dumps(
+                {"error": "malformed request: a read carries no body, and Transfer-Encoding is refused", "status": 400}
+            ).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ]
+            await send({"type": "http.response.start", "status": 400, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

@@ -9,6 +9,8 @@ validated by Debian's docker-compose, which needs no engine.
 import json
 import os
 import re
+import select
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -509,6 +511,36 @@ def test_request_smuggling_is_refused_at_the_proxy(proxy: Proxy, pair: list[Serv
     data = [line["path"] for line in reached if line["path"] != "/auth"]
     assert data == [f"{DATASET}/.zgroup"], "only the well-formed request reached a gateway"
     assert not [line for line in reached if line["request_id"] == "smuggled"], "nothing smuggled reached a gateway"
+
+
+PROXY_HEAD_TIMEOUT = 10  # client_header_timeout of deploy/nginx.conf
+SLOW_LINE_EVERY = 3.0  # the first round's probe: one header line every 3 s, each well inside the timeout
+
+
+@pytest.mark.nginx
+def test_a_head_sent_one_line_every_three_seconds_is_closed_by_the_proxy(proxy: Proxy, pair: list[Server]) -> None:
+    """The first round saw such a head held open past 15 s. nginx's header timeout runs from the head's first
+    byte, and no line that arrives restarts it; nothing of the request reaches a gateway."""
+    assert f"client_header_timeout {PROXY_HEAD_TIMEOUT}s;" in (DEPLOY / "nginx.conf").read_text()
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    limit = PROXY_HEAD_TIMEOUT + 2 * SLOW_LINE_EVERY + 3  # the timer's granularity and a busy machine
+    with socket.create_connection((host, int(port)), timeout=limit) as connection:
+        started = time.monotonic()
+        connection.sendall(f"GET {DATASET}/.zgroup HTTP/1.1\r\nHost: x\r\nX-Request-Id: slow-head\r\n".encode())
+        closed = None
+        while closed is None and time.monotonic() - started < limit:
+            readable, _, _ = select.select([connection], [], [], SLOW_LINE_EVERY)
+            try:
+                if readable:
+                    connection.recv(65536)  # nginx closes without an answer: an orderly close (or a reset)
+                    closed = time.monotonic() - started
+                else:
+                    connection.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                closed = time.monotonic() - started
+    assert closed is not None and closed < limit, f"open for {closed or limit:.1f} s"
+    assert closed >= PROXY_HEAD_TIMEOUT - 1, f"closed after {closed:.1f} s: before its timeout, for another reason"
+    assert not [line for s in pair for line in s.access_lines() if line["request_id"] == "slow-head"]
 
 
 def _hammer(url: str, headers: list[dict[str, str]], at_least: int = 10) -> list[int]:

@@ -54,6 +54,8 @@ from support.layers import layer_entry, write_properties
 from support.measure import PeakRss, bytes_read
 from support.servers import Server, assert_no_unexpected_errors
 
+from gateway.meshes.surfaces import SURFACE_BYTES
+from gateway.sources.bounds import MAX_CHUNK_BYTES
 from gateway.sources.catalog import MAX_PROPERTIES_BYTES, Catalog, Dataset
 from gateway.sources.documents import MAX_DOCUMENT_BYTES
 from gateway.sources.mag import MAX_CHANNELS, ChunkNotFound, MagSource, SourceError
@@ -671,3 +673,76 @@ def test_every_chunk_a_metadata_multiplier_declares_is_costed_before_it_is_built
         f"{channels} x {dtype}: the worker grew by {peak.growth >> 20} MiB"
     )
     assert_no_unexpected_errors(multiplied)
+
+
+# --- meshes: the chunk shape a segmentation declares, costed before a window is read --------------------------
+
+MESH_BUDGET = 192 << 20  # chunk_memory_bytes of the gateway below: the most surface a request makes fits in it
+# Chunk edges a writer uses, and ones whose chunk alone decodes far past the budget (metadata only: no file).
+MESH_CHUNK_EDGES = st.sampled_from([16, 32, 64, 128, 256, 1024, 4096])
+
+
+@pytest.fixture(scope="module")
+def meshed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-mesh-multipliers")
+
+
+@pytest.fixture(scope="module")
+def meshed(meshed_root: Path, server_factory: Callable[..., Server]) -> Server:
+    server = server_factory(meshed_root, chunk_memory_bytes=MESH_BUDGET, mesh_threads=2)
+    # a first mesh imports the meshing libraries (tens of MiB, once): not what an example measures
+    _segmentation_only_metadata(meshed_root / ORG / "warm", 32, "uint8", (64, 64, 64))
+    requests.get(f"{server.url}/data/meshes/{ORG}/warm/seg/legacy/1:0:0_0_0", timeout=120)
+    return server
+
+
+def _segmentation_only_metadata(dataset: Path, chunk: int, dtype: str, size: tuple[int, int, int]) -> None:
+    """A Zarr v2 segmentation layer of ``size`` in chunks of ``chunk``³, none stored (all of the fill value)."""
+    entry = {**layer_entry("seg", "zarr", size), "category": "segmentation", "elementClass": dtype}
+    write_properties(dataset, [{**entry, "largestSegmentId": 1}])
+    mag = dataset / "seg" / "1"
+    mag.mkdir(parents=True)
+    zarray = {"zarr_format": 2, "shape": [1, *size], "chunks": [1, chunk, chunk, chunk], "order": "C"}
+    zarray |= {"dtype": np.dtype(dtype).str, "compressor": None, "fill_value": 0, "filters": None}
+    (mag / ".zarray").write_text(json.dumps(zarray))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    chunk=MESH_CHUNK_EDGES,
+    dtype=st.sampled_from(["uint8", "uint32", "uint64"]),
+    size=st.sampled_from([(64, 64, 64), (256, 256, 128), (4096, 4096, 256)]),
+)
+def test_every_mesh_request_a_declared_chunk_shape_makes_costly_is_refused_before_it_reads(
+    meshed_root: Path, meshed: Server, chunk: int, dtype: str, size: tuple[int, int, int]
+) -> None:
+    """A metadata-only segmentation of generated chunk shape, data type and extent: each mesh request (legacy
+    fragment, multi-resolution manifest, the precomputed tree's) is answered or refused with the reason, one
+    whose windows would decode past the worker's whole budget a 413 naming it, and the worker never grows past
+    the budget."""
+    name = f"s{next(_datasets)}"
+    _segmentation_only_metadata(meshed_root / ORG / name, chunk, dtype, size)
+    paths = [
+        f"/data/meshes/{ORG}/{name}/seg/legacy/1:0:0_0_0",
+        f"/data/meshes/{ORG}/{name}/seg/multires/1.index",
+        f"/data/precomputed/{ORG}/{name}/seg/mesh/1.index",
+    ]
+    chunk_bytes = chunk**3 * np.dtype(dtype).itemsize
+    with requests.Session() as session, PeakRss(meshed) as peak:
+        for path in paths:
+            got = session.get(meshed.url + path, timeout=300)
+            where = (path, chunk, dtype, size, got.status_code, got.text[:300] if got.status_code >= 400 else "")
+            # 404: a layer whose chunks no writer makes, or a segment it does not hold; 409: one too large to scan
+            assert got.status_code in (200, 404, 409, 413), where
+            if got.status_code >= 400:
+                assert got.json()["error"], where
+            if chunk_bytes > MAX_CHUNK_BYTES:
+                assert got.status_code == 404 and "decodes to" in got.json()["error"], where
+                event("unusable")
+            elif chunk_bytes + SURFACE_BYTES > MESH_BUDGET:  # a window decodes one chunk at least, whole
+                assert got.status_code == 413 and "chunk_memory_bytes" in got.json()["error"], where
+                event("refused: past the budget")
+            else:
+                event(f"answered {got.status_code}")
+    assert peak.growth < MESH_BUDGET + SLACK_RSS, f"{chunk}³ x {dtype}: the worker grew by {peak.growth >> 20} MiB"
+    assert_no_unexpected_errors(meshed)

@@ -10,6 +10,7 @@ body, for every codec.
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.datasets import ORG, TOKEN, WrittenDataset
 from support.measure import PeakRss, bytes_read
+from support.processes import wait_until
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway_storage import LocalStore
@@ -321,9 +323,60 @@ def test_multipart_answers_are_streamed_part_by_part(shards: tuple[Root, Root]) 
         whole = get(sharded, url)
     assert whole.status_code == 200 and whole.content[:100] in response.content
     assert whole.content[half : half + 1000] in response.content
-    # streamed in 4 MiB pieces, as one range is; joined whole, 32 MiB in two parts took over 100 MiB more
+    # streamed in pieces (STREAM_PIECE), as one range is; joined whole, 32 MiB in two parts took over 100 MiB more
     # (the bound is generous: a busy machine moves the peak by a few MiB)
     assert peak.growth < max(2 * single.growth, 40 * MIB), (peak.growth / MIB, single.growth / MIB)
+
+
+STALLED_READERS = 40  # the issue's probe: 40 stalled readers held 7.5 MiB each, and most of it after they left
+
+
+def _rss(server: Server) -> int:
+    for line in Path(f"/proc/{server.serving_pid()}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+# What a stalled reader may hold, per server: uvicorn waits for its write buffer to drain (one piece); Granian
+# queues a few pieces of its own. Before, 8.6 MiB (uvicorn, 4 MiB pieces) and the whole 32 MiB shard (Granian).
+HELD_PER_STALLED_READER = {"uvicorn": 3 * MIB, "granian": 8 * MIB}
+
+
+@pytest.mark.parametrize("server", list(HELD_PER_STALLED_READER))
+def test_stalled_readers_of_a_virtual_shard_hold_one_piece_each_and_give_it_back(
+    shards: tuple[Root, Root], server_factory: Callable[..., Server], server: str
+) -> None:
+    """A reader that stops reading holds the pieces being sent, not the answer read ahead of it: uvicorn held
+    the first piece and the next one read (4 MiB pieces: +344 MiB for 40, +180 MiB still held after they
+    closed); Granian took the whole shard (+1,320 MiB for 40, +279 MiB after)."""
+    sharded = (
+        shards[0].server if server == "uvicorn" else server_factory(shards[0].root, v3_layout="sharded", server=server)
+    )
+    url = "/data/zarr3/sh/large/color/1/c/0/0/0/0"
+    assert get(sharded, url).status_code == 200  # the shard's plan is made and kept: not counted below
+    host, port = sharded.url.removeprefix("http://").rsplit(":", 1)
+    before = _rss(sharded)
+    readers = []
+    with PeakRss(sharded) as peak:
+        try:
+            for _ in range(STALLED_READERS):
+                reader = socket.socket()
+                reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes almost nothing
+                reader.connect((host, int(port)))
+                reader.sendall(f"GET {url} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                readers.append(reader)
+            time.sleep(3)  # each answer's first piece is read and sent, as far as the reader lets it
+            assert requests.get(sharded.url + "/healthz", timeout=30).status_code == 200
+        finally:
+            for reader in readers:
+                reader.close()
+    held = peak.growth / STALLED_READERS
+    assert held < HELD_PER_STALLED_READER[server], f"{held / MIB:.1f} MiB per stalled reader"
+    assert wait_until(lambda: _rss(sharded) - before < 64 * MIB, timeout=10), (
+        f"{(_rss(sharded) - before) / MIB:.0f} MiB still held after the readers left"
+    )
+    assert get(sharded, url).status_code == 200
 
 
 # --- 4. no silent corruption ----------------------------------------------------------------------------

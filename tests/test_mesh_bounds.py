@@ -26,6 +26,7 @@ from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.meshes.budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MeshBudget, surface_faces
 from gateway.meshes.errors import MeshTooLarge, MeshTooSlow
+from gateway.meshes.surfaces import SURFACE_BYTES
 from gateway.previews import MAX_CHUNKS, MAX_DECODED_BYTES
 
 pytestmark = pytest.mark.serial  # CPU seconds of refusals and chunk latency while meshing: measured alone
@@ -256,6 +257,42 @@ def test_a_mesh_request_past_its_time_is_stopped_and_answered_503(
     # meshing would keep a core busy; an idle worker spends milliseconds (its metrics timer, the lag probe)
     assert after.cpu < 0.3, f"the worker spent {after.cpu:.2f} s of CPU in the 2 s after the 503"
     assert_no_unexpected_errors(slow)
+
+
+def test_a_mesh_request_is_costed_against_the_memory_budget_before_any_work(
+    root: Path, server_factory: Callable[..., Server]
+) -> None:
+    """A mesh request holds its cost of the one memory budget, costed from the layer's metadata (the largest
+    window a level reads, its labels, the most surface a request makes): past the whole budget a 413 with the
+    reason before any scan or meshing (in either tree), within it concurrent requests wait their turn."""
+    small = server_factory(root, mesh_threads=2, chunk_memory_bytes=32 << 20)
+    paths = [
+        f"{MESHES}/blobs/legacy/1:0:1_1_1",
+        f"{MESHES}/blobs/multires/1.index",
+        f"{MESHES}/blobs/multires/1",
+        f"/data/precomputed/{ORG}/bombs/blobs/mesh/1.index",
+    ]
+    with Spent(small) as spent:
+        refused = [get(small, path) for path in paths]
+    for answer in refused:
+        assert_reason(answer, 413, "this mesh request would hold", "chunk_memory_bytes")
+    assert spent.cpu < 1.0, f"refusing {len(paths)} mesh requests cost {spent.cpu:.2f} s of CPU: work was done"
+    need = int(refused[0].json()["error"].split("would hold ")[1].split(" bytes")[0])
+    assert SURFACE_BYTES < need < SURFACE_BYTES + (128 << 20), need  # this layer's windows, not the read bound
+    assert get(small, f"/data/zarr/{ORG}/bombs/color/1/0.0.0.0").status_code == 200  # chunks within it: served
+    one_at_a_time = server_factory(root, mesh_threads=2, chunk_memory_bytes=need + need // 2)
+    answers: dict[str, int] = {}
+    fragments = [f"{MESHES}/blobs/legacy/1:0:{x}_{y}_1" for x in range(2) for y in range(2)]
+    threads = [
+        threading.Thread(target=lambda p=path: answers.update({p: get(one_at_a_time, p).status_code}))
+        for path in fragments
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == dict.fromkeys(fragments, 200), "each waited for the budget rather than being refused"
+    assert_no_unexpected_errors(one_at_a_time)
 
 
 def test_the_budget_stops_at_its_time_and_its_totals() -> None:

@@ -8,6 +8,7 @@ the gateway through ``/t/TOKEN/`` paths and are drawn (pixel checks), with no mi
 
 import http.client
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import requests
 from support import viewer
 from support.browser import Browser, Page, chromium_path
+from support.processes import wait_until
 from support.proxy import address, start_proxy
 from support.servers import Server
 
@@ -108,6 +110,44 @@ def test_the_event_stream_stays_open_and_says_nothing(gateway: Server) -> None:
         assert answer.headers["cache-control"] == "no-cache" and answer.headers["x-accel-buffering"] == "no"
         first = next(answer.iter_lines())
         assert first.startswith(b":"), first  # a comment: no state, no event for the client to apply
+
+
+def _open_streams(server: Server, count: int) -> list[socket.socket]:
+    """``count`` event streams held open on raw connections, each once its first comment has arrived."""
+    parts = urlsplit(server.url)
+    opened = []
+    for _ in range(count):
+        connection = socket.create_connection((parts.hostname or "", parts.port or 80), timeout=30)
+        connection.sendall(f"GET {own_viewer.EVENTS}?c=x&gc= HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        received = b""
+        while b"\n\n" not in received.partition(b"\r\n\r\n")[2]:
+            received += connection.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200 "), received[:300]
+        opened.append(connection)
+    return opened
+
+
+def test_tokenless_event_streams_are_bounded_in_number_per_worker(gateway: Server) -> None:
+    """The issue held 1,500 tokenless streams open for 600 s each; past the bound a stream is a 503 the client
+    retries, and one that closes makes room again."""
+    streams = _open_streams(gateway, own_viewer.MAX_EVENT_STREAMS)
+    try:
+        refused = requests.get(gateway.url + own_viewer.EVENTS + "?c=y&gc=", stream=True, timeout=30)
+        assert refused.status_code == 503, refused.headers  # (a stream, read whole, would never end)
+        assert refused.json()["status"] == 503, refused.text
+        assert refused.headers["Retry-After"] == str(own_viewer.STREAMS_RETRY_SECONDS)
+        assert "event streams" in refused.json()["error"]
+        assert requests.get(gateway.url + "/healthz", timeout=30).status_code == 200
+        streams.pop().close()
+        assert wait_until(lambda: _stream_status(gateway) == 200, timeout=10), "a closed stream makes room"
+    finally:
+        for connection in streams:
+            connection.close()
+
+
+def _stream_status(server: Server) -> int:
+    with requests.get(server.url + own_viewer.EVENTS + "?c=z&gc=", stream=True, timeout=30) as answer:
+        return answer.status_code
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ the same access lines, and the drain on SIGTERM in a worker process.
 """
 
 import functools
+import json
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from support.datasets import ORG, WrittenDataset
-from support.processes import receive_until_closed, wait_until
+from support.processes import raw_exchange, receive_until_closed, wait_until
 from support.servers import Server
 
 DATASET = f"/data/zarr/{ORG}/wk_dataset"
@@ -223,3 +224,46 @@ def test_a_request_with_a_prompt_body_keeps_its_connection(timed: Server) -> Non
     assert answers.startswith(b"HTTP/1.1 200 "), answers[:200]
     if b"connection: close" not in answers.split(b"\r\n\r\n", 1)[0].lower():  # a server may end after a body
         assert answers.count(b"HTTP/1.1 200 ") == 2, answers[:400]
+
+
+def _json_error(answer: bytes) -> tuple[int, dict[str, object]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"content-type: application/json" in head.lower(), answer[:400]
+    return status, json.loads(body)
+
+
+MALFORMED_HEADS = {
+    # the pair a proxy may frame otherwise (request smuggling): Granian's parser drops the Content-Length itself
+    "length-and-chunked": f"GET {DATASET}/.zgroup HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+}
+UVICORN_MALFORMED_HEADS = {  # refused by httptools; Granian's parser answers its own 400 (no body) or accepts them
+    "lf-only": f"GET {DATASET}/.zgroup HTTP/1.1\nHost: x\n\n",
+    "raw-utf8-path": f"GET {DATASET}/\u00fc/.zgroup HTTP/1.1\r\nHost: x\r\n\r\n",
+    "raw-utf8-query": f"GET {DATASET}/.zgroup?a=\u00fc HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("head", list(MALFORMED_HEADS), ids=list(MALFORMED_HEADS))
+def test_a_body_framing_a_proxy_may_read_otherwise_is_a_json_400_on_both_servers(timed: Server, head: str) -> None:
+    """The issue saw Granian answer 200 to Content-Length with Transfer-Encoding (uvicorn: plain text)."""
+    status, error = _json_error(raw_exchange(timed.url, MALFORMED_HEADS[head].encode(), tolerated=(OSError,)))
+    assert (status, error["status"]) == (400, 400), error
+    assert "Transfer-Encoding" in str(error["error"]), error
+
+
+@pytest.mark.parametrize("head", list(UVICORN_MALFORMED_HEADS), ids=list(UVICORN_MALFORMED_HEADS))
+def test_a_head_httptools_refuses_is_a_json_400_that_says_why(uvicorn: Server, head: str) -> None:
+    """uvicorn answered these with its plain-text "Invalid HTTP request received."; the docs promise JSON."""
+    status, error = _json_error(raw_exchange(uvicorn.url, UVICORN_MALFORMED_HEADS[head].encode(), tolerated=(OSError,)))
+    assert (status, error["status"]) == (400, 400), error
+    assert str(error["error"]).startswith("malformed request head: "), error
+    assert str(error["error"]) != "malformed request head: ", error
+
+
+def test_raw_utf8_in_a_url_gets_a_json_answer_on_granian(granian: Server) -> None:
+    """Granian hands a raw UTF-8 path to the gateway, which names what it does not hold, in JSON."""
+    raw = UVICORN_MALFORMED_HEADS["raw-utf8-path"].encode() + b"Connection: close\r\n\r\n"
+    status, error = _json_error(raw_exchange(granian.url, raw.replace(b"\r\n\r\nConnection", b"\r\nConnection")))
+    assert (status, error["status"]) == (404, 404), error

@@ -122,7 +122,7 @@ def create_app(settings: Settings) -> Edge:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
-    memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks of every tree build, and the kept answers
+    memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
     answers = AnswerCache(settings.answer_cache_bytes, memory)
     chunks = Chunks(chunk_threads, memory, answers)
     levels: dict[Level, LevelHandler] = {
@@ -151,7 +151,7 @@ def create_app(settings: Settings) -> Edge:
         PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads, memory), None
     )
     mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
-    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender), "mesh")
+    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender, memory), "mesh")
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")

@@ -147,6 +147,9 @@ def raw_headers(headers: dict[str, str]) -> RawHeaders:
     return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
+_NOTHING_MORE_YET: Message = {"type": "http.response.body", "body": b"", "more_body": True}
+
+
 class Answer:
     """Status, raw headers and a body held in memory or sent piece by piece as it is read."""
 
@@ -175,7 +178,16 @@ class Answer:
         if self.pieces is None:
             await send({"type": "http.response.body", "body": self.body})
             return
-        await send({"type": "http.response.body", "body": self.body, "more_body": True})
-        async for piece in self.pieces:
+        first, self.body = self.body, b""  # a streamed answer is sent once: its first piece is not held past its send
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        del first
+        while True:
+            # Nothing more is read while the client has not taken what was sent: an empty message waits for the
+            # server's write buffer to drain (uvicorn waits at the start of a send, not after its write), so a
+            # reader that stalls holds one piece of the worker's memory, not that piece and the next one read.
+            await send(_NOTHING_MORE_YET)
+            piece = await anext(self.pieces, None)
+            if piece is None:
+                break
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})

@@ -61,7 +61,7 @@ def _range_applies(headers: Headers, resource: Resource) -> bool:
     return resource.last_modified is not None and http_date(resource.last_modified) == if_range
 
 
-STREAM_PIECE = 4 << 20  # larger reads of a virtual object are sent piece by piece
+STREAM_PIECE = 1 << 20  # larger reads of a virtual object are sent piece by piece
 # A range of a resource with local reads that decodes up to this many bytes is read on the event loop: a
 # thread hand-off costs more than such a read (a few positioned reads, see docs/architecture.md).
 INLINE_READ_BYTES = 1 << 20

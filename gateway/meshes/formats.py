@@ -32,7 +32,7 @@ from .encoding import (
     multires_manifest,
 )
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, StoredMeshesRequired
-from .geometry import morton_key
+from .geometry import Level, MeshGrid, morton_key
 from .layers import LayerMeshes
 from .names import parse_cube, parse_segment_id
 from .segments import Segments
@@ -94,6 +94,10 @@ class MeshSource(ABC):
     def own_file(self, work: MeshWork, name: str) -> Resource:
         """A file other than ``info`` and the segment properties; a 400 for a name it cannot have."""
 
+    @abstractmethod
+    def levels(self, grid: MeshGrid) -> list[Level]:
+        """The levels of detail whose windows a request for one of its files may read (what it costs)."""
+
     def file(self, work: MeshWork, name: str) -> Resource:
         """The file ``name`` below the source's directory; none without the meshes extra, so that no ``info``
         advertises a source whose fragments could not be made."""
@@ -116,6 +120,9 @@ class MultiresSource(MeshSource):
 
     def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return multires_info(meshes.voxel_nm, properties)
+
+    def levels(self, grid: MeshGrid) -> list[Level]:
+        return grid.levels
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
@@ -233,6 +240,9 @@ class LegacySource(MeshSource):
 
     def info(self, meshes: LayerMeshes, properties: str | None) -> dict[str, Any]:
         return legacy_info(properties)
+
+    def levels(self, grid: MeshGrid) -> list[Level]:
+        return grid.levels[:1]  # its fragments are level-0 cubes
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment_text, sep, rest = name.partition(":")

@@ -9,6 +9,8 @@ that serve chunks stay free.
 """
 
 import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
 
@@ -25,8 +27,17 @@ from .index import STAMP_FILES
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
 from .stored import StoredMeshes
+from .surfaces import request_bytes
 
 log = logging.getLogger("gateway.meshes")
+Hold = Callable[[int], AbstractAsyncContextManager[None]]  # what a request holds of ``bytes`` while it is made
+
+
+@asynccontextmanager
+async def _hold_nothing(nbytes: int) -> AsyncIterator[None]:
+    yield
+
+
 LARGEST_ON_PAGE = 3
 
 
@@ -46,6 +57,7 @@ class MeshService:
         self.storage = storage
         self.place = place
         self.limiter = limiter
+        self._running = anyio.CapacityLimiter(limiter.total_tokens)  # the threads of those holding ``limiter``
         self.multires_voxels = MULTIRES_VOXELS if multires_voxels is None else multires_voxels
         self.mesh_seconds = mesh_seconds
         self.cache = MeshCache(cache_bytes)
@@ -66,10 +78,23 @@ class MeshService:
         work = MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
         return source.file(work, name)
 
-    async def answer(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
-        """:meth:`file`, in a thread of the mesh limiter, once the layer's data stamp is taken."""
+    def working_bytes(self, dataset: Dataset, layer: str, kind: str) -> int:
+        """The most memory one request for a file of mesh source ``kind`` of ``layer`` holds
+        (:func:`~gateway.meshes.surfaces.request_bytes` of the levels it meshes), from the metadata alone; 0 for
+        a layer without meshes or an unknown source (answered as such in the request's thread)."""
+        source = MESH_SOURCES.get(kind)
+        try:
+            return 0 if source is None else request_bytes(source.levels(self.layer(dataset, layer).grid))
+        except (MeshInputError, MeshNotFound):
+            return 0
+
+    async def answer(self, dataset: Dataset, layer: str, kind: str, name: str, hold: Hold = _hold_nothing) -> Resource:
+        """:meth:`file`, in a thread of the mesh limiter, once the layer's data stamp is taken, holding
+        ``hold(working_bytes)`` while it runs: taken once the thread's turn has come, so that requests waiting
+        for a mesh thread hold none of what it stands for (the worker's memory budget)."""
         await self.ready(dataset, layer)
-        return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self.limiter)
+        async with self.limiter, hold(self.working_bytes(dataset, layer, kind)):
+            return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self._running)
 
     async def ready(self, dataset: Dataset, layer: str) -> None:
         """Wait, holding no thread, until the data stamp of ``layer`` (if it is a segmentation with meshes) is

@@ -14,9 +14,10 @@ from gateway_storage.geometry import Vec3
 
 from ..extras import MESHES
 from ..sources.mag import MagSource
-from .budget import MAX_BOX_SURFACE, MeshBudget, surface_faces
+from .budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MAX_VERTICES, MeshBudget, surface_faces
 from .downsample import mode_downsample
 from .errors import MeshTooLarge
+from .geometry import Level
 
 # Simplification: at most this far from the marching-cubes surface, in voxels of the mag meshed.
 MAX_ERROR_VOXELS = 0.5
@@ -67,6 +68,25 @@ def _mesher() -> type:
 def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
     """The voxels a box's mesh is made from: one more below, so the box owns the cells up to its lower face."""
     return (lo[0] - 1, lo[1] - 1, lo[2] - 1), hi
+
+
+# The most surface one request may make, as the marching cubes and the simplification hold it: vertices of
+# three float64 and faces of three uint32, each kept twice (made, then simplified or merged).
+SURFACE_BYTES = 2 * (MAX_VERTICES * 3 * 8 + MAX_TRIANGLES * 3 * 4)
+
+
+def request_bytes(levels: list[Level]) -> int:
+    """The most memory one mesh request that meshes ``levels`` of a layer holds at once, from its metadata alone
+    (what it counts against the worker's memory budget): the largest window a level reads (every stored chunk it
+    touches, whole, decoded; never past :data:`MAX_READ_DECODED_BYTES`, where the read is refused), its labels
+    and a mask of them, and the most surface a request may make."""
+    most = 0
+    for level in levels:
+        edge = level.cube_voxels
+        shape = (edge[0] + 1, edge[1] + 1, edge[2] + 1)
+        decoded = min(level.source.decoded_bytes(shape), MAX_READ_DECODED_BYTES)
+        most = max(most, decoded + 2 * level.read_voxels * level.source.dtype.itemsize)
+    return most + SURFACE_BYTES
 
 
 def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:

@@ -162,10 +162,13 @@ class PrecomputedTree:
         return _coded(self._chunk(served, below[1]), gzip)
 
     def working_bytes(self, dataset: Dataset, target: PrecomputedTarget) -> int:
-        """The most memory answering ``target`` holds at once, from the metadata alone (0 but for a chunk): the
-        blocks it decodes, the chunk, its encoded body and a gzipped copy. Cheap: no file is read."""
-        if len(target.names) < 3 or len(target.below) != 2 or target.below[0] in (MESH_DIRECTORY, PROPERTIES_DIRECTORY):
+        """The most memory answering ``target`` holds at once, from the metadata alone (0 but for a chunk or a mesh
+        file): the blocks it decodes, the chunk, its encoded body and a gzipped copy; a mesh file what one mesh
+        request may (:meth:`MeshService.working_bytes`). Cheap: no file is read."""
+        if len(target.names) < 3 or len(target.below) != 2 or target.below[0] == PROPERTIES_DIRECTORY:
             return 0
+        if target.below[0] == MESH_DIRECTORY:
+            return self.meshes.working_bytes(dataset, target.names[2], MESH_KIND)
         source = self.volume(dataset, target.names[2], target.raw_only).scale(target.below[0]).source
         edge = (self.chunk_edge,) * 3
         chunk = self.chunk_edge**3 * source.channels * source.dtype.itemsize

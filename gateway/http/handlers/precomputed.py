@@ -50,8 +50,8 @@ class PrecomputedHandler:
             await self.tree.meshes.ready(dataset, names[2])  # its data stamp, taken off the chunk threads
         accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
         need = self.tree.working_bytes(dataset, target)  # from the metadata: nothing is read or built yet
-        self.memory.check(need)
-        async with self.memory.hold(need):
+        what = "this mesh request" if target.below[:1] == (MESH_DIRECTORY,) else "this chunk"
+        async with self.memory.hold(need, what):
             found = await anyio.to_thread.run_sync(
                 self.tree.answer, dataset, target, accept, limiter=self.chunk_threads
             )

@@ -11,6 +11,7 @@ nothing, and the posting routes are not served (the client ignores their failure
 """
 
 import importlib.util
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import anyio
 
 from ... import extras
 from ...zarr.resource import Resource, bytes_resource
-from ..messages import Answer, Receive
+from ..messages import Answer, HttpError, Receive
 from ..urls import VIEWER_PREFIX
 from .markup import HTML
 from .neuroglancer import token_path
@@ -41,6 +42,11 @@ IMMUTABLE = b"public, max-age=31536000, immutable"  # the client's file names ca
 REVALIDATE = b"no-cache"  # the page: a newer package's page names newer files
 HEARTBEAT_SECONDS = 20.0  # a comment on the event stream this often, well inside a proxy's read timeout
 STREAM_SECONDS = 600.0  # then the stream ends and the client opens another at once (a worker must not be held)
+# Event streams a worker holds open at once. They need no token (the client's page has none to give them), so
+# anyone could open thousands; past this a new one is a 503 the client retries with its own backoff (its state
+# is in its address, so a viewer without a stream still works). One open viewer tab holds one stream.
+MAX_EVENT_STREAMS = 128
+STREAMS_RETRY_SECONDS = 30  # the longest wait of the client's own backoff
 # Run before the client's scripts: a bare address gets an empty state in its fragment (see the module's doc).
 _STATE_IN_ADDRESS = '<script>if (!location.hash) { history.replaceState(null, "", "#!%7B%7D"); }</script>'
 _TRUSTWORTHY_HOSTS = ("localhost", "127.", "[::1]")  # which an https page may read over http (and *.localhost)
@@ -85,6 +91,8 @@ class NeuroglancerClient:
     def __init__(self, directory: Path) -> None:
         self.files = {path.name: path for path in directory.iterdir() if path.is_file()}
         self._resources: dict[str, Resource] = {}  # at most the client's own files (about 16 MB)
+        # the event streams this worker holds open: each leaves the set once its answer is done with
+        self._streams: weakref.WeakSet[AsyncIterator[bytes]] = weakref.WeakSet()
 
     @classmethod
     def installed(cls) -> "NeuroglancerClient | None":
@@ -105,13 +113,26 @@ class NeuroglancerClient:
             location = "v/gateway/" if path.endswith("/") else "neuroglancer/v/gateway/"
             return Reply(answer=Answer(302, [(b"location", location.encode()), (b"cache-control", REVALIDATE)]))
         if path == EVENTS:
-            return Reply(answer=event_stream(receive, draining))
+            return Reply(answer=self._event_stream(receive, draining))
         if path == PAGE:
             return Reply(await self._resource("index.html"), REVALIDATE)
         name = path.removeprefix(PAGE)
         if name == path or name not in self.files or name == "index.html":
             return None
         return Reply(await self._resource(name), IMMUTABLE)
+
+    def _event_stream(self, receive: Receive | None, draining: Callable[[], bool]) -> Answer:
+        if len(self._streams) >= MAX_EVENT_STREAMS:
+            raise HttpError(
+                503,
+                f"this worker holds {MAX_EVENT_STREAMS} viewer event streams open already; the viewer works without "
+                "one (its state is in its address) and retries",
+                {"Retry-After": str(STREAMS_RETRY_SECONDS)},
+            )
+        answer = event_stream(receive, draining)
+        assert answer.pieces is not None
+        self._streams.add(answer.pieces)
+        return answer
 
     async def _resource(self, name: str) -> Resource:
         resource = self._resources.get(name)
