@@ -98,6 +98,7 @@ class AccessLog:
         self._pending: list[str] = []
         self._second = -1
         self._stamp = ""
+        self._logger = logging.getLogger("gateway.access")
 
     def _time(self, now: float) -> str:
         second = int(now)
@@ -107,7 +108,7 @@ class AccessLog:
         return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
 
     def write(self, request_id: str, method: str, path: str, status: int, sent: int, ms: float) -> None:
-        if not logging.getLogger("gateway.access").isEnabledFor(logging.INFO):
+        if not self._logger.isEnabledFor(logging.INFO):  # (getLogger takes the logging module's lock each call)
             return
         stamp = self._time(time.time())
         if self.log_format == "json":

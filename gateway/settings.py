@@ -115,6 +115,17 @@ class Settings(BaseSettings):
     tokens_reload_seconds: float = Field(
         default=2, ge=0, description="how often a changed tokens file is re-read; 0 never re-reads it"
     )
+    share_key_file: Path | None = Field(
+        default=None,
+        description="file of the secret (at least 32 bytes) that signs share links (/s/{link}/...); without it "
+        "no link is issued or accepted. Replicas with the same key accept each other's links",
+    )
+    share_revoked_file: Path | None = Field(
+        default=None, description="revoked share link ids, one a line ('share --revoke ID' adds one); re-read as tokens"
+    )
+    share_max_seconds: int = Field(
+        default=7 * 24 * 3600, ge=1, description="the longest a share link made from a dataset page may last"
+    )
     neuroglancer_url: str = Field(
         default="",
         description="the Neuroglancer client that pages link to (its state follows in the #! fragment); empty: the "

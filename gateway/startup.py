@@ -47,7 +47,18 @@ EXAMPLE_TOKEN = "replace-with-a-long-random-token"
 
 def check_tokens(settings: Settings) -> None:
     from .http.auth import Tokens, TokensFileError
+    from .http.share import ShareKey, ShareKeyError, read_revocations
 
+    if settings.share_key_file is not None:
+        try:
+            ShareKey.load(settings.share_key_file)
+        except ShareKeyError as exc:
+            sys.exit(f"zarr-gateway: {exc}")
+    if settings.share_revoked_file is not None:
+        try:
+            read_revocations(settings.share_revoked_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            sys.exit(f"zarr-gateway: share revocation list {settings.share_revoked_file} cannot be read: {exc}")
     if settings.tokens_file is not None:
         try:
             tokens = Tokens.load(settings.tokens_file)

@@ -562,7 +562,21 @@ class TestN5BloscSource(N5Contract):
 # --- Neuroglancer precomputed ---------------------------------------------------------------------------
 
 
-class PrecomputedContract(MagSourceContract):
+class ReadOnlyVoxels(MagSourceContract):
+    """A source that hands out no chunk as stored (each is read as voxels): the stored-chunk tests say that."""
+
+    @pytest.mark.parametrize("corner", [(0, 0, 0), (16, 32, 16)], ids=str)
+    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
+        source = self.open(written.root, written.directory)
+        assert source.stored_chunk_shape is None and source.native is None
+        assert source.stored_chunk(self._index(corner), corner) is None, "read as voxels, never passed through"
+
+    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
+        corner: Vec3 = (16, 16, 16)
+        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
+
+
+class PrecomputedContract(ReadOnlyVoxels):
     """One scale (key ``mag``) of a precomputed volume at the data root, written by tensorstore in chunks of 16^3.
 
     Its chunks are never handed out as stored: a Zarr chunk cannot declare them. So the stored-chunk tests
@@ -621,16 +635,6 @@ class PrecomputedContract(MagSourceContract):
         starts = [p * CHUNK for p in position]
         return directory / "_".join(f"{s}-{min(s + CHUNK, e)}" for s, e in zip(starts, EXTENT))
 
-    @pytest.mark.parametrize("corner", [(0, 0, 0), (16, 32, 16)], ids=str)
-    def test_a_stored_chunk_decodes_to_exactly_that_chunk(self, written: WrittenMag, corner: Vec3) -> None:
-        source = self.open(written.root, written.directory)
-        assert source.stored_chunk_shape is None and source.native is None
-        assert source.stored_chunk(self._index(corner), corner) is None, "re-encoded, never passed through"
-
-    def test_a_truncated_data_file_is_never_an_absent_chunk(self, own_copy: WrittenMag) -> None:
-        corner: Vec3 = (16, 16, 16)
-        self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
-
     def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
         """The same source (as the catalog keeps it) reads the new voxels of a file rewritten under it."""
         corner: Vec3 = (16, 16, 16)
@@ -666,3 +670,76 @@ class TestPrecomputedShardedSource(PrecomputedContract):
         "minishard_index_encoding": "gzip",
         "data_encoding": "gzip",
     }
+
+
+# --- a mapped layer's mag: a WKW mag with an HDF5 agglomerate mapping applied -----------------------------------
+
+# Voxels are 1..63: the mapping reverses them (64 - v) for ids below MAPPED_ENTRIES; ids past it stay as they are.
+MAPPED_ENTRIES = 48
+
+
+def _agglomerates() -> np.ndarray:
+    table = (64 - np.arange(MAPPED_ENTRIES)).astype(np.uint16)
+    table[0] = 0
+    return table
+
+
+class TestMappedSource(ReadOnlyVoxels, WkwContract):
+    """``MappedMag`` over a WKW mag: the contract's voxels are the WKW library's with the mapping applied; no chunk
+    is handed out as stored (each is mapped), and a damaged data file is a fault of the mapped mag too."""
+
+    def _write_mag(self, root: Path, rng: np.random.Generator) -> WrittenMag:
+        import h5py
+
+        written = super()._write_mag(root, rng)
+        with h5py.File(root / "agglomerates.hdf5", "w") as f:
+            f.create_dataset("segment_to_agglomerate", data=_agglomerates())
+        return WrittenMag(written.root, written.directory, self._mapped(written.truth))
+
+    @staticmethod
+    def _mapped(data: np.ndarray) -> np.ndarray:
+        table = _agglomerates()
+        out = data.copy()
+        inside = data < MAPPED_ENTRIES
+        out[inside] = table[data[inside]]
+        return out
+
+    def open(self, root: Path, directory: Path) -> MagSource:
+        from gateway.sources.mappings import Found, MappedMag, Mappings, mapped_dtype
+
+        source = super().open(root, directory)
+        mappings = Mappings(source.storage, 1 << 20)
+        mapping = mappings.open(Found("agglomerates", "hdf5", str(root / "agglomerates.hdf5")), source.dtype)
+        return MappedMag(source, mapping, mapped_dtype(source.dtype, mapping))
+
+    def test_geometry_follows_the_bounding_box_and_the_header(self, written: WrittenMag) -> None:
+        source = self.open(written.root, written.directory)
+        assert (source.shape, source.bbox.lo, source.bbox.hi) == (BBOX_HI, TOP_LEFT, BBOX_HI)
+        assert (source.dtype, source.channels, source.mag) == (np.dtype(self.dtype), self.channels, MAG)
+        assert source.location_key == "mag#agglomerates.hdf5", "the source's and the mapping's, as replicas name them"
+
+    def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
+        """A rewritten data file and a rewritten mapping: the same source reads the new voxels, and names the
+        version of each it read."""
+        import h5py
+
+        corner: Vec3 = (16, 16, 16)
+        end: Vec3 = (corner[0] + CHUNK, corner[1] + CHUNK, corner[2] + CHUNK)
+        source = self.open(own_copy.root, own_copy.directory)
+        np.testing.assert_array_equal(source.read_box(corner, end).data, own_copy.truth[_window(corner, end)])
+        data = self._random(np.random.default_rng(99))
+        self.write(own_copy.directory, data, [(0, 0, 0)])
+        np.testing.assert_array_equal(source.read_box(corner, end).data, self._mapped(data)[_window(corner, end)])
+        path = own_copy.root / "agglomerates.hdf5"
+        before = os.stat(path)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("segment_to_agglomerate", data=np.full(MAPPED_ENTRIES, 7, dtype=np.uint16))
+        if os.stat(path).st_mtime_ns == before.st_mtime_ns:
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        region = source.read_box(corner, end)
+        want = data[_window(corner, end)].copy()
+        want[want < MAPPED_ENTRIES] = 7
+        np.testing.assert_array_equal(region.data, want)
+        assert region.sources is not None
+        named = [identity for file, identity in region.sources if file == str(path)]
+        assert len(named) == 1 and named[0] is not None and named[0].size == os.stat(path).st_size

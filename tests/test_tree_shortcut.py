@@ -4,11 +4,11 @@ conditional requests, tokens in every carrier and every refusal. Both applicatio
 composition root from the same settings and called in-process with the same ASGI scope."""
 
 import asyncio
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.asgi import call
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 
 from gateway.http.app import create_app
@@ -42,35 +42,6 @@ REQUESTS: list[tuple[str, str, list[tuple[bytes, bytes]]]] = [
     ("GET", f"/data/zarr/{DS}/color_u8/1/0.1.1.0", [*AUTH, (b"range", b"bytes=999999-")]),  # 416
     ("GET", f"/data/zarr/{DS}/color_u8/1/0.1.1.0", [*AUTH, (b"x-auth-token", TOKEN.encode())]),  # two: 400
 ]
-
-
-async def call(app: Edge, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"127.0.0.1:8000"), *headers, (b"x-request-id", b"fixed-id")],
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8000),
-        "state": {},
-    }
-    messages: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        messages.append(dict(message))
-
-    await app(scope, receive, send)
-    start, *body = messages
-    return {"status": start["status"], "headers": start["headers"], "body": b"".join(m.get("body", b"") for m in body)}
 
 
 @pytest.fixture(scope="module")

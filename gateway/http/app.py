@@ -48,6 +48,7 @@ from .handlers.pages import Pages, listing
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
 from .handlers.sender import Sender
+from .handlers.share import ShareHandler
 from .handlers.trees import (
     ArrayLevel,
     DatasetLevel,
@@ -57,15 +58,18 @@ from .handlers.trees import (
     TreeHandler,
     TreeRoot,
 )
+from .kept import KeptAnswers
 from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
 from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
-from .urls import DATA_PREFIX, LOGIN_PATHS, MESH_PREFIX, PREVIEW_PREFIX, TREE_ROUTES, VIEWER_PREFIX, Level
+from .share import Revocations, ShareKey, ShareLinks
+from .urls import DATA_PREFIX, LOGIN_PATHS, MESH_PREFIX, PREVIEW_PREFIX, SHARE_ROUTE, TREE_ROUTES, VIEWER_PREFIX, Level
 
 if TYPE_CHECKING:
     from .oidc import SignIn
+
 
 log = logging.getLogger("gateway")
 
@@ -76,6 +80,8 @@ def create_app(settings: Settings) -> Edge:
         settings.tokens_file,
         settings.settings_file,
         settings.store_headers_file,
+        settings.share_key_file,
+        settings.share_revoked_file,
         settings.oidc_client_secret_file,
         settings.oidc_cookie_key_file,
     )
@@ -117,13 +123,17 @@ def create_app(settings: Settings) -> Edge:
     listings = Listings(datasets, roots)
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     sign_in = _sign_in(settings, origin)
-    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds, sign_in), datasets)
+    links = share_links(settings)
+    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds, links, sign_in), datasets)
     if access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
-    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open)
+    share_most = None if links is None else settings.share_max_seconds
+    pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, share_most)
     memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
-    answers = AnswerCache(settings.answer_cache_bytes, memory)
+    # where no change is reported, a look at a kept answer's files holds for the settle time (README, "Kept answers
+    # and late data")
+    answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
     chunks = Chunks(chunk_threads, memory, answers)
     levels: dict[Level, LevelHandler] = {
         Level.TREE: TreeRoot(listings, pages, sender),
@@ -155,13 +165,27 @@ def create_app(settings: Settings) -> Edge:
     mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
     mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
     mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
+    key = None if links is None else links.key
+    mounts[SHARE_ROUTE.rstrip("/")] = Endpoint(ShareHandler(access, key, settings.share_max_seconds, origin), "share")
     paths = {"/": Endpoint(IndexHandler(access, listings, pages, sender), "index")}
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
     if sign_in is not None:
         handlers = (sign_in.login, sign_in.callback, sign_in.logout)
         paths |= {path: Endpoint(handler, "login") for path, handler in zip(LOGIN_PATHS, handlers, strict=True)}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
-    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes)
+    # With settle_seconds 0 every kept answer's files are looked at on every request: none is given before dispatch.
+    trusting = answers.enabled and settings.settle_seconds > 0
+    front = None if not trusting else lambda behind: KeptAnswers(behind, answers, access, sender)
+    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, front)
+
+
+def share_links(settings: Settings) -> ShareLinks | None:
+    """The share links the gateway accepts and makes: none without a key."""
+    if settings.share_key_file is None:
+        return None
+    revoked = settings.share_revoked_file
+    reload = settings.tokens_reload_seconds
+    return ShareLinks(ShareKey.load(settings.share_key_file), None if revoked is None else Revocations(revoked, reload))
 
 
 def _sign_in(settings: Settings, origin: PublicOrigin) -> "SignIn | None":

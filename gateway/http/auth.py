@@ -6,9 +6,12 @@ the very token read here. It comes once: as one ``X-Auth-Token`` header line who
 UTF-8 bytes exactly as the tokens file writes it (no list, no comma, no blanks around it), as one
 ``token`` query parameter (that name, lower case and unencoded; its value percent-decoded) or as the path
 segment of ``/t/{token}/data/...`` (cut from the path by :func:`gateway.http.urls.split_path_token`,
-percent-decoded). An empty header or parameter carries no token. Anything else is a 400 with the reason:
-two carriers, even of equal tokens; repeated header lines or parameters; a header value with a comma or
-surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which another reader (nginx's
+percent-decoded). A share link (``/s/{capability}/...``, :mod:`gateway.http.share`) is one more carrier, of a
+read-only grant of one dataset; it is checked by its signature, expiry and the revocation list.
+An empty header or parameter carries no token. Anything else is a 400 with the reason:
+two carriers, even of equal tokens (a link and a token too); repeated header lines or parameters; a header
+value with a comma or surrounding blanks; a parameter named ``TOKEN``, ``Token`` or ``%74oken``, which
+another reader (nginx's
 ``$arg_token`` ignores case) might take for the token. The tokens file is refused at start-up if a token
 holds a comma or surrounding blanks.
 
@@ -19,6 +22,8 @@ every request to this site whether asked or not: it counts only when the request
 the issuer's claims, which the tokens file's ``"claims"`` map to grants; without sign-in neither is read.
 """
 
+import functools
+import hashlib
 import hmac
 import json
 import logging
@@ -34,7 +39,9 @@ from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from .filestamp import Stamp, file_stamp
 from .messages import HttpError, Request
+from .share import ShareLinks
 
 log = logging.getLogger("gateway")
 SHAPE = (
@@ -106,9 +113,21 @@ def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
 @dataclass(frozen=True, slots=True)
 class Grant:
     patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
+    holder: str = "the token"  # who holds it, as a refusal names it
+
+    @classmethod
+    def of_link(cls, organization: str, dataset: str, link: str) -> "Grant":
+        """A share link's grant: exactly one dataset (its names match themselves, ``*`` included)."""
+        return _link_grant(organization, dataset, link)
 
     def allows(self, organization: str, dataset: str) -> bool:
         return any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
+
+
+@functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker
+def _link_grant(organization: str, dataset: str, link: str) -> Grant:
+    exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
+    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)")
 
 
 class Tokens:
@@ -182,22 +201,20 @@ class ReloadingTokens:
         self._checked = time.monotonic()
         self._lock = threading.Lock()
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
+    def _stat(self) -> Stamp:
+        return file_stamp(self.path)
+
+    def current(self) -> Tokens:
+        """The tokens in force (the file looked at again if ``interval`` has passed)."""
+        if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
+            self._refresh()
+        return self._tokens
 
     def grant(self, token: str) -> Grant | None:
-        if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
-            self._refresh()
-        return self._tokens.grant(token)
+        return self.current().grant(token)
 
     def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
-        if self.interval > 0 and time.monotonic() - self._checked >= self.interval:
-            self._refresh()
-        return self._tokens.claims_grant(claims)
+        return self.current().claims_grant(claims)
 
     def _refresh(self) -> None:
         with self._lock:
@@ -224,6 +241,52 @@ class Identities(Protocol):
     def login_cookie(self, request: Request) -> str | None: ...
 
 
+MAX_DECISIONS = 4096  # tokens whose grants are remembered per worker; past it the oldest is forgotten
+
+
+class Decisions:
+    """The grants of the tokens offered, remembered per token until the tokens in force change.
+
+    Finding a token's grant compares it with every known token (in constant time) and costs as much as the rest
+    of a kept answer's way; a token comes again and again. A grant is remembered under a keyed hash of the token
+    offered, never the token, and only for a token that holds a grant: it holds no credential it was not given,
+    and an unknown token is compared every time. When the tokens file changes, everything remembered is dropped
+    before the next request is decided, so a revoked token or a narrowed grant is refused at once.
+    """
+
+    def __init__(self, tokens: ReloadingTokens) -> None:
+        self.tokens = tokens
+        self._key = os.urandom(16)  # per worker: a remembered hash tells nothing outside it
+        self._in_force: Tokens | None = None
+        self._grants: dict[bytes, Grant] = {}
+
+    def __len__(self) -> int:
+        return len(self._grants)
+
+    def _digest(self, token: str) -> bytes:
+        return hashlib.blake2b(token.encode("utf-8", "surrogatepass"), key=self._key, digest_size=16).digest()
+
+    def holds(self, token: str) -> bool:
+        """Whether a grant of ``token`` is remembered."""
+        return self._digest(token) in self._grants
+
+    def grant(self, token: str) -> Grant | None:
+        """The grant of ``token`` in the tokens in force; None for an unknown token."""
+        in_force = self.tokens.current()
+        if in_force is not self._in_force:
+            self._grants = {}
+            self._in_force = in_force
+        digest = self._digest(token)
+        found = self._grants.get(digest)
+        if found is None:
+            found = in_force.grant(token)
+            if found is not None:
+                if len(self._grants) >= MAX_DECISIONS:
+                    del self._grants[next(iter(self._grants))]
+                self._grants[digest] = found
+        return found
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     """A token of the tokens file."""
@@ -231,25 +294,42 @@ class Token:
     value: str
     in_url: bool  # a page asked for with ?token= or /t/{token}/ carries it on in its image and viewer URLs
 
-    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
-        """The grant this credential has (None: unknown)."""
-        return tokens.grant(self.value)
+    async def look_up(self, access: "Access") -> Grant | None:
+        """This credential's grant in ``access`` (None when the gateway is open); 401 when it grants nothing."""
+        return access.token_grant(self.value)
+
+    @property
+    def delegates(self) -> bool:
+        """Whether its holder may hand on read access to others (create a share link)."""
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class LinkToken(Token):
+    """A share link's capability, from a ``/s/{capability}/`` path: its pages carry it on as their path prefix."""
+
+    async def look_up(self, access: "Access") -> Grant | None:
+        return access.link_grant(self.value)
+
+    @property
+    def delegates(self) -> bool:
+        return False  # a link is handed on as itself, never made into a longer or other one
 
 
 @dataclass(frozen=True, slots=True)
 class BearerToken(Token):
     """An access token of the OpenID issuer (``Authorization: Bearer``)."""
 
-    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
-        return tokens.claims_grant(await access.identities_or_401().bearer_claims(self.value))
+    async def look_up(self, access: "Access") -> Grant | None:
+        return access.claims_grant(await access.identities_or_401().bearer_claims(self.value))
 
 
 @dataclass(frozen=True, slots=True)
 class LoginCookie(Token):
     """The login cookie of a browser signed in at /login."""
 
-    async def grant_in(self, access: "Access", tokens: ReloadingTokens) -> Grant | None:
-        return tokens.claims_grant(access.identities_or_401().login_claims(self.value))
+    async def look_up(self, access: "Access") -> Grant | None:
+        return access.claims_grant(access.identities_or_401().login_claims(self.value))
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -324,23 +404,28 @@ def read_token(
     header_lines: list[bytes],
     query: bytes,
     path_token: bytes | None = None,
+    path_link: bytes | None = None,
     authorization: list[bytes] | None = None,
     login_cookie: str | None = None,
 ) -> Token | None:
     """The one token offered by these ``X-Auth-Token`` lines, this raw query string, the path's token
-    segment (see :func:`gateway.http.urls.split_path_token`) and the ``Authorization`` lines, if any; 400 for
-    more, or for a token spelt otherwise than one way. Failing those, the login cookie's."""
+    segment (see :func:`gateway.http.urls.split_path_token`), a share link's capability and the
+    ``Authorization`` lines, if any; 400 for more, or for a token spelt otherwise than one way. Failing those,
+    the login cookie's."""
     offered = [
         token
         for token in (
             _header_token(header_lines),
             _query_token(query),
             None if path_token is None else _path_token(path_token),
+            None if path_link is None else LinkToken(path_link.decode("latin-1"), False),
             _bearer_token(authorization or []),
         )
         if token is not None
     ]
     if len(offered) > 1:
+        if path_link is not None:
+            raise HttpError(400, "the request carries a share link and a token: a share link needs no other, send one")
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
     if offered:
         return offered[0]
@@ -348,30 +433,36 @@ def read_token(
 
 
 class Access:
-    """The tokens in force and the decisions made with them; ``open`` without a tokens file. ``identities``:
-    sign-in with OpenID Connect, when configured (see the module's docstring)."""
+    """The tokens and share links in force and the decisions made with them; ``open`` without a tokens file.
+    ``identities``: sign-in with OpenID Connect, when configured (see the module's docstring)."""
 
     def __init__(
         self,
         tokens_file: Path | None,
         reload_seconds: float,
+        links: ShareLinks | None = None,
         identities: Identities | None = None,
     ) -> None:
         self.tokens = ReloadingTokens(tokens_file, reload_seconds) if tokens_file is not None else None
+        self.links = links
         self.identities = identities
+        self.decisions = Decisions(self.tokens) if self.tokens is not None else None
 
     @property
     def open(self) -> bool:
         return self.tokens is None
 
-    def read(self, request: Request, query: bytes, path_token: bytes | None) -> Token | None:
+    def read(
+        self, request: Request, query: bytes, path_token: bytes | None, path_link: bytes | None = None
+    ) -> Token | None:
         """The request's one credential (see :func:`read_token`): a sign-in's only when sign-in is configured."""
         if self.identities is None:
-            return read_token(request.header_lines(TOKEN_HEADER), query, path_token)
+            return read_token(request.header_lines(TOKEN_HEADER), query, path_token, path_link)
         return read_token(
             request.header_lines(TOKEN_HEADER),
             query,
             path_token,
+            path_link,
             request.header_lines(AUTHORIZATION_HEADER),
             self.identities.login_cookie(request),
         )
@@ -383,14 +474,30 @@ class Access:
 
     async def grant(self, token: Token | None) -> Grant | None:
         """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
-        if self.tokens is None:
-            return None
         if token is None:
+            if self.tokens is None:
+                return None
             raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
-        grant = await token.grant_in(self, self.tokens)
+        return await token.look_up(self)
+
+    def token_grant(self, value: str) -> Grant | None:
+        if self.decisions is None:
+            return None
+        grant = self.decisions.grant(value)
         if grant is None:
             raise HttpError(401, "the token is not valid")
         return grant
+
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant | None:
+        """The grant the tokens file's ``"claims"`` give a signed-in identity (None when the gateway is open)."""
+        return None if self.tokens is None else self.tokens.claims_grant(claims)
+
+    def link_grant(self, capability: str) -> Grant:
+        """A share link's grant, even where the gateway is open: a link reads its own dataset and nothing else."""
+        if self.links is None:
+            raise HttpError(401, "this gateway accepts no share links (no share_key_file is set)")
+        claims = self.links.check(capability)
+        return Grant.of_link(claims.organization, claims.dataset, claims.id)
 
     @property
     def _or_sign_in(self) -> str:
@@ -400,7 +507,7 @@ class Access:
 def check_dataset(grant: Grant | None, organization: str, dataset: str) -> None:
     """403 unless ``grant`` covers the dataset (whether or not it exists: absent and forbidden look alike)."""
     if grant is not None and not grant.allows(organization, dataset):
-        raise HttpError(403, f"the token does not grant access to {organization}/{dataset}")
+        raise HttpError(403, f"{grant.holder} does not grant access to {organization}/{dataset}")
 
 
 def check_files(grant: Grant | None, organization: str, dataset: str, owners: Iterable[tuple[str, str]]) -> None:
@@ -409,7 +516,8 @@ def check_files(grant: Grant | None, organization: str, dataset: str, owners: It
     if grant is not None and not all(grant.allows(org, name) for org, name in owners):
         raise HttpError(
             403,
-            f"the token does not grant access to {organization}/{dataset} (or to every dataset whose files it reads)",
+            f"{grant.holder} does not grant access to {organization}/{dataset} (or to every dataset whose files it "
+            "reads)",
         )
 
 
@@ -421,4 +529,4 @@ def granted_names(grant: Grant | None, organization: str, names: list[str]) -> l
 def check_organization(grant: Grant | None, organization: str, names: list[str]) -> None:
     """A token sees an organization only where it is granted a dataset there: 403 otherwise, absent or not."""
     if grant is not None and not granted_names(grant, organization, names):
-        raise HttpError(403, f"the token does not grant access to organization {organization}")
+        raise HttpError(403, f"{grant.holder} does not grant access to organization {organization}")

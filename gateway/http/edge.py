@@ -5,12 +5,14 @@ Around every request, outermost first:
 
 - :class:`RequestLog`: the request id, CORS and ``Referrer-Policy`` on every answer, the access log line,
   the metrics (in flight, per route, bytes);
-- :class:`PathTokens`: ``/t/{token}/...`` routed as the path below the token, the token kept for auth;
+- :class:`PathTokens`: ``/t/{token}/...`` and a share link's ``/s/{capability}/...`` routed as the path below
+  them, the token or capability kept for auth;
+- the front (:class:`gateway.http.kept.KeptAnswers`): a chunk whose answer is kept, given before dispatch;
 - :class:`TreeRequests`: GET and HEAD below a Zarr tree straight to the trees' endpoint, with the error map
   (the chunk path, which Starlette's stack in front of a route cost about a fifth of its CPU); every other
   request to the Starlette app:
 - :class:`Methods`: a preflight for ``OPTIONS`` and 405 for any method but GET and HEAD, on every path
-  alike (before routing, so no route can forget it);
+  alike but ``/share/`` (which takes a POST), before routing, so no route can forget it;
 - Starlette's router and exception middleware: the handlers (:class:`Endpoint`) and the one error map
   (:mod:`gateway.http.errors`) as the handler of every exception.
 
@@ -38,9 +40,10 @@ from starlette.types import ASGIApp
 from ..logs import access_log
 from ..metrics import STATS
 from .errors import HiddenRoots, error_answer, json_error
-from .messages import Answer, Exchange, Message, Receive, Request, Scope, Send
+from .messages import SHARE_PREFIX, Answer, Exchange, Message, Receive, Request, Scope, Send
 from .ops import Ops
-from .urls import TOKEN_PREFIX, split_path_token
+from .share import link_id
+from .urls import SHARE_ROUTE, TOKEN_PREFIX, split_path_token, split_share_link
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
 ALLOWED_HEADERS = (
@@ -57,7 +60,7 @@ _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 # A client's (or a proxy's) X-Request-Id is kept only when it is plain, as the shipped proxy keeps it; it lands
 # in log lines, so it can hold no separator and no control character.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
-_READS = ("GET", "HEAD")
+READS = ("GET", "HEAD")  # the methods that read: the trees' shortcut and the kept answers take only these
 EXCHANGE = "gateway.exchange"  # the scope key of the request's :class:`Exchange`
 Handler = Callable[[Request], Awaitable[Answer]]
 
@@ -122,14 +125,15 @@ class RequestLog:
 
 
 class Methods:
-    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike."""
+    """``OPTIONS`` answered as a CORS preflight, any method but GET and HEAD a 405, on every path alike but the
+    one that takes a form (POST ``/share/...``, which makes a share link)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
-        if method in _READS or scope["type"] != "http":
+        if method in READS or scope["type"] != "http" or (method == "POST" and scope["path"].startswith(SHARE_ROUTE)):
             await self.app(scope, receive, send)
         elif method == "OPTIONS":
             exchange_of(scope).route = "preflight"
@@ -151,7 +155,8 @@ def _preflight(scope: Scope) -> Answer:
 
 
 class PathTokens:
-    """``/t/{token}/data/...`` is routed as ``/data/...``; the token is kept for :func:`auth.read_token`."""
+    """``/t/{token}/data/...`` and ``/s/{capability}/data/...`` are routed as ``/data/...``; the token or the
+    capability is kept for :func:`auth.read_token`, and a link's id for the log line."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -160,6 +165,12 @@ class PathTokens:
         if scope["type"] == "http" and scope["path"].startswith(TOKEN_PREFIX):
             exchange = exchange_of(scope)
             exchange.path_token, exchange.path = split_path_token(_raw_path(scope), scope["path"])
+            scope = {**scope, "path": exchange.path}
+        elif scope["type"] == "http" and scope["path"].startswith(SHARE_PREFIX):
+            exchange = exchange_of(scope)
+            exchange.path_link, exchange.path = split_share_link(_raw_path(scope), scope["path"])
+            if exchange.path_link is not None:
+                exchange.link_id = link_id(exchange.path_link.decode("latin-1"))
             scope = {**scope, "path": exchange.path}
         await self.app(scope, receive, send)
 
@@ -184,23 +195,28 @@ class Endpoint:
         self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = exchange_of(scope)
+        request = request_of(scope, receive)
         if self.route is not None:
-            exchange.route = self.route
-        raw_headers = scope["headers"]
-        client = scope.get("client")
-        request = Request(
-            scope["method"],
-            exchange.path,
-            dict(raw_headers),
-            scope.get("query_string", b""),
-            exchange,
-            receive,
-            raw_headers,
-            client[0] if client else "",
-        )
+            request.exchange.route = self.route
         answer = await self.handler(request)
         await answer.send(send)
+
+
+def request_of(scope: Scope, receive: Receive) -> Request:
+    """The gateway's :class:`Request` of an HTTP scope (below the edge's middleware, which made its exchange)."""
+    exchange = exchange_of(scope)
+    raw_headers = scope["headers"]
+    client = scope.get("client")
+    return Request(
+        scope["method"],
+        exchange.path,
+        dict(raw_headers),
+        scope.get("query_string", b""),
+        exchange,
+        receive,
+        raw_headers,
+        client[0] if client else "",
+    )
 
 
 class TreeRequests:
@@ -221,7 +237,7 @@ class TreeRequests:
         self.roots = roots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in _READS or not scope["path"].startswith(self.prefixes):
+        if scope["type"] != "http" or scope["method"] not in READS or not scope["path"].startswith(self.prefixes):
             await self.app(scope, receive, send)
             return
         try:
@@ -249,16 +265,30 @@ def _error_map(roots: HiddenRoots) -> Callable[[StarletteRequest, Exception], Aw
     return mapped
 
 
-class Edge:
-    """The application: :class:`RequestLog` and :class:`PathTokens` around :class:`TreeRequests`, which hands the
-    trees' GET and HEAD to their endpoint and everything else to the Starlette app."""
+Front = Callable[[ASGIApp], ASGIApp]  # a layer put in front of dispatch (the kept answers), given what is behind it
 
-    def __init__(self, starlette: Starlette, ops: Ops, trees: Endpoint, prefixes: Sequence[str], roots: HiddenRoots):
+
+class Edge:
+    """The application: :class:`RequestLog` and :class:`PathTokens` around ``front`` (the kept answers, if given)
+    and :class:`TreeRequests`, which hands the trees' GET and HEAD to their endpoint and everything else to the
+    Starlette app."""
+
+    def __init__(
+        self,
+        starlette: Starlette,
+        ops: Ops,
+        trees: Endpoint,
+        prefixes: Sequence[str],
+        roots: HiddenRoots,
+        front: Front | None = None,
+    ):
         self._parts = (starlette, ops, trees, roots)
-        self.app = RequestLog(PathTokens(TreeRequests(starlette, trees, prefixes, roots)), ops)
+        dispatch: ASGIApp = TreeRequests(starlette, trees, prefixes, roots)
+        self.app = RequestLog(PathTokens(dispatch if front is None else front(dispatch)), ops)
 
     def through_starlette(self) -> "Edge":
-        """The same application with every request routed by Starlette: what the shortcut must answer alike."""
+        """The same application with every request routed by Starlette (and no kept answer given before
+        dispatch): what the shortcuts must answer alike."""
         starlette, ops, trees, roots = self._parts
         return Edge(starlette, ops, trees, (), roots)
 
@@ -267,7 +297,12 @@ class Edge:
 
 
 def build_edge(
-    routes: Sequence[BaseRoute], ops: Ops, roots: HiddenRoots, trees: Endpoint, tree_prefixes: Sequence[str]
+    routes: Sequence[BaseRoute],
+    ops: Ops,
+    roots: HiddenRoots,
+    trees: Endpoint,
+    tree_prefixes: Sequence[str],
+    front: Front | None = None,
 ) -> Edge:
     """The Starlette app over ``routes`` with the middleware above and the error map, behind the trees' shortcut.
 
@@ -282,7 +317,7 @@ def build_edge(
         exception_handlers={HTTPException: mapped},  # the router's 404 in place of Starlette's plain text
         lifespan=lambda app: ops.lifespan(),
     )
-    return Edge(starlette, ops, trees, tree_prefixes, roots)
+    return Edge(starlette, ops, trees, tree_prefixes, roots, front)
 
 
 def endpoint_routes(paths: dict[str, Endpoint], mounts: dict[str, Endpoint]) -> list[BaseRoute]:

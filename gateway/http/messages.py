@@ -15,17 +15,23 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]  # an ASGI application (or a layer of one)
 T = TypeVar("T")
 RawHeaders = list[tuple[bytes, bytes]]
 REDACTED_PATH_TOKEN = "/t/***"  # what log lines and messages show for the token of a /t/{token}/ path
+SHARE_PREFIX = "/s/"  # /s/{capability}/data/... : a share link (gateway.http.share), logged as /s/{its id}
+REDACTED_SHARE_LINK = SHARE_PREFIX + "***"  # a share link path that names nothing
 
 
 def without_path_token(path: str) -> str:
-    """``path`` cut after its first ``/t/`` (any letter case), ``***`` in place of the rest: a decoded path that
-    spells a token path another way (``//t/``, ``/./t/``, ``/x/../t/``, ``/%74/``) shows no token either."""
-    if "/t/" not in path and "/T/" not in path:  # the cheap test first: almost every path
+    """``path`` cut after its first ``/t/`` or ``/s/`` (any letter case), ``***`` in place of the rest: a decoded
+    path that spells a token or link path another way (``//t/``, ``/./t/``, ``/x/../s/``, ``/%74/``) shows no
+    token or capability either."""
+    if "/t/" not in path and "/T/" not in path and "/s/" not in path and "/S/" not in path:  # the cheap test first
         return path
-    return path[: path.lower().index("/t/")] + REDACTED_PATH_TOKEN
+    lowered = path.lower()
+    cut = min(at for at in (lowered.find("/t/"), lowered.find(SHARE_PREFIX)) if at >= 0)
+    return path[:cut] + (REDACTED_PATH_TOKEN if lowered[cut + 1] == "t" else REDACTED_SHARE_LINK)
 
 
 class ClientGone(Exception):
@@ -58,6 +64,8 @@ class Exchange:
     method: str
     path: str  # as routed: below a path token
     path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
+    path_link: bytes | None = None  # the capability of a /s/{capability}/ path; ``path`` is then the path below it
+    link_id: str = ""  # that link's id, as log lines show it (never its capability)
     route: str = "other"  # the metric label, set by the handler as soon as it knows the kind of resource
     status: int = 0  # the answer's status once its head is sent (0 before): an error after it cannot be answered
 
@@ -69,6 +77,8 @@ class Exchange:
         ``/t/***``, and any other path is cut after a ``/t/`` it holds, however it was spelt.
         """
         below = without_path_token(self.path)
+        if self.path_link is not None:
+            return f"{SHARE_PREFIX}{self.link_id}{below}"
         return below if self.path_token is None else REDACTED_PATH_TOKEN + below
 
     @property

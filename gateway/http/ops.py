@@ -5,7 +5,7 @@
 - ``/metrics`` is the Prometheus text exposition (see :mod:`gateway.metrics`).
 - ``/auth`` answers a proxy's auth subrequest (nginx ``auth_request``, ingress-nginx ``auth-url``): 204
   when the token (X-Auth-Token header, ``token`` in the query or ``/t/{token}/`` in the path of the
-  original URI) grants what the
+  original URI) or the share link (``/s/{capability}/``) grants what the
   ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL) names, 401
   without a valid token, 403 when the token lacks the grant. The URI is parsed by the routes' own
   parser and judged by their own decision (:mod:`gateway.http.auth`), so the proxy lets through only
@@ -35,8 +35,8 @@ from ..settings import Settings
 from ..zarr.trees import NodeNotFound
 from .errors import HiddenRoots, HttpError, json_error
 from .handlers.access import Authorizer
-from .messages import REDACTED_PATH_TOKEN, Answer, Request, raw_headers
-from .urls import access_names, request_path, split_path_token
+from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, Answer, Request, raw_headers
+from .urls import access_names, request_path, split_path_token, split_share_link
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
@@ -135,9 +135,9 @@ class Ops:
         204 (and the compose proxy 401/403), so a 202, which decided nothing about the token, is never
         reused for another request.
         """
-        if self.access.open:
-            return Answer(204, [])  # no tokens file: every dataset is readable
         original = _original_uri(request)
+        if self.access.open and (original is None or not original.startswith(SHARE_PREFIX)):
+            return Answer(204, [])  # no tokens file: every dataset is readable (a share link is still checked)
         if original is None:
             return json_error(
                 400, "X-Original-URI or X-Original-URL is missing: /auth answers a proxy's auth subrequest", NO_STORE
@@ -147,9 +147,10 @@ class Ops:
             return json_error(403, "the original URI is not a path", NO_STORE)
         try:
             path_token, path = split_path_token(raw_path, request_path(raw_path))
-            if path == REDACTED_PATH_TOKEN:  # a /t/ path that names nothing: the routes' 404
+            path_link, path = split_share_link(raw_path, path)
+            if path in (REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK):  # a /t/ or /s/ path that names nothing: a 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-            token = self.access.read(request, query.encode("latin-1"), path_token)
+            token = self.access.read(request, query.encode("latin-1"), path_token, path_link)
             await self.access.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):

@@ -19,7 +19,7 @@ from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .errors import HttpError
-from .messages import REDACTED_PATH_TOKEN
+from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX
 
 DATA_PREFIX = "/data/"
 PREVIEW_PREFIX = "/preview/"
@@ -28,6 +28,9 @@ MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 LOGIN_PATHS = ("/login", "/callback", "/logout")  # sign-in with OpenID Connect (gateway.http.oidc)
 CALLBACK_PATH = LOGIN_PATHS[1]  # where the issuer sends the browser back to
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
+SHARE_ROUTE = "/share/"  # POST /share/{organization}/{dataset}: a new share link (gateway.http.handlers.share)
+# What a /t/{token}/ or /s/{capability}/ prefix may stand in front of.
+_BELOW_PATH_CREDENTIAL = (DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/", SHARE_ROUTE)
 
 
 # The trees as the URL space names them: each tree under its own name, and webKnossos' older name for the v3 tree.
@@ -53,6 +56,7 @@ class DataTarget:
     file: str | None = None  # a metadata name at that level
     key: str | None = None  # a chunk key below an array
     misplaced: str | None = None  # why a metadata name is a 404 here, once the nodes above are found to exist
+    below: str = ""  # the share link path the request came under (/s/{capability}): its listings link below it
 
     @property
     def route(self) -> str:
@@ -71,8 +75,8 @@ class DataTarget:
 
     @property
     def base(self) -> str:
-        """The node's own path, ending in "/": what its listing's links start with."""
-        return DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
+        """The node's own path, ending in "/": what its listing's links start with (below a link, if any)."""
+        return self.below + DATA_PREFIX + "/".join((self.tree_name, *self.names)) + "/"
 
 
 _LEVEL_NAMES = {Level.DATASET: "dataset", Level.GROUP: "group", Level.ARRAY: "array"}
@@ -181,6 +185,16 @@ def parse_mesh_path(path: str) -> MeshTarget:
     return MeshTarget(*parts)
 
 
+def parse_share_path(path: str) -> tuple[str, str]:
+    """The organization and dataset of ``/share/{organization}/{dataset}``, where a share link is made."""
+    rest = path[len(SHARE_ROUTE) :]
+    parts = rest.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise HttpError(404, f"a share link is made with POST {SHARE_ROUTE}{{organization}}/{{dataset}}")
+    _segments(rest)
+    return parts[0], parts[1]
+
+
 def request_path(raw_path: str) -> str:
     """A raw (percent-encoded) request path as the server decodes it for the routes: what ``/auth`` parses."""
     return unquote(raw_path) if "%" in raw_path else raw_path
@@ -211,19 +225,25 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
 
     ``raw_path`` is the path as sent (percent escapes kept, one character per byte), ``path`` the same
     decoded. The token segment is cut from the raw path, so that a token holding an encoded ``/`` stays one
-    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/``, ``/preview/`` or
-    ``/neuroglancer/`` path below its token (the viewer's own files then come with the token, as a proxy that
-    checks every path needs), names nothing: it comes back as a path that no route answers (a 404), with the token
-    replaced by ``***``, so that no message and no log line shows it.
+    segment. A path that starts with ``/t/`` only once decoded, or holds no ``/data/``, ``/preview/``,
+    ``/neuroglancer/`` or ``/share/`` path below its token (the viewer's own files then come with the token, as a
+    proxy that checks every path needs), names nothing: it comes back as a path that no route answers (a 404),
+    with the token replaced by ``***``, so that no message and no log line shows it.
     """
-    if not path.startswith(TOKEN_PREFIX):
+    return _split(TOKEN_PREFIX, REDACTED_PATH_TOKEN, raw_path, path)
+
+
+def split_share_link(raw_path: str, path: str) -> tuple[bytes | None, str]:
+    """The capability of a ``/s/{capability}/...`` share link path and the path below it, as
+    :func:`split_path_token` cuts a token (and with the same refusals, ``/s/***`` for a path that names nothing)."""
+    return _split(SHARE_PREFIX, REDACTED_SHARE_LINK, raw_path, path)
+
+
+def _split(prefix: str, redacted: str, raw_path: str, path: str) -> tuple[bytes | None, str]:
+    if not path.startswith(prefix):
         return None, path
-    segment, slash, rest = raw_path[len(TOKEN_PREFIX) :].partition("/")
+    segment, slash, rest = raw_path[len(prefix) :].partition("/")
     below = request_path("/" + rest)
-    if (
-        not raw_path.startswith(TOKEN_PREFIX)
-        or not slash
-        or not below.startswith((DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/"))
-    ):
-        return None, REDACTED_PATH_TOKEN
+    if not raw_path.startswith(prefix) or not slash or not below.startswith(_BELOW_PATH_CREDENTIAL):
+        return None, redacted
     return unquote_to_bytes(segment.encode("latin-1")), below

@@ -139,9 +139,12 @@ def legacy_fragment(surface: Surface, mag: Vec3, voxel_nm: tuple[float, float, f
     )
 
 
-def segment_properties(ids: np.ndarray, voxels: np.ndarray, labels: dict[int, str]) -> dict[str, Any]:
-    """Inline properties: every id with its voxel count (a number Neuroglancer sorts by) and, where the
-    dataset names segments, a label (which its segment list shows and searches)."""
+def segment_properties(
+    ids: np.ndarray, voxels: np.ndarray, labels: dict[int, str], members: np.ndarray | None = None
+) -> dict[str, Any]:
+    """Inline properties: every id with its voxel count (a number Neuroglancer sorts by), the segments it joins
+    where it is an agglomerate of a mapped layer, and, where the dataset names segments, a label (which its
+    segment list shows and searches)."""
     numbers = "uint32" if len(voxels) == 0 or int(voxels.max()) < (1 << 32) else "float32"
     properties: list[dict[str, Any]] = []
     if labels:
@@ -155,6 +158,16 @@ def segment_properties(ids: np.ndarray, voxels: np.ndarray, labels: dict[int, st
             "values": [int(v) for v in voxels],
         }
     )
+    if members is not None:
+        properties.append(
+            {
+                "id": "members",
+                "type": "number",
+                "data_type": "uint32" if len(members) == 0 or int(members.max()) < (1 << 32) else "float32",
+                "description": "segments of the source layer the agglomerate joins",
+                "values": [int(m) for m in members],
+            }
+        )
     return {
         "@type": "neuroglancer_segment_properties",
         "inline": {"ids": [str(int(i)) for i in ids], "properties": properties},

@@ -178,7 +178,7 @@ def take_stamp(mags: dict[Vec3, MagSource], limit: int = STAMP_FILES) -> DataSta
     newest = 0.0
     for mag in sorted(mags):
         source = mags[mag]
-        listed = source.storage.list_files(source.location, limit)
+        listed = source.listed_files(limit)
         if listed is None:
             return None
         digest.update(f"mag {mag}\0".encode())

@@ -198,7 +198,8 @@ class Segments:
             if len(ids) > MAX_LISTED_SEGMENTS:
                 keep = np.sort(np.lexsort((ids, -voxels.astype(np.int64)))[:MAX_LISTED_SEGMENTS])
                 ids, voxels = ids[keep], voxels[keep]
-            return json_bytes(segment_properties(ids, voxels, labels))
+            members = next(iter(meshes.layer.mags.values())).member_counts(ids)
+            return json_bytes(segment_properties(ids, voxels, labels, members))
 
         return self.cache.made(key, render, len)
 

@@ -26,9 +26,11 @@ from gateway_storage.geometry import Vec3, mag_name, mag_names
 from gateway_storage.local import DATASET_DEPTH
 from wkw_adapter import WkwError
 
+from ..extras import MissingExtraError
 from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
+from .mappings import Found, MappedMag, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
@@ -63,6 +65,8 @@ class Layer:
     # Why its data cannot be reached now (a symlinked volume away when it was loaded), if that is why it has no
     # mag: its chunks are then a storage fault (503), never absent data (404), until a reload finds the volume.
     away: str | None = None
+    # The layer whose voxels a mapped layer maps (its name), None for a stored layer.
+    mapped_from: str | None = None
 
 
 @dataclass
@@ -304,7 +308,60 @@ class Catalog:
         except ValidationError as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is invalid: {_validation_message(exc)}")
         layers = {layer.name: self._load_layer(directory, layer) for layer in properties.data_layers}
+        mapped = self._mapped_layers(directory, layers)
+        if mapped:
+            entries = {entry.get("name"): entry for entry in document["dataLayers"] if isinstance(entry, dict)}
+            document = {
+                **document,
+                "dataLayers": [*document["dataLayers"], *(_mapped_entry(entries, m) for m in mapped.values())],
+            }
+            layers.update(mapped)
         return Dataset(organization, name, directory, identity.version, properties, document, layers)
+
+    def _mapped_layers(self, directory: str, layers: dict[str, Layer]) -> dict[str, Layer]:
+        """A layer per mapping beside each segmentation layer (``<layer>__<mapping>``); a mapping that cannot be
+        served is a layer listed with the reason, one whose name cannot be a layer name a problem of its source."""
+        mapped: dict[str, Layer] = {}
+        for name, layer in layers.items():
+            if layer.properties.category != "segmentation" or not layer.mags:
+                continue
+            try:
+                found = self.formats.mappings.find(self._files.join(directory, name))
+            except (OSError, StorageError) as exc:
+                if isinstance(exc, StoreUnavailableError):
+                    raise
+                layer.problems.append(f"its mappings cannot be listed: {exc}")
+                continue
+            for entry in found:
+                target = mapped_name(name, entry.name)
+                if not is_plain_name(target) or target in layers or target in mapped:
+                    why = "is a layer's name already" if is_plain_name(target) else "is no plain name"
+                    layer.problems.append(f"mapping {entry.name!r} is not served: its layer name {why}")
+                    continue
+                mapped[target] = self._mapped_layer(target, layer, entry)  # a name of markup: listed, refused
+        return mapped
+
+    def _mapped_layer(self, target: str, layer: Layer, found: Found) -> Layer:
+        source_dtype = layer.properties.dtype
+        properties = layer.properties.model_copy(update={"name": target, "largest_segment_id": None})
+        loaded = Layer(properties, {}, owners=set(layer.owners), mapped_from=layer.properties.name)
+        try:
+            real = self._files.resolve(found.path)
+            if real is None:
+                raise SourceError("it lies outside the data root")
+            owner = self._owner(real)
+            if owner is not None:
+                loaded.owners.add(owner)
+            mapping = self.formats.mappings.open(found, source_dtype)
+            dtype = mapped_dtype(source_dtype, mapping)
+        except StoreUnavailableError:
+            raise
+        except (OSError, StorageError, SourceError, MissingExtraError) as exc:
+            loaded.problems.append(f"mapping {found.name!r} ({found.kind}): {exc}")
+            return loaded
+        loaded.properties = properties.model_copy(update={"element_class": dtype.name})
+        loaded.mags = {mag: MappedMag(source, mapping, dtype) for mag, source in layer.mags.items()}
+        return loaded
 
     def _load_layer(self, directory: str, layer: DataLayer) -> Layer:
         loaded = Layer(layer, {})
@@ -404,6 +461,14 @@ class Catalog:
                 if exc.errno != errno.ENAMETOOLONG:
                     raise  # a storage fault, not a name
         return None
+
+
+def _mapped_entry(entries: dict[Any, dict[str, Any]], layer: Layer) -> dict[str, Any]:
+    """A mapped layer's entry in the served properties: its source layer's, renamed, with the mapped data type,
+    without what describes the source's ids only (largest id, attached mappings)."""
+    source = layer.mapped_from
+    entry = {k: v for k, v in entries.get(source, {}).items() if k not in ("largestSegmentId", "attachments")}
+    return {**entry, "name": layer.properties.name, "elementClass": layer.properties.element_class}
 
 
 def _too_much(document: dict[str, Any]) -> str | None:

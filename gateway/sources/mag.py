@@ -12,6 +12,7 @@ import numpy as np
 
 from gateway_storage import AnchoredStore, FileIdentity, FileSource, Store
 from gateway_storage.geometry import Box, Vec3
+from gateway_storage.identity import ListedFile
 
 from .properties import BoundingBox
 
@@ -189,6 +190,16 @@ class MagSource:
 
     def files_inside(self, offset: Vec3, shape: Vec3) -> list[str] | None:
         """:meth:`files_covering` of a box that lies inside the bounding box."""
+        return None
+
+    def listed_files(self, limit: int) -> list[ListedFile] | None:
+        """Every file the mag's voxels are read from, with its identity (what a data stamp digests); None from a
+        store that cannot list. Past ``limit`` entries, OversizedListingError."""
+        return self.storage.list_files(self.location, limit)
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """How many segments of a source layer each id joins (a mapped layer's agglomerates); None for a layer
+        whose ids are its segments."""
         return None
 
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:

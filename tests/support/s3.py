@@ -179,3 +179,20 @@ class CountingProxy(ThreadedServer):
         with self._lock:
             fetches, self.fetches = self.fetches, []
         return fetches
+
+
+@contextmanager
+def uploaded_behind_proxy(work: Path, local: Path, bucket: str, prefix: str) -> Iterator[tuple[Any, "CountingProxy"]]:
+    """moto (its log in ``work``) holding every file under ``local`` as ``bucket/prefix/...``, reached through a
+    started :class:`CountingProxy`: its boto3 client and the proxy; both stopped afterwards."""
+    moto = start_moto(work / "moto.log")
+    proxy = CountingProxy(moto.endpoint)
+    try:
+        client = moto.client()
+        client.create_bucket(Bucket=bucket)
+        upload_tree(client, local, bucket, prefix)
+        proxy.start()
+        yield client, proxy
+    finally:
+        proxy.stop()
+        moto.stop()

@@ -86,6 +86,13 @@ def wait_until_drawn(page: Page, timeout: float = LOAD_TIMEOUT) -> dict[str, Any
     raise BrowserError(f"view not drawn after {timeout} s: {state}; console: {page.console[-20:]}")
 
 
+def open_and_draw(page: Page, url: str) -> list[dict[str, Any]]:
+    """Open a Neuroglancer address and wait until its view is drawn: every data source of every layer."""
+    page.navigate(url)
+    page.wait_for("typeof window.viewer === 'object'", timeout=60)
+    return [source for layer in wait_until_drawn(page)["layers"] for source in layer["sources"]]
+
+
 def settled_screenshot(page: Page, path: Path, attempts: int = 20) -> Path:
     """A screenshot after a forced redraw that the next forced redraw leaves unchanged (the frame is final)."""
     previous = b""

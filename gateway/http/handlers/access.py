@@ -20,12 +20,14 @@ class Authorizer:
 
     def token(self, request: Request) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here."""
-        return self.read(request, request.query_string, request.path_token)
+        return self.read(request, request.query_string, request.path_token, request.exchange.path_link)
 
-    def read(self, request: Request, query: bytes, path_token: bytes | None) -> Token | None:
-        """The one token of ``request``'s headers, this query and path token (the proxy's ``/auth`` gives the
-        original URI's)."""
-        return self.access.read(request, query, path_token)
+    def read(
+        self, request: Request, query: bytes, path_token: bytes | None, path_link: bytes | None = None
+    ) -> Token | None:
+        """The one token of ``request``'s headers, this query, path token and share link (the proxy's ``/auth``
+        gives the original URI's)."""
+        return self.access.read(request, query, path_token, path_link)
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
         """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
@@ -41,6 +43,13 @@ class Authorizer:
             # names alone: no dataset is loaded to authorize an organization
             names_there = await self.datasets.call(self.datasets.catalog.dataset_names, names[0])
             check_organization(grant, names[0], names_there)
+        return grant
+
+    async def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
+        """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup."""
+        grant = await self.access.grant(token)
+        check_dataset(grant, dataset.organization, dataset.name)
+        check_files(grant, dataset.organization, dataset.name, dataset.owners)
         return grant
 
     async def request_grant(self, request: Request, names: tuple[str, ...]) -> Grant | None:

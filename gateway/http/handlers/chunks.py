@@ -7,9 +7,10 @@ import anyio
 
 from gateway_storage import FileChangedError, FileUnsettledError
 
+from ...sources.catalog import Dataset
 from ...zarr.nodes import ArrayNode
 from ...zarr.resource import Resource
-from ..answers import AnswerCache, AnswerKey
+from ..answers import AnswerCache, AnswerKey, KeptTarget
 from ..budget import MemoryBudget
 from ..messages import Request
 from ..urls import DataTarget
@@ -25,17 +26,22 @@ class Chunks:
     memory: MemoryBudget
     answers: AnswerCache
 
-    async def answer(self, target: DataTarget, node: ArrayNode, key: str, request: Request) -> Resource:
+    async def answer(
+        self, target: DataTarget, node: ArrayNode, key: str, request: Request, dataset: Dataset
+    ) -> Resource:
+        """The chunk ``key`` of ``node``, an array of ``dataset``; a kept one is remembered under the request's
+        path, so that the front of the edge finds it next time."""
         index = target.tree.parse_key(key, node.rank)
         if not self.answers.enabled:
             return await self._made(node, index, request)
         place = AnswerKey(target.tree.name, target.names, node.fingerprint, index)
         kept = await self.answers.current(place, self.chunk_threads)
-        if kept is not None:
-            return kept
-        made = await self._made(node, index, request)
-        self.answers.keep(place, made)
-        return made
+        if kept is None:
+            kept = await self._made(node, index, request)
+            if not self.answers.keep(place, kept):
+                return kept
+        self.answers.targets.remember(request.exchange.path, KeptTarget(place, dataset, target.route))
+        return kept
 
     async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:
         self.memory.check(node.working_bytes)  # a need no wait could grant is refused before any work

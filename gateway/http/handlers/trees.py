@@ -5,6 +5,7 @@ and the target handed to the handler of its level: a table from :class:`~gateway
 handler, built by the composition root.
 """
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +25,7 @@ from .access import Authorizer
 from .chunks import Chunks
 from .datasets import Datasets
 from .listings import Listings, Readable
-from .pages import Pages, listing, page_token
+from .pages import Pages, link_prefix, listing, page_token
 from .sender import Sender
 
 
@@ -46,6 +47,8 @@ class TreeHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_data_path(request.path)
+        if request.exchange.path_link is not None:  # the listings below a share link link below it
+            target = dataclasses.replace(target, below=link_prefix(request))
         request.exchange.route = target.route
         token = self.access.token(request)
         grant = await self.access.authorize(token, target.names[:2])
@@ -177,4 +180,4 @@ class ArrayLevel(InDataset):
             return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
         if target.key is None:
             return listing(target.base, [Entry(f, False) for f in tree.array_files])
-        return await self.chunks.answer(target, node, target.key, request)
+        return await self.chunks.answer(target, node, target.key, request, view.dataset)

@@ -11,6 +11,7 @@ from ...sources.catalog import Dataset
 from .listing import Entry, listing_items
 from .markup import other_link, path_of, resource, text, with_token
 from .neuroglancer import mesh_source, neuroglancer_layer, neuroglancer_link, neuroglancer_source
+from .share import ShareForm, render_share_form
 from .snippets import Snippet, snippets
 
 
@@ -39,6 +40,7 @@ class DatasetPage:
     snippets: tuple[Snippet, ...]
     carries_token: bool = False  # the page was asked for with ?token=, and its links carry the token on
     viewer_note: str | None = None  # why the viewer link may show nothing (an https viewer, an http gateway)
+    share: ShareForm | None = None  # where its share form posts; None: no form (no key, or a link's own page)
 
 
 def viewer_layers(
@@ -201,5 +203,5 @@ def render_dataset_page(base_path: str, entries: list[Entry], page: DatasetPage)
         page_head(title) + f"<h1>{title}<small>Index of {text(base_path)}</small></h1>\n"
         f"{resource('static/token-note.html') if page.carries_token else ''}{viewer_note_markup(page.viewer_note)}"
         '<ul class="children">\n' + "\n".join(listing_items(base_path, entries)) + "\n</ul>\n"
-        f"{cards}\n{code}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
+        f"{cards}\n{code}{render_share_form(page.share)}<script>{resource('static/copy.js')}</script>\n</body></html>\n"
     ).encode()

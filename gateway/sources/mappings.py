@@ -1,0 +1,728 @@
+"""Agglomerate mappings of segmentation layers, each served as a segmentation layer of its own.
+
+webKnossos keeps a layer's mappings beside it: ``<layer>/agglomerates/<name>.hdf5`` (the HDF5 dataset
+``segment_to_agglomerate``: index a segment id, value its agglomerate id), the same arrays as a Zarr v3 group
+``<layer>/agglomerates/<name>/``, and JSON mappings ``<layer>/mappings/<name>.json`` (``classes``: lists of
+equivalent ids, each mapped to its smallest, in order, as webKnossos' viewer applies them). The gateway serves each
+as the layer ``<layer>__<name>`` (:func:`mapped_name`), whose voxels are the source layer's with the mapping applied:
+ids without an entry stay as they are, 0 stays 0.
+
+A real ``segment_to_agglomerate`` holds 10^8 to 10^9 entries, so a chunk looks up only its distinct ids, in
+pieces of the array (:data:`PIECE_ENTRIES` entries, or a stored chunk of it) that a bounded cache keeps by file
+version; nothing ever reads the whole array. Every byte is read through the store (h5py reads a file object
+that reads through it), pinned to the version that was checked, and what a chunk read is named in its sources,
+so its ETag and every cache follow a rewrite.
+"""
+
+import io
+import json
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
+from gateway_storage.geometry import Vec3
+from gateway_storage.identity import ListedFile
+
+from ..extras import MAPPINGS
+from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
+from .decoding import MemoryDecoder
+from .documents import load_json
+from .mag import MagSource, SourceError
+from .metadata import ZarrArray, parse_zarr_json
+from .shard_index import decode_shard_index, is_absent
+
+SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
+AGGLOMERATES = "agglomerates"
+JSON_MAPPINGS = "mappings"
+ARRAY = "segment_to_agglomerate"
+OFFSETS = "agglomerate_to_segments_offsets"
+HDF5_SUFFIXES = (".hdf5", ".h5")
+# A mapping's name becomes part of a layer name, a URL and a page: letters, digits and ``._-`` only.
+PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+PIECE_ENTRIES = 1 << 12  # entries per piece of a contiguous array: 32 KiB of uint64, read and kept together
+MAX_PIECE_BYTES = 8 << 20  # a chunked array's piece is one stored chunk, at most this large
+MAX_ENTRIES = 1 << 36  # past any real over-segmentation (10^9 ids): a larger declared extent is refused
+MAX_LISTED = 100_000  # entries walked below agglomerates/ and mappings/ when a dataset is loaded
+MAX_JSON_BYTES = 16 << 20
+MAX_JSON_VALUES = 2_000_000
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+class MappingUnreadable(OSError):
+    """A mapping that was usable when its layer was loaded and cannot be read now (rewritten into something
+    else, truncated): a storage fault of the mapped layer's chunks (500), never absent data."""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A mapping file or group found beside a layer, before it is opened."""
+
+    name: str
+    kind: str  # "hdf5", "zarr", "json"
+    path: str
+
+
+def mapped_name(layer: str, mapping: str) -> str:
+    return f"{layer}{SEPARATOR}{mapping}"
+
+
+class Mapping(ABC):
+    """One mapping: the dtype of its agglomerate ids and the lookup of sorted distinct segment ids."""
+
+    kind: str
+
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+        self.store = store
+        self.name = found.name
+        self.path = found.path
+        self.pieces = pieces
+        self.key = store.relative(found.path)  # the same on every replica
+        self._lock = threading.Lock()
+
+    dtype: np.dtype
+
+    @abstractmethod
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        """Agglomerate ids (``self.dtype``) of sorted distinct segment ids; ids without an entry map to
+        themselves. Also every file read and the version read."""
+
+    @abstractmethod
+    def listed(self, limit: int) -> list[ListedFile]:
+        """Every file of the mapping with its identity (relative to the data root): what a data stamp takes."""
+
+    def named_files(self) -> list[str] | None:
+        """Every file a lookup may read, before it reads (None where that depends on the ids)."""
+        return None
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """How many segments each agglomerate id joins, where the mapping says; None where it does not."""
+        return None
+
+    @property
+    def lookups_are_cheap(self) -> bool:
+        """Whether a lookup is a few small reads at most (it may then run where a chunk's small reads run):
+        reading pieces is; parsing a whole document again after a rewrite is not."""
+        return True
+
+    def apply(self, data: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, list[FileSource]]:
+        """``data`` with the mapping applied, as ``dtype``; 0 stays 0."""
+        flat = data.reshape(-1, order="F")
+        # Labels come in runs along x: the distinct ids are found among the runs' values (a tenth of the voxels
+        # or fewer in real segmentations), and the mapped runs are laid out again.
+        starts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+        lengths = np.diff(starts, prepend=0, append=flat.size)
+        ids, inverse = _distinct(flat[np.concatenate(([0], starts))] if flat.size else flat)
+        values, sources = self.lookup(ids.astype(np.uint64, copy=False))
+        if values.dtype != dtype:
+            if values.size and int(values.max()) > np.iinfo(dtype).max:
+                raise MappingUnreadable(f"mapping {self.key}: holds ids past {dtype}, the layer's data type")
+            values = values.astype(dtype)
+        if ids.size and ids[0] == 0:
+            values[0] = 0
+        mapped = np.repeat(values[inverse], lengths) if flat.size else values[inverse]
+        return mapped.reshape(data.shape, order="F"), sources
+
+    def _identity(self, path: str) -> FileIdentity:
+        identity = self.store.identity(path)
+        if identity is None:
+            raise MappingUnreadable(f"mapping {self.store.relative(path)} is gone")
+        return identity
+
+
+DENSE_SPAN = 1 << 16  # ids spanning at most this many values (or 8 per value) are told apart by a table, not a sort
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; where the ids of a chunk lie close together (as supervoxels
+    of one region do), by a table over their span, several times faster than the sort."""
+    if values.size == 0:
+        return np.unique(values, return_inverse=True)
+    low, high = int(values.min()), int(values.max())
+    if high - low >= max(DENSE_SPAN, 8 * values.size):
+        return np.unique(values, return_inverse=True)
+    offsets = (values - values.dtype.type(low)).astype(np.intp, copy=False)
+    present = np.zeros(high - low + 1, dtype=bool)
+    present[offsets] = True
+    ids = np.flatnonzero(present).astype(values.dtype) + values.dtype.type(low)
+    rank = np.cumsum(present, dtype=np.intp) - 1
+    return ids, rank[offsets]
+
+
+def _unmapped(ids: np.ndarray, entries: int, dtype: np.dtype) -> np.ndarray:
+    """The result array with every id past the mapping's entries as itself."""
+    out = np.zeros(ids.shape, dtype=np.uint64)
+    past = ids >= entries
+    out[past] = ids[past]
+    return out
+
+
+def _checked_dtype(dtype: np.dtype, where: str) -> np.dtype:
+    if dtype.kind != "u" or dtype.itemsize > 8:
+        raise SourceError(f"{where} is {dtype}: agglomerate ids are unsigned integers (uint8 to uint64)")
+    return np.dtype(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
+
+
+def _runs(pieces: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive piece numbers (sorted, distinct) as ``(first, last + 1)``: each read at once."""
+    if pieces.size == 0:
+        return
+    breaks = np.flatnonzero(np.diff(pieces) != 1) + 1
+    for run in np.split(pieces, breaks):
+        yield int(run[0]), int(run[-1]) + 1
+
+
+# --- HDF5 -----------------------------------------------------------------------------------------------
+
+
+class StoredFile(io.RawIOBase):
+    """One version of a stored file as a read-only file object (what h5py reads): every read goes through the
+    store, which refuses any other version and anything past the file."""
+
+    def __init__(self, store: Store, path: str, identity: FileIdentity) -> None:
+        self.store = store
+        self.path = path
+        self.identity = identity
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.identity.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        size = max(0, min(len(view), self.identity.size - self.position))
+        if size:
+            data = self.store.read(self.path, self.position, size, self.identity, limit=MAX_PIECE_BYTES * 4)
+            view[:size] = data
+        self.position += size
+        return size
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    identity: FileIdentity
+    dataset: Any  # h5py.Dataset
+    entries: int
+    piece: int  # entries per piece
+
+
+class Hdf5Mapping(Mapping):
+    kind = "hdf5"
+
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+        super().__init__(store, found, pieces)
+        MAPPINGS.require(f"the HDF5 mapping {found.name!r}")
+        self._opened = self._open(self._identity(found.path))
+        self.dtype = self._opened.dataset.dtype
+
+    def _open(self, identity: FileIdentity) -> _Opened:
+        """Open one version, checked before any of its array is read: signature, dataset, shape, type, and that
+        the file stores every byte the array declares (a truncated or sparse file is refused here)."""
+        import h5py
+
+        where = f"agglomerate file {self.key}"
+        if identity.size < len(HDF5_SIGNATURE) or (
+            self.store.read(self.path, 0, len(HDF5_SIGNATURE), identity, limit=64) != HDF5_SIGNATURE
+        ):
+            raise SourceError(f"{where} is not an HDF5 file")
+        try:
+            handle = h5py.File(StoredFile(self.store, self.path, identity), "r")
+        except (StorageError, OversizedFileError):
+            raise
+        except Exception as exc:  # h5py's errors for a damaged file are OSError, KeyError, ValueError, RuntimeError
+            raise SourceError(f"{where} is not a readable HDF5 file ({type(exc).__name__}: {exc})") from None
+        try:
+            link = handle.get(ARRAY, getlink=True)
+            if link is None:
+                raise SourceError(f"{where} holds no dataset {ARRAY!r}")
+            if not isinstance(link, h5py.HardLink):
+                raise SourceError(f"{where}: {ARRAY!r} is a link to elsewhere, which is not read")
+            dataset = handle[ARRAY]
+            if not isinstance(dataset, h5py.Dataset):
+                raise SourceError(f"{where}: {ARRAY!r} is not a dataset")
+            return self._checked(dataset, identity, where)
+        except SourceError:
+            handle.close()
+            raise
+        except (StorageError, OversizedFileError):
+            handle.close()
+            raise
+        except Exception as exc:
+            handle.close()
+            raise SourceError(f"{where} is not a readable HDF5 file ({type(exc).__name__}: {exc})") from None
+
+    def _checked(self, dataset: Any, identity: FileIdentity, where: str) -> _Opened:
+        if dataset.ndim != 1:
+            raise SourceError(f"{where}: {ARRAY} has shape {dataset.shape}, not one dimension")
+        _checked_dtype(dataset.dtype, f"{where}: {ARRAY}")
+        entries = int(dataset.shape[0])
+        if entries > MAX_ENTRIES:
+            raise SourceError(f"{where}: {ARRAY} declares {entries} entries, more than {MAX_ENTRIES}")
+        if dataset.is_virtual or dataset.external:
+            raise SourceError(f"{where}: {ARRAY} is stored in other files, which are not read")
+        declared = entries * dataset.dtype.itemsize
+        if dataset.chunks is None:
+            offset = dataset.id.get_offset()
+            if entries and (offset is None or offset + declared > identity.size):
+                raise SourceError(
+                    f"{where}: {ARRAY} declares {declared} bytes that the file of {identity.size} bytes does not "
+                    "hold (a truncated or sparse file)"
+                )
+            return _Opened(identity, dataset, entries, PIECE_ENTRIES)
+        piece = int(dataset.chunks[0])
+        check_chunk_bytes((piece,), dataset.dtype.itemsize, f"a stored chunk of {ARRAY}")
+        if piece * dataset.dtype.itemsize > MAX_PIECE_BYTES:
+            raise SourceError(f"{where}: chunks of {piece} entries are more than one read here holds")
+        expected = -(-entries // piece)
+        stored = dataset.id.get_num_chunks()
+        if stored != expected:
+            raise SourceError(
+                f"{where}: {ARRAY} stores {stored} of its {expected} chunks (a sparse file: missing entries would "
+                "read as agglomerate 0)"
+            )
+        return _Opened(identity, dataset, entries, piece)
+
+    def _current(self) -> _Opened:
+        identity = self._identity(self.path)
+        opened = self._opened
+        if identity != opened.identity:
+            with self._lock:
+                if identity != self._opened.identity:
+                    try:
+                        fresh = self._open(identity)
+                    except SourceError as exc:
+                        raise MappingUnreadable(str(exc)) from None
+                    if fresh.dataset.dtype != self.dtype:
+                        raise MappingUnreadable(
+                            f"agglomerate file {self.key} now holds {fresh.dataset.dtype}, not {self.dtype}"
+                        )
+                    self._opened = fresh
+                opened = self._opened
+        return opened
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        opened = self._current()
+        out = _unmapped(ids, opened.entries, self.dtype)
+        inside = ids < opened.entries
+        wanted = ids[inside]
+        numbers = np.unique(wanted // opened.piece)
+        found: dict[int, np.ndarray] = {}
+        missing = []
+        for number in numbers.tolist():
+            piece = self.pieces.get((self.key, opened.identity.version, number))
+            if piece is None:
+                missing.append(number)
+            else:
+                found[number] = piece
+        for start, stop in _runs(np.asarray(missing, dtype=np.int64)):
+            first, last = start * opened.piece, min(stop * opened.piece, opened.entries)
+            try:
+                values = np.asarray(opened.dataset[first:last], dtype=np.uint64)
+            except (StorageError, OversizedFileError):
+                raise
+            except Exception as exc:
+                raise MappingUnreadable(f"agglomerate file {self.key} cannot be read: {exc}") from None
+            for number in range(start, stop):
+                piece = values[(number - start) * opened.piece : (number - start + 1) * opened.piece]
+                found[number] = piece
+                self.pieces.put((self.key, opened.identity.version, number), piece, piece.nbytes)
+        if wanted.size:
+            numbers_of = wanted // opened.piece
+            result = np.empty(wanted.shape, dtype=np.uint64)
+            for number, piece in found.items():
+                at = numbers_of == number
+                result[at] = piece[(wanted[at] - number * opened.piece).astype(np.int64)]
+            out[inside] = result
+        return out, [(self.path, opened.identity)]
+
+    def listed(self, limit: int) -> list[ListedFile]:
+        return [ListedFile(self.key, self._identity(self.path))]
+
+    def named_files(self) -> list[str] | None:
+        return [self.path]
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """From ``agglomerate_to_segments_offsets`` (agglomerate a's segments lie between entries a and a + 1),
+        reading only the entries of ``ids``; None where the file has no such 1-D dataset."""
+        opened = self._current()
+        offsets = opened.dataset.file.get(OFFSETS)
+        if offsets is None or getattr(offsets, "ndim", 0) != 1 or offsets.dtype.kind not in "ui":
+            return None
+        inside = ids < max(offsets.shape[0] - 1, 0)  # past them: a segment left as it is, one member
+        wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1])).astype(np.int64)
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if wanted.size:
+            try:
+                values = np.asarray(offsets[wanted], dtype=np.int64)
+            except (StorageError, OversizedFileError):
+                raise
+            except Exception as exc:
+                raise MappingUnreadable(f"agglomerate file {self.key} cannot be read: {exc}") from None
+            at = np.searchsorted(wanted, ids[inside].astype(np.int64))
+            counts[inside] = values[at + 1] - values[at]
+        return counts
+
+
+# --- Zarr v3 --------------------------------------------------------------------------------------------
+
+
+class ZarrVector:
+    """One 1-D array of a Zarr v3 agglomerate group: a piece is one stored (inner) chunk, decoded from memory.
+    webKnossos writes them sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
+    its shard's index, never the shard."""
+
+    def __init__(self, store: Store, group: str, name: str, pieces: ByteLRU[np.ndarray], key: str) -> None:
+        self.store = store
+        self.pieces = pieces
+        self.key = f"{key}/{name}"
+        self.path = store.join(group, name)
+        self.metadata_path = store.join(self.path, "zarr.json")
+        where = f"agglomerate group {key}"
+        located = read_document(store, self.metadata_path, f"{where}: {name}/zarr.json")
+        if located is None:
+            raise SourceError(f"{where} holds no array {name!r} (no {name}/zarr.json)")
+        document, self.metadata_identity = located
+        if document.get("zarr_format") != 3 or document.get("node_type") != "array":
+            raise SourceError(f"{where}: {name}/zarr.json is not a Zarr v3 array")
+        with malformed_metadata(f"{where}: {name}/zarr.json"):
+            array: ZarrArray = parse_zarr_json(document)
+        if len(array.shape) != 1:
+            raise SourceError(f"{where}: {name} has shape {array.shape}, not one dimension")
+        self.dtype = _checked_dtype(array.dtype, f"{where}: {name}")
+        self.entries = int(array.shape[0])
+        if self.entries > MAX_ENTRIES:
+            raise SourceError(f"{where}: {name} declares {self.entries} entries, more than {MAX_ENTRIES}")
+        self.array = array
+        self.sharding = array.sharding
+        if self.sharding is not None and self.sharding.chunks > MAX_CHUNKS_PER_SHARD:
+            raise SourceError(f"{where}: {self.sharding.chunks} chunks per shard are more than {MAX_CHUNKS_PER_SHARD}")
+        self.piece = int(array.inner_chunks[0])
+        decoded = check_chunk_bytes((self.piece,), array.dtype.itemsize, f"a chunk of {name}")
+        if decoded > MAX_PIECE_BYTES:
+            raise SourceError(f"{where}: chunks of {self.piece} entries are more than one read here holds")
+        self._stored_limit = stored_limit(decoded) if array.compressed else decoded
+        inner = dict(document)
+        if self.sharding is not None:  # decoded as the array of its inner chunks, each fetched on its own
+            inner["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [self.piece]}}
+            inner["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/"}}
+            inner["codecs"] = document["codecs"][0]["configuration"]["codecs"]
+        inner.pop("attributes", None)
+        self._decoder = MemoryDecoder({"driver": "zarr3"}, {"zarr.json": json.dumps(inner).encode()}, self.key)
+        self._decoder.check()
+
+    def _file_of(self, number: int) -> str:
+        """The file piece ``number`` is stored in: its chunk's, or its shard's."""
+        if self.sharding is not None:
+            number //= self.sharding.chunks_per_shard[0]
+        parts = [self.array.key_prefix] if self.array.key_prefix else []
+        return self.store.join(self.path, self.array.separator.join([*parts, str(number)]))
+
+    def _decoder_key(self, number: int) -> str:
+        if self.sharding is not None:
+            return f"c/{number}"
+        parts = [self.array.key_prefix] if self.array.key_prefix else []
+        return self.array.separator.join([*parts, str(number)])
+
+    def values(self, wanted: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        """The entries at ``wanted`` (each below ``entries``), and every file read with its version."""
+        metadata = self.store.identity(self.metadata_path)
+        if metadata != self.metadata_identity:
+            raise MappingUnreadable(f"agglomerate group {self.key}: its metadata changed since the layer was loaded")
+        files: dict[str, FileIdentity | None] = {self.metadata_path: metadata}
+        numbers_of = wanted // self.piece
+        result = np.empty(wanted.shape, dtype=np.uint64)
+        for number in np.unique(numbers_of).tolist():
+            path = self._file_of(number)
+            if path not in files:
+                files[path] = self.store.identity(path)
+            identity = files[path]
+            key = (self.key, path, None if identity is None else identity.version, number)
+            piece = self.pieces.get(key)
+            if piece is None:
+                piece = self._read_piece(number, path, identity)
+                self.pieces.put(key, piece, piece.nbytes)
+            at = numbers_of == number
+            result[at] = piece[(wanted[at] - number * self.piece).astype(np.int64)]
+        return result, list(files.items())
+
+    def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:
+        first, last = number * self.piece, min((number + 1) * self.piece, self.entries)
+        data = None if identity is None else self._stored(number, path, identity)
+        if data is None:
+            return np.full(last - first, self.array.fill_value, dtype=np.uint64)
+        decoded = self._decoder.decode({self._decoder_key(number): data}, (slice(first, last),))
+        return np.asarray(decoded, dtype=np.uint64)
+
+    def _stored(self, number: int, path: str, identity: FileIdentity) -> bytes | None:
+        """The stored bytes of piece ``number``: its chunk file, or its inner chunk by the shard's index."""
+        if self.sharding is None:
+            return self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
+        size = self.sharding.index_size
+        index_key = (self.key, path, identity.version, "index")
+        table = self.pieces.get(index_key)
+        if table is None:
+            if identity.size < size:
+                raise MappingUnreadable(f"{self.store.relative(path)}: the shard is smaller than its index")
+            at = identity.size - size if self.sharding.index_at_end else 0
+            raw = self.store.read(path, at, size, identity, limit=size)
+            where = self.store.relative(path)
+            table = decode_shard_index(raw, self.sharding.chunks, self.sharding.index_checksum, where)
+            self.pieces.put(index_key, table, table.nbytes)
+        offset, nbytes = (int(v) for v in table[number % self.sharding.chunks_per_shard[0]])
+        if is_absent(offset, nbytes):
+            return None
+        if offset + nbytes > identity.size:
+            raise MappingUnreadable(f"{self.store.relative(path)}: the shard index points past the end of the shard")
+        return self.store.read(path, offset, nbytes, identity, limit=self._stored_limit)
+
+
+class ZarrMapping(Mapping):
+    """A Zarr v3 agglomerate group: ``segment_to_agglomerate``, and ``agglomerate_to_segments_offsets`` for the
+    members of each agglomerate."""
+
+    kind = "zarr"
+
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+        super().__init__(store, found, pieces)
+        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key)
+        self.dtype = self.table.dtype
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        out = _unmapped(ids, self.table.entries, self.dtype)
+        inside = ids < self.table.entries
+        values, files = self.table.values(ids[inside])
+        out[inside] = values
+        return out, files
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        try:
+            offsets = ZarrVector(self.store, self.path, OFFSETS, self.pieces, self.key)
+        except SourceError:
+            return None
+        inside = ids < max(offsets.entries - 1, 0)  # past them: a segment left as it is, one member
+        wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1]))
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if wanted.size:
+            values = offsets.values(wanted)[0].astype(np.int64)
+            at = np.searchsorted(wanted, ids[inside])
+            counts[inside] = values[at + 1] - values[at]
+        return counts
+
+    def listed(self, limit: int) -> list[ListedFile]:
+        listed = self.store.list_files(self.path, limit) or []
+        return [ListedFile(f"{self.key}/{entry.path}", entry.identity) for entry in listed]
+
+
+# --- JSON -----------------------------------------------------------------------------------------------
+
+
+class JsonMapping(Mapping):
+    """A JSON mapping (``classes`` of equivalent ids): every id of a class maps to the class's smallest id, so
+    the mapped layer keeps the source's data type. Parsed whole once per version (it is bounded)."""
+
+    kind = "json"
+
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], source_dtype: np.dtype) -> None:
+        super().__init__(store, found, pieces)
+        self.dtype = source_dtype
+        identity = self._identity(found.path)
+        self._parsed = (identity, *self._parse(identity))
+
+    def _parse(self, identity: FileIdentity) -> tuple[np.ndarray, np.ndarray]:
+        where = f"mapping {self.key}"
+        if identity.size > MAX_JSON_BYTES:
+            raise SourceError(f"{where} is {identity.size} bytes, more than the {MAX_JSON_BYTES} read here")
+        data = self.store.read(self.path, 0, identity.size, identity, limit=MAX_JSON_BYTES, settled=False)
+        try:
+            document = load_json(data, max_values=MAX_JSON_VALUES)
+        except ValueError as exc:
+            raise SourceError(f"{where} is not usable JSON: {exc}") from None
+        classes = document.get("classes") if isinstance(document, dict) else None
+        if not isinstance(classes, list) or not all(isinstance(c, list) for c in classes):
+            raise SourceError(f"{where} holds no 'classes' (a list of lists of segment ids)")
+        top = int(np.iinfo(self.dtype).max)
+        mapped: dict[int, int] = {}
+        for members in classes:
+            if not members:
+                continue  # an empty class maps nothing
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in members):
+                raise SourceError(f"{where}: a class holds something other than integer segment ids")
+            smallest, largest = min(members), max(members)
+            if smallest < 0 or largest > top:
+                raise SourceError(f"{where}: id {smallest if smallest < 0 else largest} is beyond {self.dtype}")
+            # As webKnossos applies classes in order: a class whose smallest id an earlier class mapped joins
+            # that class's id, and a later class's mapping of an id replaces an earlier one.
+            target = mapped.get(smallest, smallest)
+            for member in members:
+                mapped[member] = target
+        keys = np.fromiter(mapped.keys(), dtype=np.uint64, count=len(mapped))
+        order = np.argsort(keys)
+        return keys[order], np.fromiter(mapped.values(), dtype=np.uint64, count=len(mapped))[order]
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
+        identity = self._identity(self.path)
+        if identity != self._parsed[0]:
+            with self._lock:
+                if identity != self._parsed[0]:
+                    try:
+                        self._parsed = (identity, *self._parse(identity))
+                    except SourceError as exc:
+                        raise MappingUnreadable(str(exc)) from None
+        _, keys, values = self._parsed
+        out = ids.astype(np.uint64, copy=True)
+        at = np.searchsorted(keys, ids)
+        hit = at < keys.size
+        hit[hit] = keys[at[hit]] == ids[hit]
+        out[hit] = values[at[hit]]
+        return out, [(self.path, identity)]
+
+    def listed(self, limit: int) -> list[ListedFile]:
+        return [ListedFile(self.key, self._identity(self.path))]
+
+    def named_files(self) -> list[str] | None:
+        return [self.path]
+
+    @property
+    def lookups_are_cheap(self) -> bool:
+        return False  # a rewritten file is parsed whole (up to MAX_JSON_BYTES) by the next lookup
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        """The size of each id's class (1 for an id in none)."""
+        _, _, values = self._parsed
+        classes, sizes = np.unique(values, return_counts=True)
+        counts = np.ones(ids.shape, dtype=np.int64)
+        if classes.size:
+            at = np.minimum(np.searchsorted(classes, ids), classes.size - 1)
+            hit = classes[at] == ids
+            counts[hit] = sizes[at[hit]]
+        return counts
+
+
+# --- the mapped layer's mags ----------------------------------------------------------------------------
+
+
+class MappedMag(MagSource):
+    """A mag of a mapped layer: the source mag's voxels with the mapping applied. Nothing is passed through as
+    stored, and every chunk names the mapping's files beside the source's."""
+
+    kind = "mapped"
+
+    def __init__(self, source: MagSource, mapping: Mapping, dtype: np.dtype) -> None:
+        self.source = source
+        self.mapping = mapping
+        self.storage = source.storage
+        self.location = source.location
+        self.root = source.root
+        self.mag = source.mag
+        self.bbox = source.bbox
+        self.dtype = dtype
+        self.channels = source.channels
+        self.fill_value = 0
+
+    @property
+    def location_key(self) -> str:
+        return f"{self.source.location_key}#{self.mapping.key}"
+
+    def decoded_bytes(self, shape: Vec3) -> int:
+        voxels = shape[0] * shape[1] * shape[2] * self.channels
+        return self.source.decoded_bytes(shape) + voxels * self.dtype.itemsize  # and the mapped copy
+
+    @property
+    def reads_are_cheap(self) -> bool:
+        return self.source.reads_are_cheap and self.mapping.lookups_are_cheap
+
+    def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
+        data, sources = self.source.read_inside(offset, shape)
+        mapped, read = self.mapping.apply(data, self.dtype)
+        return mapped, None if sources is None else [*sources, *read]
+
+    def files_inside(self, offset: Vec3, shape: Vec3) -> list[str] | None:
+        own = self.source.files_inside(offset, shape)
+        named = self.mapping.named_files()
+        return None if own is None or named is None else [*own, *named]
+
+    def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
+        return self.source.holds_data(lo, hi)
+
+    def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
+        return self.mapping.member_counts(ids)
+
+    def listed_files(self, limit: int) -> list[ListedFile] | None:
+        own = self.source.listed_files(limit)
+        return None if own is None else [*own, *self.mapping.listed(limit)]
+
+
+def mapped_dtype(source: np.dtype, mapping: Mapping) -> np.dtype:
+    """The data type of a mapped layer: holds the agglomerate ids and every source id left unmapped."""
+    if source.kind != "u":
+        raise SourceError(f"the layer holds {source}: mappings apply to unsigned integer segment ids")
+    return np.promote_types(source, mapping.dtype)
+
+
+class Mappings:
+    """Finds and opens the mappings beside a layer; owns the cache of their pieces (one per worker)."""
+
+    def __init__(self, store: Store, cache_bytes: int) -> None:
+        self.store = store
+        self.pieces: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
+
+    def find(self, layer_directory: str) -> list[Found]:
+        """Every mapping beside a layer, by name: HDF5 files and Zarr groups in ``agglomerates/``, JSON files
+        in ``mappings/``. Raises OversizedListingError for a folder of more than MAX_LISTED entries."""
+        found: list[Found] = []
+        agglomerates = self.store.join(layer_directory, AGGLOMERATES)
+        if not self._inside(agglomerates):
+            agglomerates = ""  # a folder symlinked out of the root is not listed: its names are not the data's
+        for entry in self._top_files(agglomerates):
+            for suffix in HDF5_SUFFIXES:
+                if entry.endswith(suffix):
+                    found.append(Found(entry.removesuffix(suffix), "hdf5", self.store.join(agglomerates, entry)))
+        for name in self.store.list_directories(agglomerates) if agglomerates else []:
+            path = self.store.join(agglomerates, name)
+            if self.store.identity(self.store.join(path, "zarr.json")) is not None:
+                found.append(Found(name, "zarr", path))
+        mappings = self.store.join(layer_directory, JSON_MAPPINGS)
+        for entry in self._top_files(mappings if self._inside(mappings) else ""):
+            if entry.endswith(".json"):
+                found.append(Found(entry.removesuffix(".json"), "json", self.store.join(mappings, entry)))
+        return sorted(found, key=lambda f: (f.name, f.kind))
+
+    def _inside(self, directory: str) -> bool:
+        try:
+            return self.store.resolve(directory) is not None
+        except ValueError:  # a name no file can have
+            return False
+
+    def _top_files(self, directory: str) -> list[str]:
+        if not directory or not self.store.is_directory(directory):
+            return []
+        listed = self.store.list_files(directory, MAX_LISTED) or []
+        return [entry.path for entry in listed if "/" not in entry.path]
+
+    def open(self, found: Found, source_dtype: np.dtype) -> Mapping:
+        """The mapping, checked; SourceError (or MissingExtraError) with the reason it cannot be served."""
+        if not PLAIN_MAPPING_NAME.fullmatch(found.name):
+            raise SourceError(
+                f"mapping name {found.name!r} is not served: a layer name holds letters, digits, '.', '_' and '-' only"
+            )
+        if found.kind == "hdf5":
+            return Hdf5Mapping(self.store, found, self.pieces)
+        if found.kind == "zarr":
+            return ZarrMapping(self.store, found, self.pieces)
+        return JsonMapping(self.store, found, self.pieces, source_dtype)
