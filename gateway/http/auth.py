@@ -321,7 +321,7 @@ class BearerToken(Token):
     """An access token of the OpenID issuer (``Authorization: Bearer``)."""
 
     async def look_up(self, access: "Access") -> Grant | None:
-        return access.claims_grant(await access.identities_or_401().bearer_claims(self.value))
+        return access.claims_grant(await access._signed_in().bearer_claims(self.value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +329,7 @@ class LoginCookie(Token):
     """The login cookie of a browser signed in at /login."""
 
     async def look_up(self, access: "Access") -> Grant | None:
-        return access.claims_grant(access.identities_or_401().login_claims(self.value))
+        return access.claims_grant(access._signed_in().login_claims(self.value))
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -467,7 +467,7 @@ class Access:
             self.identities.login_cookie(request),
         )
 
-    def identities_or_401(self) -> Identities:
+    def _signed_in(self) -> Identities:
         if self.identities is None:
             raise HttpError(401, "sign-in is not configured on this gateway")
         return self.identities

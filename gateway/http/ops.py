@@ -150,7 +150,7 @@ class Ops:
             path_link, path = split_share_link(raw_path, path)
             if path in (REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK):  # a /t/ or /s/ path that names nothing: a 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-            token = self.access.read(request, query.encode("latin-1"), path_token, path_link)
+            token = self.access.token(request, (query.encode("latin-1"), path_token, path_link))
             await self.access.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):

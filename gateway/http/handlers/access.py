@@ -18,15 +18,11 @@ class Authorizer:
         """No tokens file: every dataset is readable without a token."""
         return self.access.open
 
-    def token(self, request: Request) -> Token | None:
-        """The request's one token (400 for more): every route that reads a token reads it here."""
-        return self.read(request, request.query_string, request.path_token, request.exchange.path_link)
-
-    def read(
-        self, request: Request, query: bytes, path_token: bytes | None, path_link: bytes | None = None
-    ) -> Token | None:
-        """The one token of ``request``'s headers, this query, path token and share link (the proxy's ``/auth``
-        gives the original URI's)."""
+    def token(self, request: Request, original: tuple[bytes, bytes | None, bytes | None] | None = None) -> Token | None:
+        """The request's one token (400 for more): every route that reads a token reads it here. ``original``:
+        the query, path token and share link of the URI the proxy's ``/auth`` checks, in place of the request's."""
+        own = (request.query_string, request.path_token, request.exchange.path_link)
+        query, path_token, path_link = original or own
         return self.access.read(request, query, path_token, path_link)
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
