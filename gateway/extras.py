@@ -65,10 +65,11 @@ VIEWER = Extra("viewer", ("neuroglancer",), "the Neuroglancer client served at /
 PRECOMPUTED = Extra(
     "precomputed", ("compressed_segmentation",), "compressed_segmentation chunks of the precomputed tree (else raw)"
 )
+OIDC = Extra("oidc", ("jwt", "cryptography"), "sign-in with OpenID Connect (oidc_issuer)")
 MAPPINGS = Extra("mappings", ("h5py",), "agglomerate mappings stored as HDF5 files (mapped segmentation layers)")
 
 # By name, as gateway_storage.STORE_KINDS names the extra of each store; ``all`` in pyproject.toml names each.
 EXTRAS = {
     extra.name: extra
-    for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, BATCH, VIEWER, PRECOMPUTED, MAPPINGS)
+    for extra in (S3, GCS, AZURE, HTTPS, GRANIAN, SAMPLE, MESHES, BATCH, VIEWER, PRECOMPUTED, MAPPINGS, OIDC)
 }

@@ -221,6 +221,40 @@ class Settings(BaseSettings):
         '{"Authorization": "Bearer ..."}}: a store whose root lies below a prefix sends its headers',
     )
 
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="OpenID Connect issuer URL (its /.well-known/openid-configuration is read): sign-in at /login "
+        'and Bearer access tokens, granted by the tokens file\'s "claims" (needs tokens_file and oidc_client_id)',
+    )
+    oidc_client_id: str | None = Field(default=None, description="the gateway's client id at the OpenID issuer")
+    oidc_client_secret_file: Path | None = Field(
+        default=None,
+        description="file holding the client secret (none: a public client, PKCE only); also the login cookies' "
+        "signing key unless oidc_cookie_key_file is set",
+    )
+    oidc_cookie_key_file: Path | None = Field(
+        default=None, description="file holding the key that signs login cookies (needed for a public client)"
+    )
+    oidc_audience: str | None = Field(
+        default=None, description="the aud an access token must name; unset: the client id"
+    )
+    oidc_scope: str = Field(
+        default="openid email profile", description="the scopes /login asks the issuer for (the claims they bring)"
+    )
+    oidc_login_seconds: float = Field(
+        default=8 * 3600, gt=0, description="how long a sign-in at /login lasts (its cookie's lifetime)"
+    )
+    oidc_jwks_refresh_seconds: float = Field(
+        default=60,
+        ge=0,
+        description="least time between two fetches of the issuer's keys for a token signed by an unknown key",
+    )
+    oidc_logout_dir: Path | None = Field(
+        default=None,
+        description="directory where /logout records ended sign-ins, shared by the workers (a shared volume for "
+        "replicas); unset: one in the system's temporary directory",
+    )
+
     @field_validator("chunk_edge")
     @classmethod
     def _chunk_edge(cls, edge: int) -> int:
@@ -307,6 +341,27 @@ class Settings(BaseSettings):
                 f"extra_roots apply to a local data root, not to {self.root.partition('://')[0]}:// "
                 "(objects cannot be symlinked)"
             )
+        return self
+
+    @field_validator("oidc_issuer")
+    @classmethod
+    def _oidc_issuer(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+        if not parts.netloc or parts.query or parts.fragment or not (parts.scheme == "https" or loopback):
+            raise ValueError(f"oidc_issuer must be an https URL (http only on loopback) without query, got {url!r}")
+        return url.rstrip("/")
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> "Settings":
+        if self.oidc_issuer is None:
+            return self
+        if self.oidc_client_id is None or self.tokens_file is None:
+            raise ValueError('oidc_issuer needs oidc_client_id and tokens_file (whose "claims" grant datasets)')
+        if self.oidc_client_secret_file is None and self.oidc_cookie_key_file is None:
+            raise ValueError("a public OIDC client (no oidc_client_secret_file) needs oidc_cookie_key_file")
         return self
 
     @field_validator("root")

@@ -72,6 +72,32 @@ def check_tokens(settings: Settings) -> None:
             )
 
 
+def check_sign_in(settings: Settings) -> None:
+    """With an OpenID issuer: its extra installed, its secret files readable and not empty, the logout directory
+    one the workers can write (the issuer itself is asked only when sign-in is first used: it may be away)."""
+    if settings.oidc_issuer is None:
+        return
+    try:
+        EXTRAS["oidc"].require("oidc_issuer")
+    except MissingExtraError as exc:
+        sys.exit(f"zarr-gateway: {exc}")
+    for name in ("oidc_client_secret_file", "oidc_cookie_key_file"):
+        path: Path | None = getattr(settings, name)
+        if path is None:
+            continue
+        try:
+            empty = not path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            sys.exit(f"zarr-gateway: {name} {str(path)!r} cannot be read: {getattr(exc, 'strerror', None) or exc}")
+        if empty:
+            sys.exit(f"zarr-gateway: {name} {str(path)!r} is empty")
+    if settings.oidc_logout_dir is not None:
+        try:
+            settings.oidc_logout_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            sys.exit(f"zarr-gateway: oidc_logout_dir {str(settings.oidc_logout_dir)!r} cannot be made: {exc.strerror}")
+
+
 def log_missing_features() -> None:
     """One line for each optional feature whose extra is not installed: what is off, why, and how to turn it on."""
     for extra in EXTRAS.values():
@@ -201,6 +227,7 @@ def prepare(settings: Settings) -> Callable[[], None]:
     configure_logging(settings.log_format)
     check_port(settings)
     check_tokens(settings)
+    check_sign_in(settings)
     check_root(settings)
     log_missing_features()
     log.info("settings: %s", json.dumps(settings.public()))

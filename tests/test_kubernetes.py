@@ -382,9 +382,11 @@ def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_dataset(
     assert key == "$zg_auth_cache_key"
     snippet = AUTH_SCOPE.read_text()
     defined = set(re.findall(r"^map \S+ \$(\w+)", snippet, re.MULTILINE))
-    assert {"zg_auth_scope", "zg_request_query", "zg_auth_cache_key"} <= defined, "the snippet defines the key"
+    parts = {"zg_auth_scope", "zg_request_query", "zg_signin_key", "zg_auth_cache_key"}
+    assert parts <= defined, "the snippet defines the key"
     [joined] = re.findall(r'^map "" \$zg_auth_cache_key \{\s*default "([^"]*)";', snippet, re.MULTILINE)
-    assert joined == "$zg_auth_scope $zg_request_query $http_x_auth_token", "the token last, spaces between"
+    # the sign-in credentials (Authorization, the login cookie) before the token, spaces between
+    assert joined == "$zg_auth_scope $zg_request_query $zg_signin_key $http_x_auth_token", "the token last"
     assert "${" not in AUTH_SCOPE.read_text(), "the snippet is used as it is: it names no template value"
     assert re.fullmatch(r"204 \d+[sm]", annotations[prefix + "auth-cache-duration"]), "only grants are cached"
     assert annotations[prefix + "enable-cors"] == "true"

@@ -8,13 +8,17 @@ top a sixteenth for preview images and a quarter for segment meshes. Chunk answe
 their own (``answer_cache_bytes``).
 """
 
+import hashlib
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from gateway_storage import StorageError, Store, open_store, read_headers_file, store_kind
 from gateway_storage.cache import CacheCounts
 
+from .. import extras
 from ..logs import configure_logging
 from ..meshes.segments import index_place
 from ..meshes.service import MeshService
@@ -64,21 +68,37 @@ from .pages.icon import favicon
 from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
 from .share import Revocations, ShareKey, ShareLinks
-from .urls import DATA_PREFIX, FAVICON, MESH_PREFIX, PREVIEW_PREFIX, SHARE_ROUTE, TREE_ROUTES, VIEWER_PREFIX, Level
+from .urls import (
+    DATA_PREFIX,
+    FAVICON,
+    LOGIN_PATHS,
+    MESH_PREFIX,
+    PREVIEW_PREFIX,
+    SHARE_ROUTE,
+    TREE_ROUTES,
+    VIEWER_PREFIX,
+    Level,
+)
+
+if TYPE_CHECKING:
+    from .oidc import SignIn
+
 
 log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings) -> Edge:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
-    own_settings = (
+    own_files = (
         settings.tokens_file,
         settings.settings_file,
         settings.store_headers_file,
         settings.share_key_file,
         settings.share_revoked_file,
+        settings.oidc_client_secret_file,
+        settings.oidc_cookie_key_file,
     )
-    own = [str(path) for path in own_settings if path]
+    own = [str(path) for path in own_files if path]
     store = open_store(
         settings.root,
         settings.extra_roots,
@@ -114,12 +134,13 @@ def create_app(settings: Settings) -> Edge:
     options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
     datasets = Datasets(catalog, options, shards, chunk_threads)
     listings = Listings(datasets, roots)
+    origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
+    sign_in = _sign_in(settings, origin)
     links = share_links(settings)
-    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds, links), datasets)
+    access = Authorizer(Access(settings.tokens_file, settings.tokens_reload_seconds, links, sign_in), datasets)
     if access.open:
         log.warning("no tokens file: the gateway is OPEN, every dataset is readable without a token")
     sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
-    origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     note = root_note(store) if store_kind(settings.root) is None else None  # a store away must not delay start
     share_most = None if links is None else settings.share_max_seconds
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, share_most, note)
@@ -165,6 +186,9 @@ def create_app(settings: Settings) -> Edge:
     paths = {"/": Endpoint(IndexHandler(access, landings, sender), "index")}
     paths[FAVICON] = Endpoint(icon_route(sender), "favicon")
     paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
+    if sign_in is not None:
+        handlers = (sign_in.login, sign_in.callback, sign_in.logout)
+        paths |= {path: Endpoint(handler, "login") for path, handler in zip(LOGIN_PATHS, handlers, strict=True)}
     tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
     # With settle_seconds 0 every kept answer's files are looked at on every request: none is given before dispatch.
     trusting = answers.enabled and settings.settle_seconds > 0
@@ -179,6 +203,37 @@ def share_links(settings: Settings) -> ShareLinks | None:
     revoked = settings.share_revoked_file
     reload = settings.tokens_reload_seconds
     return ShareLinks(ShareKey.load(settings.share_key_file), None if revoked is None else Revocations(revoked, reload))
+
+
+def _sign_in(settings: Settings, origin: PublicOrigin) -> "SignIn | None":
+    """Sign-in with OpenID Connect (:mod:`gateway.http.oidc`), when an issuer is configured."""
+    if settings.oidc_issuer is None or settings.oidc_client_id is None:
+        return None
+    extras.OIDC.require("oidc_issuer")
+    from .oidc import Issuer, SignIn, default_logout_dir
+
+    secret = None if settings.oidc_client_secret_file is None else _secret(settings.oidc_client_secret_file)
+    key_file = settings.oidc_cookie_key_file
+    key = _secret(key_file) if key_file is not None else secret
+    assert key is not None  # the settings refuse a public client without a cookie key
+    cookie_key = hashlib.sha256(b"zarr-gateway login cookie\0" + key.encode()).digest()  # 32 bytes, for HS256
+    logout_dir = settings.oidc_logout_dir or default_logout_dir(settings.oidc_issuer, settings.oidc_client_id)
+    return SignIn(
+        Issuer(settings.oidc_issuer, settings.oidc_jwks_refresh_seconds),
+        settings.oidc_client_id,
+        secret,
+        settings.oidc_audience or settings.oidc_client_id,
+        cookie_key,
+        settings.oidc_login_seconds,
+        logout_dir,
+        origin,
+        settings.oidc_scope,
+    )
+
+
+def _secret(path: Path) -> str:
+    """A secret kept in a file, without the line end an editor adds."""
+    return path.read_text().strip()
 
 
 def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) -> Handler:

@@ -14,6 +14,12 @@ value with a comma or surrounding blanks; a parameter named ``TOKEN``, ``Token``
 another reader (nginx's
 ``$arg_token`` ignores case) might take for the token. The tokens file is refused at start-up if a token
 holds a comma or surrounding blanks.
+
+With sign-in configured (:mod:`gateway.http.oidc`) two more credentials count: ``Authorization: Bearer <access
+token>``, a token like the others (with any of them a 400), and the login cookie, which the browser sends on
+every request to this site whether asked or not: it counts only when the request carries no other credential
+(a page opened with ``?token=`` or a ``/t/`` path by a signed-in browser reads as that token). Both end in
+the issuer's claims, which the tokens file's ``"claims"`` map to grants; without sign-in neither is read.
 """
 
 import functools
@@ -25,20 +31,25 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
 from .filestamp import Stamp, file_stamp
-from .messages import HttpError
+from .messages import HttpError, Request
 from .share import ShareLinks
 
 log = logging.getLogger("gateway")
-SHAPE = '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}}'
+SHAPE = (
+    '{"tokens": {"<token>": ["<organization>/<dataset pattern>", ...]}, '
+    '"claims": {"<claim>": {"<value>": ["<organization>/<dataset pattern>", ...]}}}'
+)
 TOKEN_HEADER = b"x-auth-token"
+AUTHORIZATION_HEADER = b"authorization"
 QUERY_NAME = b"token"  # the one spelling of the token parameter
 HOW = "send it as the X-Auth-Token header, the token query parameter or the path /t/{token}/data/..."
 
@@ -54,8 +65,23 @@ class TokensFileError(ValueError):
     """The tokens file cannot be used; the message names the problem."""
 
 
+def _check_patterns(where: str, patterns: list[str]) -> None:
+    for pattern in patterns:
+        if pattern.count("/") != 1 or not all(pattern.split("/")):
+            raise ValueError(f"{where}: pattern {pattern!r} is not '<org>/<dataset pattern>'")
+
+
 class _TokensFile(BaseModel):
     tokens: dict[str, list[str]]
+    claims: dict[str, dict[str, list[str]]] = {}  # signed-in users: claim name -> claim value -> patterns
+
+    @field_validator("claims")
+    @classmethod
+    def _claim_patterns(cls, claims: dict[str, dict[str, list[str]]]) -> dict[str, dict[str, list[str]]]:
+        for name, values in claims.items():
+            for value, patterns in values.items():
+                _check_patterns(f"claim {name!r} value {value!r}", patterns)
+        return claims
 
     @field_validator("tokens")
     @classmethod
@@ -68,9 +94,7 @@ class _TokensFile(BaseModel):
                     f"token #{number} holds a comma, a control character or surrounding blanks: a header "
                     "could not carry it as one token"
                 )
-            for pattern in patterns:
-                if pattern.count("/") != 1 or not all(pattern.split("/")):
-                    raise ValueError(f"token #{number}: pattern {pattern!r} is not '<org>/<dataset pattern>'")
+            _check_patterns(f"token #{number}", patterns)
         return tokens
 
 
@@ -109,8 +133,13 @@ def _link_grant(organization: str, dataset: str, link: str) -> Grant:
 class Tokens:
     """The grants of a tokens file. ``None`` from :meth:`grant` means the token is unknown."""
 
-    def __init__(self, grants: dict[bytes, Grant]) -> None:
+    def __init__(self, grants: dict[bytes, Grant], claims: dict[str, dict[str, list[str]]] | None = None) -> None:
         self._grants = list(grants.items())
+        # compiled once: a signed-in request only looks its claims' values up
+        self._claims = {
+            name: {value: tuple(map(_pattern, patterns)) for value, patterns in by_value.items()}
+            for name, by_value in (claims or {}).items()
+        }
 
     @classmethod
     def load(cls, path: Path) -> "Tokens":
@@ -129,7 +158,8 @@ class Tokens:
             {
                 token.encode("utf-8", "surrogatepass"): Grant(tuple(_pattern(p) for p in patterns))
                 for token, patterns in parsed.tokens.items()
-            }
+            },
+            parsed.claims,
         )
 
     def grant(self, token: str) -> Grant | None:
@@ -140,6 +170,21 @@ class Tokens:
             if hmac.compare_digest(offered, known):
                 found = grant
         return found
+
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
+        """The grant of a signed-in user's verified ``claims``: the patterns of every value of every claim the
+        file names (a claim is a string or a list of strings; 401 for another type, never a guess)."""
+        patterns: list[tuple[re.Pattern[str], re.Pattern[str]]] = []
+        for name, by_value in self._claims.items():
+            value = claims.get(name)
+            if value is None:
+                continue
+            values = [value] if isinstance(value, str) else value
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise HttpError(401, f"the claim {name!r} is neither a string nor a list of strings")
+            for one in values:
+                patterns += by_value.get(one, ())
+        return Grant(tuple(dict.fromkeys(patterns)))
 
 
 class ReloadingTokens:
@@ -168,6 +213,9 @@ class ReloadingTokens:
     def grant(self, token: str) -> Grant | None:
         return self.current().grant(token)
 
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant:
+        return self.current().claims_grant(claims)
+
     def _refresh(self) -> None:
         with self._lock:
             self._checked = time.monotonic()
@@ -181,6 +229,16 @@ class ReloadingTokens:
                 log.error("%s; the tokens read before stay in force", exc)
                 return
             log.info("tokens file %r changed: its tokens are now in force", str(self.path))
+
+
+class Identities(Protocol):
+    """Who a signed-in request is: the claims the OpenID issuer vouches for (:class:`gateway.http.oidc.SignIn`)."""
+
+    async def bearer_claims(self, token: str) -> Mapping[str, Any]: ...
+
+    def login_claims(self, cookie: str) -> Mapping[str, Any]: ...
+
+    def login_cookie(self, request: Request) -> str | None: ...
 
 
 MAX_DECISIONS = 4096  # tokens whose grants are remembered per worker; past it the oldest is forgotten
@@ -231,10 +289,12 @@ class Decisions:
 
 @dataclass(frozen=True, slots=True)
 class Token:
+    """A token of the tokens file."""
+
     value: str
     in_url: bool  # a page asked for with ?token= or /t/{token}/ carries it on in its image and viewer URLs
 
-    def look_up(self, access: "Access") -> Grant | None:
+    async def look_up(self, access: "Access") -> Grant | None:
         """This credential's grant in ``access`` (None when the gateway is open); 401 when it grants nothing."""
         return access.token_grant(self.value)
 
@@ -248,12 +308,28 @@ class Token:
 class LinkToken(Token):
     """A share link's capability, from a ``/s/{capability}/`` path: its pages carry it on as their path prefix."""
 
-    def look_up(self, access: "Access") -> Grant | None:
+    async def look_up(self, access: "Access") -> Grant | None:
         return access.link_grant(self.value)
 
     @property
     def delegates(self) -> bool:
         return False  # a link is handed on as itself, never made into a longer or other one
+
+
+@dataclass(frozen=True, slots=True)
+class BearerToken(Token):
+    """An access token of the OpenID issuer (``Authorization: Bearer``)."""
+
+    async def look_up(self, access: "Access") -> Grant | None:
+        return access.claims_grant(await access._signed_in().bearer_claims(self.value))
+
+
+@dataclass(frozen=True, slots=True)
+class LoginCookie(Token):
+    """The login cookie of a browser signed in at /login."""
+
+    async def look_up(self, access: "Access") -> Grant | None:
+        return access.claims_grant(access._signed_in().login_claims(self.value))
 
 
 def _utf8(raw: bytes, where: str) -> str:
@@ -311,12 +387,31 @@ def _path_token(raw: bytes) -> Token:
     return Token(_utf8(raw, "the path"), True)
 
 
+def _bearer_token(lines: list[bytes]) -> Token | None:
+    """The access token of the one ``Authorization: Bearer`` line; 400 for another scheme, or more lines."""
+    if len(lines) > 1:
+        raise HttpError(400, "the request carries more than one Authorization header line")
+    if not lines or not lines[0]:
+        return None
+    scheme, _, value = _utf8(lines[0], "the Authorization header").partition(" ")
+    value = value.strip(" ")
+    if scheme.lower() != "bearer" or not value or " " in value or "," in value:
+        raise HttpError(400, "the Authorization header carries 'Bearer <access token>', one token, nothing else")
+    return BearerToken(value, False)
+
+
 def read_token(
-    header_lines: list[bytes], query: bytes, path_token: bytes | None = None, path_link: bytes | None = None
+    header_lines: list[bytes],
+    query: bytes,
+    path_token: bytes | None = None,
+    path_link: bytes | None = None,
+    authorization: list[bytes] | None = None,
+    login_cookie: str | None = None,
 ) -> Token | None:
     """The one token offered by these ``X-Auth-Token`` lines, this raw query string, the path's token
-    segment (see :func:`gateway.http.urls.split_path_token`) and a share link's capability, if any; 400 for
-    more, or for a token spelt otherwise than one way."""
+    segment (see :func:`gateway.http.urls.split_path_token`), a share link's capability and the
+    ``Authorization`` lines, if any; 400 for more, or for a token spelt otherwise than one way. Failing those,
+    the login cookie's."""
     offered = [
         token
         for token in (
@@ -324,6 +419,7 @@ def read_token(
             _query_token(query),
             None if path_token is None else _path_token(path_token),
             None if path_link is None else LinkToken(path_link.decode("latin-1"), False),
+            _bearer_token(authorization or []),
         )
         if token is not None
     ]
@@ -331,28 +427,58 @@ def read_token(
         if path_link is not None:
             raise HttpError(400, "the request carries a share link and a token: a share link needs no other, send one")
         raise HttpError(400, f"the request carries more than one token: {HOW}, once")
-    return offered[0] if offered else None
+    if offered:
+        return offered[0]
+    return None if login_cookie is None else LoginCookie(login_cookie, False)
 
 
 class Access:
-    """The tokens and share links in force and the decisions made with them; ``open`` without a tokens file."""
+    """The tokens and share links in force and the decisions made with them; ``open`` without a tokens file.
+    ``identities``: sign-in with OpenID Connect, when configured (see the module's docstring)."""
 
-    def __init__(self, tokens_file: Path | None, reload_seconds: float, links: ShareLinks | None = None) -> None:
+    def __init__(
+        self,
+        tokens_file: Path | None,
+        reload_seconds: float,
+        links: ShareLinks | None = None,
+        identities: Identities | None = None,
+    ) -> None:
         self.tokens = ReloadingTokens(tokens_file, reload_seconds) if tokens_file is not None else None
         self.links = links
+        self.identities = identities
         self.decisions = Decisions(self.tokens) if self.tokens is not None else None
 
     @property
     def open(self) -> bool:
         return self.tokens is None
 
-    def grant(self, token: Token | None) -> Grant | None:
+    def read(
+        self, request: Request, query: bytes, path_token: bytes | None, path_link: bytes | None = None
+    ) -> Token | None:
+        """The request's one credential (see :func:`read_token`): a sign-in's only when sign-in is configured."""
+        if self.identities is None:
+            return read_token(request.header_lines(TOKEN_HEADER), query, path_token, path_link)
+        return read_token(
+            request.header_lines(TOKEN_HEADER),
+            query,
+            path_token,
+            path_link,
+            request.header_lines(AUTHORIZATION_HEADER),
+            self.identities.login_cookie(request),
+        )
+
+    def _signed_in(self) -> Identities:
+        if self.identities is None:
+            raise HttpError(401, "sign-in is not configured on this gateway")
+        return self.identities
+
+    async def grant(self, token: Token | None) -> Grant | None:
         """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
         if token is None:
             if self.tokens is None:
                 return None
-            raise HttpError(401, f"a token is required: {HOW}")
-        return token.look_up(self)
+            raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
+        return await token.look_up(self)
 
     def token_grant(self, value: str) -> Grant | None:
         if self.decisions is None:
@@ -362,12 +488,20 @@ class Access:
             raise HttpError(401, "the token is not valid")
         return grant
 
+    def claims_grant(self, claims: Mapping[str, Any]) -> Grant | None:
+        """The grant the tokens file's ``"claims"`` give a signed-in identity (None when the gateway is open)."""
+        return None if self.tokens is None else self.tokens.claims_grant(claims)
+
     def link_grant(self, capability: str) -> Grant:
         """A share link's grant, even where the gateway is open: a link reads its own dataset and nothing else."""
         if self.links is None:
             raise HttpError(401, "this gateway accepts no share links (no share_key_file is set)")
         claims = self.links.check(capability)
         return Grant.of_link(claims.organization, claims.dataset, claims.id)
+
+    @property
+    def _or_sign_in(self) -> str:
+        return "" if self.identities is None else "; or an Authorization: Bearer access token; or sign in at /login"
 
 
 def check_dataset(grant: Grant | None, organization: str, dataset: str) -> None:

@@ -48,7 +48,9 @@ from .share import link_id
 from .urls import SHARE_ROUTE, TOKEN_PREFIX, split_path_token, split_share_link
 
 EXPOSED = "Content-Length, Content-Range, Content-Type, ETag, Last-Modified, Accept-Ranges"
-ALLOWED_HEADERS = "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Content-Type"
+ALLOWED_HEADERS = (
+    "Range, If-None-Match, If-Match, If-Range, If-Modified-Since, X-Auth-Token, Authorization, Content-Type"
+)
 ALLOWED_METHODS = "GET, HEAD, OPTIONS"
 # On every answer: CORS for browser viewers, and no Referer to other origins (a page's address may hold ?token=).
 _ALWAYS = [

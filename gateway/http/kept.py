@@ -51,7 +51,7 @@ class KeptAnswers:
             return None  # loaded again, gone, or due for a look at its properties: dispatch decides
         try:
             request = request_of(scope, receive)
-            self.access.decide_loaded(self.access.token(request), target.dataset)
+            await self.access.decide_loaded(self.access.token(request), target.dataset)
             resource = self.answers.fresh(target.key)
             if resource is None:
                 return None

@@ -33,7 +33,6 @@ from gateway_storage.cache import CacheCounts
 from .. import heap, metrics
 from ..settings import Settings
 from ..zarr.trees import NodeNotFound
-from .auth import TOKEN_HEADER, read_token
 from .errors import HiddenRoots, HttpError, json_error
 from .handlers.access import Authorizer
 from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, Answer, Request, raw_headers
@@ -151,7 +150,7 @@ class Ops:
             path_link, path = split_share_link(raw_path, path)
             if path in (REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK):  # a /t/ or /s/ path that names nothing: a 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-            token = read_token(request.header_lines(TOKEN_HEADER), query.encode("latin-1"), path_token, path_link)
+            token = self.access.token(request, (query.encode("latin-1"), path_token, path_link))
             await self.access.authorize(token, access_names(path))
         except HttpError as exc:
             if exc.status in (401, 403):

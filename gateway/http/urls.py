@@ -25,6 +25,8 @@ PREVIEW_PREFIX = "/preview/"
 VIEWER_PREFIX = "/neuroglancer"  # the Neuroglancer client the gateway serves (gateway.http.pages.viewer)
 MESH_PREFIX = "/data/meshes/"  # below DATA_PREFIX: routed before the trees
 FAVICON = "/favicon.ico"  # the gateway's icon (gateway.http.pages.icon): open to everyone, as the start page is
+LOGIN_PATHS = ("/login", "/callback", "/logout")  # sign-in with OpenID Connect (gateway.http.oidc)
+CALLBACK_PATH = LOGIN_PATHS[1]  # where the issuer sends the browser back to
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 SHARE_ROUTE = "/share/"  # POST /share/{organization}/{dataset}: a new share link (gateway.http.handlers.share)
 # What a /t/{token}/ or /s/{capability}/ prefix may stand in front of.

@@ -37,6 +37,8 @@ KNOWN_SECONDS = {
     "test_stored_meshes.py": 75,
     "test_mesh_viewer.py": 70,
     "test_browser_path.py": 65,  # Chromium clicking through pages, nginx in front, webknossos-libs, index-segments
+    "test_oidc_browser.py": 65,  # signs in through a real OpenID provider in Chromium, then Neuroglancer draws
+    "test_oidc.py": 55,  # a real OpenID provider (oidc-provider, node), restarted to rotate its keys and go away
     "test_kubernetes.py": 50,
     "test_hostile_data.py": 75,  # stalled readers of a virtual shard on both servers
     "test_deploy.py": 60,  # nginx in front of two gateways, a slow head held to the proxy's header timeout

@@ -1,7 +1,7 @@
 """The one access decision of the data routes, the previews, the meshes and the proxy's ``/auth``."""
 
 from ...sources.catalog import Dataset
-from ..auth import TOKEN_HEADER, Access, Grant, Token, check_dataset, check_files, check_organization, read_token
+from ..auth import Access, Grant, Token, check_dataset, check_files, check_organization
 from ..messages import Request
 from .datasets import Datasets
 
@@ -18,18 +18,18 @@ class Authorizer:
         """No tokens file: every dataset is readable without a token."""
         return self.access.open
 
-    @staticmethod
-    def token(request: Request) -> Token | None:
-        """The request's one token (400 for more): every route that reads a token reads it here."""
-        return read_token(
-            request.header_lines(TOKEN_HEADER), request.query_string, request.path_token, request.exchange.path_link
-        )
+    def token(self, request: Request, original: tuple[bytes, bytes | None, bytes | None] | None = None) -> Token | None:
+        """The request's one token (400 for more): every route that reads a token reads it here. ``original``:
+        the query, path token and share link of the URI the proxy's ``/auth`` checks, in place of the request's."""
+        own = (request.query_string, request.path_token, request.exchange.path_link)
+        query, path_token, path_link = original or own
+        return self.access.read(request, query, path_token, path_link)
 
     async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
         """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
         point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
         None when the gateway is open."""
-        grant = self.access.grant(token)
+        grant = await self.access.grant(token)
         if len(names) >= 2:
             check_dataset(grant, names[0], names[1])
             if grant is not None:
@@ -41,9 +41,9 @@ class Authorizer:
             check_organization(grant, names[0], names_there)
         return grant
 
-    def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
-        """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup, so no wait."""
-        grant = self.access.grant(token)
+    async def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
+        """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup."""
+        grant = await self.access.grant(token)
         check_dataset(grant, dataset.organization, dataset.name)
         check_files(grant, dataset.organization, dataset.name, dataset.owners)
         return grant

@@ -17,10 +17,9 @@ from .sender import Sender
 
 # The trees ``/`` lists.
 HOME_TREES = tuple(TREES)
-NO_TOKEN_NOTE = (
-    "Open this page with a token to see the datasets it may read: ?token=... at the end of its address, or "
-    "/t/.../ in front of its path (the form a viewer needs, which cannot carry a query to every file)."
-)
+TOKEN_FORMS = "?token=... at the end of its address, or /t/.../ in front of its path (the form a viewer needs)"
+NO_TOKEN_NOTE = f"Open this page with a token to see the datasets it may read: {TOKEN_FORMS}."
+SIGN_IN_NOTE = f"Sign in at /login, or open this page with a token to see your datasets: {TOKEN_FORMS}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +57,16 @@ class IndexHandler:
     landings: Landings
     sender: Sender
 
+    @property
+    def _note(self) -> str:
+        return NO_TOKEN_NOTE if self.access.access.identities is None else SIGN_IN_NOTE
+
     async def __call__(self, request: Request) -> Answer:
         token = self.access.token(request)
         pages = self.landings.pages
         entries = [Entry(f"data/{name}", True) for name in HOME_TREES]
         if token is None and not self.access.open:
-            landing = Landing({}, note=NO_TOKEN_NOTE)
+            landing = Landing({}, note=self._note)
             return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
         grant = await self.access.authorize(token, ())
         resource = await self.landings.page(
