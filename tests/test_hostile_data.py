@@ -341,6 +341,9 @@ def _rss(server: Server) -> int:
 # What a stalled reader may hold, per server: uvicorn waits for its write buffer to drain (one piece); Granian
 # queues a few pieces of its own. Before, 8.6 MiB (uvicorn, 4 MiB pieces) and the whole 32 MiB shard (Granian).
 HELD_PER_STALLED_READER = {"uvicorn": 3 * MIB, "granian": 8 * MIB}
+# What may stay in the process once they left: the allocator keeps some of what it returned (Granian's more, and
+# more on a busy machine: 33 to 66 MiB seen). Before, +180 MiB (uvicorn) and +279 MiB (Granian).
+HELD_AFTER_THEY_LEFT = {"uvicorn": 64 * MIB, "granian": 128 * MIB}
 
 
 @pytest.mark.parametrize("server", list(HELD_PER_STALLED_READER))
@@ -373,7 +376,7 @@ def test_stalled_readers_of_a_virtual_shard_hold_one_piece_each_and_give_it_back
                 reader.close()
     held = peak.growth / STALLED_READERS
     assert held < HELD_PER_STALLED_READER[server], f"{held / MIB:.1f} MiB per stalled reader"
-    assert wait_until(lambda: _rss(sharded) - before < 64 * MIB, timeout=10), (
+    assert wait_until(lambda: _rss(sharded) - before < HELD_AFTER_THEY_LEFT[server], timeout=10), (
         f"{(_rss(sharded) - before) / MIB:.0f} MiB still held after the readers left"
     )
     assert get(sharded, url).status_code == 200
