@@ -575,6 +575,23 @@ class ReadOnlyVoxels(MagSourceContract):
         corner: Vec3 = (16, 16, 16)
         self._assert_chunk_read_faults(self._truncated(own_copy, corner), corner)
 
+    REWRITTEN: ClassVar[tuple[Vec3, Vec3]] = ((16, 16, 16), (16 + CHUNK, 16 + CHUNK, 16 + CHUNK))
+
+    def _served(self, data: np.ndarray) -> np.ndarray:
+        """What the source serves of the stored voxels ``data``."""
+        return data
+
+    def _reads_a_rewrite(self, own_copy: WrittenMag) -> tuple[MagSource, np.ndarray]:
+        """The same source (as the catalog keeps it) reads box ``REWRITTEN`` of the truth, then of a data file
+        rewritten under it; the source and the new stored voxels."""
+        corner, end = self.REWRITTEN
+        source = self.open(own_copy.root, own_copy.directory)
+        np.testing.assert_array_equal(source.read_box(corner, end).data, own_copy.truth[_window(corner, end)])
+        data = self._random(np.random.default_rng(99))
+        self.write(own_copy.directory, data, [(0, 0, 0)])
+        np.testing.assert_array_equal(source.read_box(corner, end).data, self._served(data)[_window(corner, end)])
+        return source, data
+
 
 class PrecomputedContract(ReadOnlyVoxels):
     """One scale (key ``mag``) of a precomputed volume at the data root, written by tensorstore in chunks of 16^3.
@@ -637,13 +654,7 @@ class PrecomputedContract(ReadOnlyVoxels):
 
     def test_a_rewritten_file_changes_the_identity_and_the_voxels(self, own_copy: WrittenMag) -> None:
         """The same source (as the catalog keeps it) reads the new voxels of a file rewritten under it."""
-        corner: Vec3 = (16, 16, 16)
-        end: Vec3 = (corner[0] + CHUNK, corner[1] + CHUNK, corner[2] + CHUNK)
-        source = self.open(own_copy.root, own_copy.directory)
-        np.testing.assert_array_equal(source.read_box(corner, end).data, own_copy.truth[_window(corner, end)])
-        data = self._random(np.random.default_rng(99))
-        self.write(own_copy.directory, data, [(0, 0, 0)])
-        np.testing.assert_array_equal(source.read_box(corner, end).data, data[_window(corner, end)])
+        self._reads_a_rewrite(own_copy)
 
 
 class TestPrecomputedRawSource(PrecomputedContract):
@@ -696,6 +707,9 @@ class TestMappedSource(ReadOnlyVoxels, WkwContract):
             f.create_dataset("segment_to_agglomerate", data=_agglomerates())
         return WrittenMag(written.root, written.directory, self._mapped(written.truth))
 
+    def _served(self, data: np.ndarray) -> np.ndarray:
+        return self._mapped(data)
+
     @staticmethod
     def _mapped(data: np.ndarray) -> np.ndarray:
         table = _agglomerates()
@@ -723,13 +737,8 @@ class TestMappedSource(ReadOnlyVoxels, WkwContract):
         version of each it read."""
         import h5py
 
-        corner: Vec3 = (16, 16, 16)
-        end: Vec3 = (corner[0] + CHUNK, corner[1] + CHUNK, corner[2] + CHUNK)
-        source = self.open(own_copy.root, own_copy.directory)
-        np.testing.assert_array_equal(source.read_box(corner, end).data, own_copy.truth[_window(corner, end)])
-        data = self._random(np.random.default_rng(99))
-        self.write(own_copy.directory, data, [(0, 0, 0)])
-        np.testing.assert_array_equal(source.read_box(corner, end).data, self._mapped(data)[_window(corner, end)])
+        source, data = self._reads_a_rewrite(own_copy)
+        corner, end = self.REWRITTEN
         path = own_copy.root / "agglomerates.hdf5"
         before = os.stat(path)
         with h5py.File(path, "w") as f:
