@@ -65,7 +65,7 @@ from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
 from .pages.icon import favicon
-from .pages.listing import Entry
+from .pages.listing import Entry, page_bytes
 from .pages.viewer import NeuroglancerClient
 from .share import Revocations, ShareKey, ShareLinks
 from .urls import (
@@ -129,11 +129,12 @@ def create_app(settings: Settings) -> Edge:
             "the viewer extra is not installed: pages link to the public https Neuroglancer, which cannot read a "
             "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
         )
-    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page, _listing_bytes)
     chunk_threads = anyio.CapacityLimiter(settings.threads)
     options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
-    datasets = Datasets(catalog, options, shards, chunk_threads)
-    listings = Listings(datasets, roots)
+    memory = MemoryBudget(settings.chunk_memory_bytes)  # what every request builds; kept answers count against it
+    datasets = Datasets(catalog, options, shards, chunk_threads, memory)
+    listings = Listings(datasets, roots, memory)
     origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
     sign_in = _sign_in(settings, origin)
     links = share_links(settings)
@@ -144,9 +145,8 @@ def create_app(settings: Settings) -> Edge:
     note = root_note(store) if store_kind(settings.root) is None else None  # a store away must not delay start
     share_most = None if links is None else settings.share_max_seconds
     pages = Pages(origin, settings.neuroglancer_url, client is not None, not access.open, share_most, note)
-    memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
-    # where no change is reported, a look at a kept answer's files holds for the settle time (README, "Kept answers
-    # and late data")
+    # Kept answers: where no change is reported, a look at a kept answer's files holds for the settle time
+    # (README, "Kept answers and late data")
     answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
     chunks = Chunks(chunk_threads, memory, answers)
     largest = LargestSegments(meshes, chunk_threads)  # what the pages' viewer links select
@@ -283,3 +283,8 @@ def create_app_from_env() -> Edge:
 def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
     """A listing page of the precomputed tree, rendered as every tree's listings are."""
     return listing(base, [Entry(*row) for row in rows])
+
+
+def _listing_bytes(rows: list[ListingRow]) -> int:
+    """What :func:`_listing_page` holds while it renders ``rows``."""
+    return page_bytes([Entry(*row) for row in rows])

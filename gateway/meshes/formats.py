@@ -37,7 +37,7 @@ from .layers import LayerMeshes
 from .names import parse_cube, parse_segment_id
 from .segments import Segments
 from .stored import ABSENT, SetState, StoredMeshes, StoredSegment, StoredSet
-from .surfaces import Surface, segment_surface, window_of
+from .surfaces import Surface, holds_surface, request_bytes, segment_surface, window_of
 
 # Voxels read to make one segment's multi-resolution mesh on demand (every level), the default of the
 # ``multires_voxels`` setting: beyond it a segment is served from a fresh stored mesh set, or gets on demand the
@@ -98,6 +98,21 @@ class MeshSource(ABC):
     def levels(self, grid: MeshGrid) -> list[Level]:
         """The levels of detail whose windows a request for one of its files may read (what it costs)."""
 
+    def file_bytes(self, work: MeshWork, name: str) -> int:
+        """What answering ``name`` holds at most, from sizes and metadata alone (stats, the index's directory,
+        whether the boxes meshed hold stored chunks): what it holds of the worker's memory budget. Blocking."""
+        if name == PROPERTIES_INFO:
+            return work.segments.properties_bytes(work.meshes)
+        index, _ = work.segments.index_bytes(work.meshes)  # its info and every file of a segment read the index
+        try:
+            return index if name == "info" else index + self.own_file_bytes(work, name)
+        except (MeshInputError, MeshNotFound):
+            return index  # a name it cannot have: answered as such
+
+    @abstractmethod
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """:meth:`file_bytes` of a file of its own, beside the index."""
+
     def file(self, work: MeshWork, name: str) -> Resource:
         """The file ``name`` below the source's directory; none without the meshes extra, so that no ``info``
         advertises a source whose fragments could not be made."""
@@ -123,6 +138,25 @@ class MultiresSource(MeshSource):
 
     def levels(self, grid: MeshGrid) -> list[Level]:
         return grid.levels
+
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """Nothing meshed for a segment of a fresh stored set, or that the index held already does not list;
+        else every level's windows, and the surface of each box that holds stored chunks (all of them where
+        the index is not held yet)."""
+        segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
+        if work.stored_set().fresh is not None:
+            return 0
+        held = work.segments.held(work.meshes)
+        if held is None:
+            return request_bytes(self.levels(work.meshes.grid))
+        entry = held.lookup(segment)
+        if entry is None:
+            return 0
+        boxes = 0
+        for level in work.meshes.grid.levels:
+            positions = {(x >> level.lod, y >> level.lod, z >> level.lod) for x, y, z in entry.cubes}
+            boxes += sum(holds_surface(level.source, lo, hi) for p in positions for lo, hi in level.parts(p))
+        return request_bytes(self.levels(work.meshes.grid), boxes)
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
@@ -243,6 +277,16 @@ class LegacySource(MeshSource):
 
     def levels(self, grid: MeshGrid) -> list[Level]:
         return grid.levels[:1]  # its fragments are level-0 cubes
+
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """A fragment: its cube's window, and its surface where the window holds stored chunks."""
+        segment_text, _, rest = name.partition(":")
+        if not rest.startswith("0:"):
+            return 0  # the list of a segment's cubes, or a name it cannot have
+        layer_segment_id(work.meshes, segment_text)
+        level = work.meshes.grid.levels[0]
+        lo, hi = level.box(parse_cube(rest[2:], name))
+        return request_bytes([level], int(holds_surface(level.source, lo, hi)))
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment_text, sep, rest = name.partition(":")

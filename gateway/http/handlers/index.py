@@ -39,14 +39,17 @@ class Landings:
         render: Callable[[Readable, Landing], Resource],
     ) -> Resource:
         """``render`` of the readable datasets and their cards; the datasets are listed and the page rendered in
-        catalog threads, the data stamps waited for on the event loop in between (as the dataset page does)."""
-        readable = await self.listings.readable(grant, lambda found: found)
-        largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
+        catalog threads, the data stamps waited for on the event loop in between (as the dataset page does), while
+        the page's cost (from the names alone) is held of the worker's memory budget."""
+        names = await self.listings.readable_names(grant)
+        async with self.listings.holding(names, "this page"):
+            readable = await self.listings.readable(grant, lambda found: found)
+            largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
 
-        def rendered() -> Resource:
-            return render(readable, self.pages.landing(request, token, tree, readable, largest))
+            def rendered() -> Resource:
+                return render(readable, self.pages.landing(request, token, tree, readable, largest))
 
-        return await self.listings.datasets.call(rendered)
+            return await self.listings.datasets.call(rendered)
 
 
 @dataclass(frozen=True, slots=True)
