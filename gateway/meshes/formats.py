@@ -98,6 +98,12 @@ class MeshSource(ABC):
     def levels(self, grid: MeshGrid) -> list[Level]:
         """The levels of detail whose windows a request for one of its files may read (what it costs)."""
 
+    def most_bytes(self, grid: MeshGrid, name: str) -> int:
+        """The most a request for ``name`` may hold, from the metadata alone: what one that meshes holds
+        (:func:`request_bytes` of its levels, the whole surface bound); nothing for the ``info`` and the segment
+        properties, which mesh nothing (their cost follows their files' sizes: :meth:`file_bytes`)."""
+        return 0 if name in ("info", PROPERTIES_INFO) else request_bytes(self.levels(grid))
+
     def file_bytes(self, work: MeshWork, name: str) -> int:
         """What answering ``name`` holds at most, from sizes and metadata alone (stats, the index's directory,
         whether the boxes meshed hold stored chunks): what it holds of the worker's memory budget. Blocking."""

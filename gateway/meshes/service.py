@@ -27,7 +27,6 @@ from .index import STAMP_FILES
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
 from .stored import StoredMeshes
-from .surfaces import request_bytes
 
 log = logging.getLogger("gateway.meshes")
 Hold = Callable[[int], AbstractAsyncContextManager[None]]  # what a request holds of ``bytes`` while it is made
@@ -91,13 +90,13 @@ class MeshService:
         except (MeshInputError, MeshNotFound, SegmentIndexRequired, MeshTooLarge):
             return 0  # answered as such when the file is asked for
 
-    def working_bytes(self, dataset: Dataset, layer: str, kind: str) -> int:
-        """The most memory one request for a file of mesh source ``kind`` of ``layer`` holds
-        (:func:`~gateway.meshes.surfaces.request_bytes` of the levels it meshes), from the metadata alone; 0 for
-        a layer without meshes or an unknown source (answered as such in the request's thread)."""
+    def working_bytes(self, dataset: Dataset, layer: str, kind: str, name: str) -> int:
+        """The most memory one request for file ``name`` of mesh source ``kind`` of ``layer`` may hold
+        (:meth:`MeshSource.most_bytes`), from the metadata alone: the worst case, refused at once past the whole
+        budget; 0 for a layer without meshes or an unknown source (answered as such in the request's thread)."""
         source = MESH_SOURCES.get(kind)
         try:
-            return 0 if source is None else request_bytes(source.levels(self.layer(dataset, layer).grid))
+            return 0 if source is None else source.most_bytes(self.layer(dataset, layer).grid, name)
         except (MeshInputError, MeshNotFound):
             return 0
 

@@ -204,7 +204,7 @@ class PrecomputedTree:
         if len(target.names) < 3 or len(target.below) != 2 or target.below[0] == PROPERTIES_DIRECTORY:
             return 0
         if target.below[0] == MESH_DIRECTORY:
-            return self.meshes.working_bytes(dataset, target.names[2], MESH_KIND)
+            return self.meshes.working_bytes(dataset, target.names[2], MESH_KIND, target.below[1])
         source = self.volume(dataset, target.names[2], target.raw_only).scale(target.below[0]).source
         edge = (self.chunk_edge,) * 3
         chunk = self.chunk_edge**3 * source.channels * source.dtype.itemsize
