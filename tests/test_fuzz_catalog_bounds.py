@@ -44,6 +44,7 @@ from support.measure import PeakRss, bytes_read
 from support.polling import Poller
 from support.servers import Server, assert_no_unexpected_errors
 
+from gateway.http.pages.dataset import LAYER_CARD_BYTES
 from gateway.meshes.index import MAX_INDEX_BYTES
 from gateway.meshes.segments import (
     LABELS_HELD_PER_BYTE,
@@ -445,10 +446,11 @@ def test_what_a_request_builds_from_metadata_and_side_files_is_charged_to_the_bu
     budgeted_root: Path, budgeted: Server, shape: str, data: st.DataObject
 ) -> None:
     """A generated segment list (a labels file of a few names, or 8 MiB under its byte cap), a dataset of 1 to
-    ``MAX_LAYERS`` layers (its consolidated documents in every tree) and a listing of 40,000 organizations,
-    through a gateway of a 12 MiB budget: each is costed before it is made, a 413 naming ``chunk_memory_bytes``
-    where its cost is past the whole budget (which it was not, before: the lists were charged nothing), served
-    where it fits, the worker grows by no more than the budget allows, and ``/healthz`` keeps answering."""
+    ``MAX_LAYERS`` layers (its consolidated documents in every tree, and its page) and a listing of 40,000
+    organizations, through a gateway of a 12 MiB budget: each is costed before it is made, a 413 naming
+    ``chunk_memory_bytes`` where its cost is past the whole budget (which it was not, before: the lists were
+    charged nothing), served where it fits, the worker grows by no more than the budget allows, and ``/healthz``
+    keeps answering."""
     organization = f"budgeted{next(_organizations)}"
     urls: dict[str, bool] = {}  # url: whether its cost is past the whole budget
     if shape == "segment list":
@@ -465,6 +467,7 @@ def test_what_a_request_builds_from_metadata_and_side_files_is_charged_to_the_bu
         _write(budgeted_root, organization, "ds", layers)
         past = DOCUMENT_BYTES + count * DOCUMENT_ARRAY_BYTES > BUDGETED
         urls |= {f"{budgeted.url}/data/{path.format(organization)}": past for path in CONSOLIDATED}
+        urls[f"{budgeted.url}/data/zarr/{organization}/ds/"] = count * LAYER_CARD_BYTES > BUDGETED  # its page
     urls |= {f"{budgeted.url}{path}": True for path in ROOT_LISTINGS}  # 40,000 organizations
     event(f"{shape}: {'past the budget' if past else 'fits'}")
     with Poller(budgeted.url + "/healthz", 0.05) as health, requests.Session() as session, PeakRss(budgeted) as peak:

@@ -7,7 +7,7 @@ from ...zarr.resource import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
 from ..messages import Answer, Request
-from ..pages.landing import HOME_TREE, Landing
+from ..pages.landing import HOME_TREE, Landing, landing_bytes
 from ..pages.listing import Entry
 from .access import Authorizer
 from .listings import Listings, Readable
@@ -42,7 +42,7 @@ class Landings:
         catalog threads, the data stamps waited for on the event loop in between (as the dataset page does), while
         the page's cost (from the names alone) is held of the worker's memory budget."""
         names = await self.listings.readable_names(grant)
-        async with self.listings.holding(names, "this page"):
+        async with self.listings.memory.hold(landing_bytes(names), "this page"):
             readable = await self.listings.readable(grant, lambda found: found)
             largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
 

@@ -2,8 +2,7 @@
 decide, so that no dataset is loaded to list them), each listing costed from its names and made within the
 worker's memory budget."""
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 from ...sources.catalog import BrokenDataset, Dataset
@@ -27,13 +26,6 @@ class Listings:
         self.roots = roots
         self.memory = memory
 
-    @asynccontextmanager
-    async def holding(self, names: list[str], what: str = "this listing") -> AsyncIterator[None]:
-        """Hold what a listing or page of entries named ``names`` costs (:func:`listing_bytes`) while it is made:
-        a 413 with the reason past what one request may take, a wait while others hold the budget."""
-        async with self.memory.hold(listing_bytes(names), what):
-            yield
-
     async def check_organization(self, organization: str) -> None:
         """404 for an organization the data root does not hold."""
         if organization not in await self.datasets.call(self.catalog.organizations):
@@ -50,7 +42,7 @@ class Listings:
             names = self.catalog.dataset_names
             return render([Entry(org, True) for org in organizations if granted_names(grant, org, names(org))])
 
-        async with self.holding(organizations):
+        async with self.memory.hold(listing_bytes(organizations), "this listing"):
             return await self.datasets.call(rendered)
 
     async def dataset_entries(self, grant: Grant | None, organization: str, render: Render[T]) -> T:
@@ -67,7 +59,7 @@ class Listings:
                 found.append(Entry(dataset.name, True, note))
             return render(found)
 
-        async with self.holding(names):
+        async with self.memory.hold(listing_bytes(names), "this listing"):
             return await self.datasets.call(rendered)
 
     async def readable_names(self, grant: Grant | None) -> list[str]:

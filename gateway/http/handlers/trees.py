@@ -14,6 +14,7 @@ from ...zarr.trees import DatasetView, NodeNotFound
 from ..auth import Grant, Token
 from ..errors import HiddenRoots
 from ..messages import Answer, Request
+from ..pages.dataset import dataset_page_bytes
 from ..pages.landing import Landing
 from ..pages.links import LinkForm
 from ..pages.listing import Entry, page_bytes
@@ -128,7 +129,7 @@ class DatasetLevel(InDataset):
         entries = [Entry(f, False) for f in tree.dataset_files]
         entries += [Entry(name, True) for name in view.groups]
         entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
-        async with self.datasets.memory.hold(page_bytes(entries), "this page"):
+        async with self.datasets.memory.hold(dataset_page_bytes(entries), "this page"):
             largest = await self.largest.of(view.dataset)
             page = self.pages.dataset_page
             return await self.datasets.call(page, target.base, view, tree.name, request, entries, links, largest)
