@@ -398,7 +398,9 @@ def test_derived_files_a_page_reads_are_bounded_before_parsing_and_their_failure
 BUDGETED = 12 << 20  # chunk_memory_bytes of the gateway below: a few MiB per request fit, tens do not
 BUDGETED_RSS = BUDGETED + (48 << 20)  # the budget, and what a worker's allocator keeps of earlier examples
 MANY_ORGANIZATIONS = 40_000  # a listing of them holds about 16 MiB while it is made: past the whole budget
-SHAPES = ["segment list", "document"]
+SHAPES = ["segment list", "document", "page index"]
+# an index file beside a segmentation (an archive of one array of this many ids), which its dataset page reads
+INDEX_IDS = st.sampled_from([1000, 2_000_000])
 # a labels file of (entries, name length), parsed for a segment list: a few KiB, or 8 MiB (72 MiB parsed)
 LABEL_FILES = st.sampled_from([(10, 8), (20_000, 8), (MAX_LABELS, 24)])
 # a dataset of this many layers, whose consolidated metadata documents describe every one (16 KiB each)
@@ -440,13 +442,14 @@ def _shared_mag(root: Path) -> str:
     return MAG_PATH
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(shape=st.sampled_from(SHAPES), data=st.data())
 def test_what_a_request_builds_from_metadata_and_side_files_is_charged_to_the_budget(
     budgeted_root: Path, budgeted: Server, shape: str, data: st.DataObject
 ) -> None:
     """A generated segment list (a labels file of a few names, or 8 MiB under its byte cap), a dataset of 1 to
-    ``MAX_LAYERS`` layers (its consolidated documents in every tree, and its page) and a listing of 40,000
+    ``MAX_LAYERS`` layers (its consolidated documents in every tree, and its page), a dataset page whose
+    segmentation has an index file of 8 KB or 16 MB (read for its largest segments) and a listing of 40,000
     organizations, through a gateway of a 12 MiB budget: each is costed before it is made, a 413 naming
     ``chunk_memory_bytes`` where its cost is past the whole budget (which it was not, before: the lists were
     charged nothing), served where it fits, the worker grows by no more than the budget allows, and ``/healthz``
@@ -461,6 +464,12 @@ def test_what_a_request_builds_from_metadata_and_side_files_is_charged_to_the_bu
         past = scan + labels_bytes * (LABELS_HELD_PER_BYTE + 1) > BUDGETED
         base = f"{budgeted.url}/data/{{}}/{organization}/ds/seg/"
         urls |= {base.format(tree) + path: past for tree, path in SEGMENT_LISTS.items()}
+    elif shape == "page index":
+        _labelled_segmentation(budgeted_root, organization, 1, 8)
+        index = budgeted_root / organization / "ds" / "seg.segment-index.npz"
+        np.savez(index, ids=np.arange(data.draw(INDEX_IDS, label="ids"), dtype=np.uint64))
+        past = 2 * index.stat().st_size > BUDGETED  # the file read whole, and its array unpacked
+        urls[f"{budgeted.url}/data/zarr/{organization}/ds/"] = past
     else:
         mag, count = _shared_mag(budgeted_root), data.draw(LAYER_COUNTS, label="layers")
         layers = [cube_layer(f"l{i}", "wkw", EDGE, [{"mag": [1, 1, 1], "path": mag}]) for i in range(count)]

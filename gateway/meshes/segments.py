@@ -160,6 +160,20 @@ class Segments:
         key = LargestKey(meshes.key, stamp, None if identity is None else identity.version, count)
         return self.cache.made(key, lambda: self._find_largest(meshes, stamp, identity, count), _list_bytes)
 
+    def largest_bytes(self, meshes: LayerMeshes, count: int) -> int:
+        """What :meth:`largest` holds, from sizes alone: nothing where they are found already or the index is
+        held; else the index file a page may read (:meth:`index_bytes`), none past ``PAGE_INDEX_BYTES``."""
+        identity = self._index_identity(meshes)
+        key = LargestKey(meshes.key, self.stamp(meshes), None if identity is None else identity.version, count)
+        if self.cache.get(key) is not None or self.held(meshes) is not None:
+            return 0
+        if identity is None or identity.size > PAGE_INDEX_BYTES:
+            return 0
+        try:
+            return self.index_bytes(meshes)[0]
+        except (SegmentIndexCorrupt, OSError, StorageError):
+            return 0  # refused without reading it: the page finds none, and remembers
+
     def _find_largest(self, meshes: LayerMeshes, stamp: str, identity: FileIdentity | None, count: int) -> list[int]:
         held: SegmentIndex | None = self.cache.get(SegmentsKey(meshes.key, stamp))
         if held is not None:

@@ -125,6 +125,15 @@ class MeshService:
             if layer.properties.category == "segmentation" and layer.mags:
                 await self.ready(dataset, name)
 
+    def largest_bytes(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> int:
+        """What :meth:`largest_segments` holds at most, from sizes alone (:meth:`Segments.largest_bytes`); 0 where
+        it reads nothing. Blocking (stats)."""
+        try:
+            meshes = self.layer(dataset, layer)
+            return 0 if meshes.known_stamp() is None else self.segments.largest_bytes(meshes, count)
+        except (SegmentIndexRequired, MeshInputError, MeshNotFound, MeshTooLarge, OSError, StorageError, WkwError):
+            return 0  # answered as none
+
     def largest_segments(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> list[int]:
         """A few of the largest segments, for a viewer link: from a current index or a scan made already,
         never from a new scan (listings are read by every client that opens the dataset), else none

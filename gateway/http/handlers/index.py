@@ -40,11 +40,12 @@ class Landings:
     ) -> Resource:
         """``render`` of the readable datasets and their cards; the datasets are listed and the page rendered in
         catalog threads, the data stamps waited for on the event loop in between (as the dataset page does), while
-        the page's cost (from the names alone) is held of the worker's memory budget."""
-        names = await self.listings.readable_names(grant)
-        async with self.listings.memory.hold(landing_bytes(names), "this page"):
-            readable = await self.listings.readable(grant, lambda found: found)
-            largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
+        the page's cost (from the names and the index files' sizes) is held of the worker's memory budget."""
+        readable = await self.listings.readable(grant, lambda found: found)  # loaded: the catalog's, not the page's
+        datasets = [dataset for found in readable.values() for dataset in found]
+        names = [*readable, *(dataset.name for dataset in datasets)]
+        async with self.listings.memory.hold(landing_bytes(names) + await self.largest.need(datasets), "this page"):
+            largest = await self.largest.of_all(datasets)
 
             def rendered() -> Resource:
                 return render(readable, self.pages.landing(request, token, tree, readable, largest))

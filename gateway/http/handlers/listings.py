@@ -62,20 +62,6 @@ class Listings:
         async with self.memory.hold(listing_bytes(names), "this listing"):
             return await self.datasets.call(rendered)
 
-    async def readable_names(self, grant: Grant | None) -> list[str]:
-        """The names of the organizations and datasets a page of what ``grant`` may read would show, names alone
-        (what it costs, before a dataset is loaded)."""
-
-        def names() -> list[str]:
-            found = []
-            for organization in self.catalog.organizations():
-                datasets = granted_names(grant, organization, self.catalog.dataset_names(organization))
-                if grant is None or datasets:
-                    found += [organization, *datasets]
-            return found
-
-        return await self.datasets.call(names)
-
     async def readable(self, grant: Grant | None, render: Callable[[Readable], T]) -> T:
         """``render`` of the datasets ``grant`` may read by organization, each organization where it may read one
         (every one when open, empty ones too). Every dataset is loaded, and a page of them all costs as much

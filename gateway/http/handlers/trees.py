@@ -129,7 +129,8 @@ class DatasetLevel(InDataset):
         entries = [Entry(f, False) for f in tree.dataset_files]
         entries += [Entry(name, True) for name in view.groups]
         entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
-        async with self.datasets.memory.hold(dataset_page_bytes(entries), "this page"):
+        need = dataset_page_bytes(entries) + await self.largest.need([view.dataset])
+        async with self.datasets.memory.hold(need, "this page"):
             largest = await self.largest.of(view.dataset)
             page = self.pages.dataset_page
             return await self.datasets.call(page, target.base, view, tree.name, request, entries, links, largest)
