@@ -22,6 +22,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
+from gateway_storage.faults import Invalid
+
 from .extras import BATCH, GRANIAN, MESHES, Extra, MissingExtraError
 from .settings import ENV_PREFIX, Settings
 
@@ -35,7 +37,7 @@ log = logging.getLogger("gateway")
 INDEX_RUN_DEFAULTS: dict[str, Any] = {"workers": None, "scheduler": None, "work_dir": None, "block_cubes": None}
 
 
-class CommandError(Exception):
+class CommandError(Invalid):
     """A mistake in what the user asked for: printed as one line, exit status 1 (see :func:`main`)."""
 
 

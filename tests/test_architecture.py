@@ -3,6 +3,7 @@ sources -> formats -> the storage kernel, nothing lower importing anything highe
 and no import cycle between modules, type-only imports (under ``if TYPE_CHECKING``) included."""
 
 import ast
+import builtins
 import functools
 from pathlib import Path
 
@@ -348,3 +349,86 @@ def test_the_pages_use_only_what_they_render(module: str) -> None:
 
 def test_proxy_trust_is_a_leaf() -> None:
     assert graph()["gateway.http.origin"] == set(), "origin.py decides from headers and settings alone"
+
+
+# One error map, by kind: every exception class of the project subclasses a kind of gateway_storage/faults.py (the
+# leaf at the bottom of the order), and the map (gateway/http/errors.py) answers kinds, never the classes below them.
+FAULTS = "gateway_storage.faults"
+ERROR_MAP = "gateway.http.errors"
+BUILTIN_EXCEPTIONS = {
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+}
+
+
+def exception_classes(paths: dict[str, Path]) -> dict[str, tuple[str, list[str]]]:
+    """Every class of ``paths`` by name, with its module and the names of its bases (the last dotted part); a
+    name that two modules give a class holds the bases of both."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for module, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base).rpartition(".")[2] for base in node.bases]
+                earlier = found.get(node.name, (module, []))
+                found[node.name] = (earlier[0], earlier[1] + bases)
+    return found
+
+
+def ancestors(name: str, classes: dict[str, tuple[str, list[str]]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for base in classes.get(todo.pop(), ("", []))[1]:
+            if base not in seen:
+                seen.add(base)
+                todo.append(base)
+    return seen
+
+
+def kinds() -> set[str]:
+    from gateway_storage.faults import KINDS
+
+    return {kind.__name__ for kind in KINDS}
+
+
+def unkinded(classes: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """The exception classes outside the faults module that subclass no kind."""
+    return sorted(
+        f"{module}.{name}"
+        for name, (module, _) in classes.items()
+        if module != FAULTS
+        and ancestors(name, classes) & BUILTIN_EXCEPTIONS
+        and not ancestors(name, classes) & (kinds() | {"HttpError"})
+        and name != "HttpError"  # the HTTP layer's own answer: a Fault whose status is its own
+    )
+
+
+def test_every_exception_class_subclasses_a_kind() -> None:
+    classes = exception_classes(modules())
+    assert not unkinded(classes), f"exception classes of no kind (gateway_storage/faults.py): {unkinded(classes)}"
+    counted = [n for n, (m, _) in classes.items() if m != FAULTS and ancestors(n, classes) & BUILTIN_EXCEPTIONS]
+    assert len(counted) > 40  # the check sees the classes it looks for
+
+
+def test_the_kind_check_sees_a_planted_exception(tmp_path: Path) -> None:
+    planted = tmp_path / "bad.py"
+    planted.write_text(
+        "class Base(LookupError):\n    pass\n\n\nclass Gone(Base):\n    pass\n\n\nclass Fine(Absent):\n    pass\n"
+    )
+    assert unkinded(exception_classes({"gateway.bad": planted})) == ["gateway.bad.Base", "gateway.bad.Gone"]
+
+
+def test_the_error_map_imports_no_exception_but_the_kinds() -> None:
+    """The map answers kinds: of the exception classes it imports, only the kinds and HttpError (the HTTP layer's
+    own answer, with its status); no module of fault classes but the faults module."""
+    classes = exception_classes(modules())
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(modules()[ERROR_MAP].read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    exceptions = {name for name in imported if name in classes and ancestors(name, classes) & BUILTIN_EXCEPTIONS}
+    assert exceptions - {"HttpError"} <= kinds() | {"Fault"}, sorted(exceptions - kinds())
+    assert {"Absent", "Broken"} <= exceptions  # the check sees what it looks for
+    assert FAULTS in graph()[ERROR_MAP]
+    assert layer_of(FAULTS) == 0 and not _outside(FAULTS, ()), "the faults module imports nothing of the project"

@@ -10,6 +10,8 @@ from urllib.parse import parse_qs
 
 import anyio
 
+from gateway_storage.faults import Abandoned, Fault
+
 # The ASGI interface (asgiref's specification) as the edge types it: no framework is needed for four aliases.
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,11 +36,11 @@ def without_path_token(path: str) -> str:
     return path[:cut] + (REDACTED_PATH_TOKEN if lowered[cut + 1] == "t" else REDACTED_SHARE_LINK)
 
 
-class ClientGone(Exception):
+class ClientGone(Abandoned):
     """The client disconnected before its answer was ready: the work it waited for was skipped."""
 
 
-class HttpError(Exception):
+class HttpError(Fault):
     """An answer other than success decided by the HTTP layer itself, with a message for the JSON body.
 
     Defined here, beside the plain request and answer, so that deciding one (:mod:`gateway.http.auth`,
@@ -52,7 +54,7 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
-class ResponseAborted(Exception):
+class ResponseAborted(Abandoned):
     """A streamed body failed after its first byte: the server must drop the connection, so the
     client sees a short body (an error), never a complete-looking one."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 
 from ..sources.mag import MagSource
@@ -37,8 +38,10 @@ MAX_INDEX_BYTES = 1 << 30
 STAMP_FILES = 100_000
 
 
-class SegmentIndexCorrupt(OSError):
+class SegmentIndexCorrupt(Broken, OSError):
     """An index file that cannot be read as one: a storage fault (500), never a wrong answer."""
+
+    prefix = "segment index fault: "
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from gateway_storage import (
     StoreUnavailableError,
     is_absolute_location,
 )
+from gateway_storage.faults import Conflict
 from gateway_storage.geometry import Vec3, mag_name, mag_names
 from gateway_storage.local import DATASET_DEPTH
 from wkw_adapter import WkwError
@@ -87,7 +88,7 @@ class Dataset:
         return {owner for layer in self.layers.values() for owner in layer.owners}
 
 
-class DatasetUnusable(ValueError):
+class DatasetUnusable(Conflict, ValueError):
     """A request for a dataset whose properties cannot be used; the message says why.
 
     Not a 404, which a Zarr client would read as "no data" (zeros), and not a 500: the gateway is

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
@@ -54,7 +55,7 @@ MAX_JSON_VALUES = 2_000_000
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
-class MappingUnreadable(OSError):
+class MappingUnreadable(Broken, OSError):
     """A mapping that was usable when its layer was loaded and cannot be read now (rewritten into something
     else, truncated): a storage fault of the mapped layer's chunks (500), never absent data."""
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 from gateway_storage.cache import CacheCounts
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 
 from .bounds import (
@@ -46,7 +47,7 @@ _MAX_MINISHARD_BITS = (MAX_CHUNKS_PER_SHARD - 1).bit_length()
 MAX_MINISHARD_INDEX_BYTES = 24 * MAX_CHUNKS_PER_SHARD
 
 
-class ShardError(OSError):
+class ShardError(Broken, OSError):
     """A shard whose index cannot be right: a storage fault, answered 5xx."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_storage import StoreUnavailableError
+from gateway_storage.faults import Absent
 from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
 from ..sources.catalog import Dataset
@@ -51,7 +52,7 @@ V3_METADATA = ("zarr.json",)
 METADATA_NAMES = frozenset((*V2_METADATA, *V3_METADATA, PROPERTIES))
 
 
-class NodeNotFound(LookupError):
+class NodeNotFound(Absent, LookupError):
     """A name that does not exist at a level of a tree (a 404); the message names what does."""
 
 
