@@ -56,12 +56,11 @@ class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chun
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KeptTarget:
-    """What a chunk path answered from here names: the answer's key, the dataset it was served from (the very
-    object: a dataset loaded again is another one) and the metric label of the route."""
+    """What a chunk path answered from here names: the answer's key and the dataset it was served from (the very
+    object: a dataset loaded again is another one)."""
 
     key: AnswerKey
     dataset: Dataset
-    route: str
 
 
 class KeptTargets:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from gateway_storage import StorageError, Store, open_store, read_headers_file, store_kind
 from gateway_storage.cache import CacheCounts
@@ -22,6 +24,7 @@ from .. import extras
 from ..logs import configure_logging
 from ..meshes.segments import index_place
 from ..meshes.service import MeshService
+from ..metrics import RequestStats
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
 from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
@@ -37,7 +40,7 @@ from ..zarr.trees import ServeOptions
 from .answers import AnswerCache
 from .auth import Access
 from .budget import MemoryBudget
-from .edge import Edge, Endpoint, Handler, build_edge, endpoint_routes
+from .edge import ErrorAnswers, Handler, Methods, PathTokens, RequestLog, application, labels_of, routes_of
 from .errors import HiddenRoots, HttpError
 from .handlers.access import Authorizer
 from .handlers.chunks import Chunks
@@ -71,6 +74,7 @@ from .share import Revocations, ShareKey, ShareLinks
 from .urls import (
     DATA_PREFIX,
     FAVICON,
+    INDEX,
     LOGIN_PATHS,
     MESH_PREFIX,
     PREVIEW_PREFIX,
@@ -87,7 +91,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway")
 
 
-def create_app(settings: Settings) -> Edge:
+def create_app(settings: Settings) -> Starlette:
     headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
     own_files = (
         settings.tokens_file,
@@ -170,30 +174,37 @@ def create_app(settings: Settings) -> Edge:
             "answers": answers,
         }
 
-    ops = Ops(settings, store, roots, access, caches_by_name)  # /healthz, /readyz, /metrics, /auth; draining
-    trees = Endpoint(TreeHandler(access, levels), None)  # the label (chunk, metadata, listing) is the target's
-    mounts = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}  # the chunk routes first: the most asked
-    precomputed_trees = Endpoint(
-        PrecomputedHandler(access, datasets, listings, precomputed, sender, chunk_threads, memory, pages), None
+    stats = RequestStats()  # this app's tally of its requests, flushed into the metrics
+    ops = Ops(settings, store, roots, access, caches_by_name, stats)  # /healthz, /readyz, /metrics, /auth; draining
+    trees = TreeHandler(access, levels)
+    precomputed_trees = PrecomputedHandler(
+        access, datasets, listings, precomputed, sender, chunk_threads, memory, pages
     )
-    mounts |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
-    mounts[MESH_PREFIX.rstrip("/")] = Endpoint(MeshHandler(access, meshes, sender, memory), "mesh")
-    mounts[PREVIEW_PREFIX.rstrip("/")] = Endpoint(PreviewHandler(access, previews, sender, memory), "preview")
-    mounts[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
-    mounts[VIEWER_PREFIX] = Endpoint(viewer_route(client, sender, ops), "viewer")
+    handlers: dict[str, Handler] = {f"{DATA_PREFIX}{name}": trees for name in TREE_ROUTES}
+    handlers |= {f"{DATA_PREFIX}{name}": precomputed_trees for name in PRECOMPUTED_TREES}
+    handlers[MESH_PREFIX.rstrip("/")] = MeshHandler(access, meshes, sender, memory)
+    handlers[PREVIEW_PREFIX.rstrip("/")] = PreviewHandler(access, previews, sender, memory)
+    handlers[DATA_PREFIX.rstrip("/")] = trees  # what no tree takes: the trees' parser names the ones there are
+    handlers[VIEWER_PREFIX] = viewer_route(client, sender, ops)
     key = None if links is None else links.key
-    mounts[SHARE_ROUTE.rstrip("/")] = Endpoint(ShareHandler(access, key, settings.share_max_seconds, origin), "share")
-    paths = {"/": Endpoint(IndexHandler(access, landings, sender), "index")}
-    paths[FAVICON] = Endpoint(icon_route(sender), "favicon")
-    paths |= {path: Endpoint(handler, path.strip("/")) for path, handler in ops.routes().items()}
+    handlers[SHARE_ROUTE.rstrip("/")] = ShareHandler(access, key, settings.share_max_seconds, origin)
+    handlers[INDEX] = IndexHandler(access, landings, sender)
+    handlers[FAVICON] = icon_route(sender)
+    handlers |= ops.routes()
     if sign_in is not None:
-        handlers = (sign_in.login, sign_in.callback, sign_in.logout)
-        paths |= {path: Endpoint(handler, "login") for path, handler in zip(LOGIN_PATHS, handlers, strict=True)}
-    tree_prefixes = [f"{DATA_PREFIX}{name}/" for name in TREE_ROUTES]
+        handlers |= dict(zip(LOGIN_PATHS, (sign_in.login, sign_in.callback, sign_in.logout), strict=True))
+    errors = ErrorAnswers(roots, origin.root_path)
+    middleware = [
+        Middleware(RequestLog, stats=stats, watch=ops.watch, labels=labels_of(handlers)),
+        Middleware(PathTokens),
+    ]
     # With settle_seconds 0 every kept answer's files are looked at on every request: none is given before dispatch.
-    trusting = answers.enabled and settings.settle_seconds > 0
-    front = None if not trusting else lambda behind: KeptAnswers(behind, answers, access, sender)
-    return build_edge(endpoint_routes(paths, mounts), ops, roots, trees, tree_prefixes, front, origin.root_path)
+    if answers.enabled and settings.settle_seconds > 0:
+        middleware.append(Middleware(KeptAnswers, answers=answers, access=access, sender=sender))
+    middleware.append(Middleware(Methods, root_path=origin.root_path))
+    app = application(routes_of(handlers, errors), middleware, errors, lambda app: ops.lifespan())
+    app.state.stats, app.state.ops = stats, ops
+    return app
 
 
 def share_links(settings: Settings) -> ShareLinks | None:
@@ -245,7 +256,7 @@ def viewer_route(client: NeuroglancerClient | None, sender: Sender, ops: Ops) ->
             reply = await client.reply(request.path, request.receive, lambda: ops.draining)
         if reply is None:
             missing = "" if client is not None else ": the viewer extra is not installed"
-            raise HttpError(404, f"nothing at {request.exchange.logged_path}{missing}")
+            raise HttpError(404, f"nothing at {request.logged_path}{missing}")
         if reply.answer is not None:
             return reply.answer
         assert reply.resource is not None
@@ -273,7 +284,7 @@ def root_note(store: Store) -> str | None:
     return None if hint is None else f"This gateway is set up wrong: {hint}."
 
 
-def create_app_from_env() -> Edge:
+def create_app_from_env() -> Starlette:
     """Factory for server workers: settings come from ZARR_GATEWAY_* variables."""
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging

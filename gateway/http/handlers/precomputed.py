@@ -35,7 +35,6 @@ class PrecomputedHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_precomputed_path(request.path)
-        request.exchange.route = target.route
         names = target.names
         token = self.access.token(request)
         grant = await self.access.authorize(token, names[:2])

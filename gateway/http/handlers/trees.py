@@ -46,7 +46,6 @@ class TreeHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_data_path(request.path)
-        request.exchange.route = target.route
         token = self.access.token(request)
         grant = await self.access.authorize(token, target.names[:2])
         return await self.levels[target.level].answer(target, request, token, grant)
