@@ -432,3 +432,33 @@ def test_the_error_map_imports_no_exception_but_the_kinds() -> None:
     assert {"Absent", "Broken"} <= exceptions  # the check sees what it looks for
     assert FAULTS in graph()[ERROR_MAP]
     assert layer_of(FAULTS) == 0 and not _outside(FAULTS, ()), "the faults module imports nothing of the project"
+
+
+# The URL table (gateway/http/urls.py) is the one list of the places the gateway answers: the routes and the metric
+# labels are made from it, and the deployment's proxies name only its places (or the credential prefixes in front
+# of them): a place renamed there and not here, or added here and routed nowhere, is caught.
+CREDENTIAL_PREFIXES = ("/t", "/s")
+
+
+def proxy_paths() -> set[str]:
+    """The paths the shipped proxies name: nginx's exact and prefix locations, its sign-in regex, the Ingress's."""
+    import re
+
+    import yaml
+
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    found = {m.rstrip("/") or "/" for m in re.findall(r"^\s*location (?:=|\^~) (\S+) \{", conf, re.MULTILINE)}
+    for alternatives in re.findall(r"^\s*location ~ \^/\(([a-z|]+)\)\$ \{", conf, re.MULTILINE):
+        found |= {f"/{name}" for name in alternatives.split("|")}
+    ingress = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "ingress.yaml").read_text())
+    found |= {path["path"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]}
+    return found
+
+
+def test_the_proxies_name_only_places_of_the_url_table() -> None:
+    from gateway.http.urls import PLACES
+
+    places = {place.path for place in PLACES}
+    named = proxy_paths()
+    assert {"/auth", "/login", "/neuroglancer", "/data", "/"} <= named  # the check reads what it looks for
+    assert not named - places - set(CREDENTIAL_PREFIXES), f"not in the URL table: {sorted(named - places)}"

@@ -12,6 +12,7 @@ says why, and anything deeper than an array is a chunk key.
 """
 
 import enum
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_to_bytes
@@ -104,12 +105,22 @@ _LEVELS = tuple(Level)
 _FILES = {name: tuple(_files(tree, level) for level in _LEVELS) for name, tree in TREE_ROUTES.items()}
 
 
+CACHED_PATH_CHARS = 512  # a longer path is parsed on every call: the cache holds only short strings
+PARSED_PATHS = 4096  # paths whose targets are kept: far more than the requests a worker has in flight
+
+
 def parse_data_path(path: str) -> DataTarget:
     """The target of a path below ``/data/``; :class:`NodeNotFound` or a 400 when it names none.
 
     A metadata name where it does not belong is a 404 too, but only once the nodes above it are
     known to exist, so that the message names the nearest level that does (``misplaced``).
+    A request's path is parsed once: its handler and the request log's label (:class:`RouteLabels`) read the
+    same target, kept for the most recent paths.
     """
+    return _parsed(path) if len(path) <= CACHED_PATH_CHARS else _parse_data_path(path)
+
+
+def _parse_data_path(path: str) -> DataTarget:
     tree_name, _, rest = path[len(DATA_PREFIX) :].partition("/")
     tree = TREE_ROUTES.get(tree_name)
     if tree is None:
@@ -128,6 +139,9 @@ def parse_data_path(path: str) -> DataTarget:
             why = tree.misplaced(segment, _LEVEL_NAMES.get(level, level.name.lower()), files)
             return DataTarget(tree, tree_name, level, tuple(segments[:depth]), misplaced=why)
     return DataTarget(tree, tree_name, _LEVELS[len(segments)], tuple(segments))
+
+
+_parsed = functools.lru_cache(maxsize=PARSED_PATHS)(_parse_data_path)
 
 
 def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[str]) -> DataTarget:
@@ -328,11 +342,15 @@ class RouteLabels:
 
     def of(self, method: str, path: str) -> str:
         """The label of ``method`` on ``path`` (the path the routes read: below a path token)."""
-        if method == "OPTIONS":
-            return PREFLIGHT
-        if not takes(method, path):
+        if method not in READS:
+            if method == "OPTIONS":
+                return PREFLIGHT
+            if not takes(method, path):
+                return OTHER
+        label = self.exact.get(path)
+        if label is None:
+            for prefix, below in self.prefixes:
+                if path.startswith(prefix):
+                    return below(path)
             return OTHER
-        label = self.exact.get(path) or next(
-            (label for prefix, label in self.prefixes if path.startswith(prefix)), None
-        )
-        return OTHER if label is None else label(path)
+        return label(path)
