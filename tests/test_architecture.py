@@ -462,3 +462,42 @@ def test_the_proxies_name_only_places_of_the_url_table() -> None:
     named = proxy_paths()
     assert {"/auth", "/login", "/neuroglancer", "/data", "/"} <= named  # the check reads what it looks for
     assert not named - places - set(CREDENTIAL_PREFIXES), f"not in the URL table: {sorted(named - places)}"
+
+
+# One dispatcher, no hidden state: no layer of the edge hands another a request's state through the ASGI scope (each
+# reads what it needs from the request itself), and the app's request tally is the app's, not the process's.
+def scope_writes(path: Path) -> list[str]:
+    """The keys ``path`` stores into a mapping named ``scope`` (``scope[KEY] = ...``, ``scope.setdefault(KEY...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id == "scope":
+                found.append(f"line {target.lineno}: scope[{ast.unparse(target.slice)}]")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("setdefault", "update")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "scope"
+        ):
+            found.append(f"line {node.lineno}: scope.{node.func.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "gateway").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_layer_smuggles_state_in_the_scope(path: Path) -> None:
+    assert not scope_writes(path), f"{path.relative_to(ROOT)} writes into the scope: {scope_writes(path)}"
+
+
+def test_the_scope_check_sees_a_planted_write(tmp_path: Path) -> None:
+    planted = tmp_path / "bad.py"
+    planted.write_text("def f(scope):\n    scope['gateway.exchange'] = 1\n    scope.setdefault('x', 2)\n")
+    assert len(scope_writes(planted)) == 2
+
+
+def test_the_request_tally_is_the_apps() -> None:
+    from gateway import metrics
+
+    tallies = [name for name, value in vars(metrics).items() if isinstance(value, metrics.RequestStats)]
+    assert not tallies, f"process-global request tallies in gateway/metrics.py: {tallies}"
