@@ -18,7 +18,7 @@ LAYERS = [
         0,
         ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap"),
     ),  # leaves: import nothing of the project
-    (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
+    (1, ("wkw_adapter", "gateway.resources")),  # on the kernel alone: the WKW format; what a route answers with
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
     (4, ("gateway.previews", "gateway.settings", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
@@ -252,15 +252,15 @@ def test_the_framework_check_sees_a_planted_import(tmp_path: Path) -> None:
 
 
 # What the precomputed tree may use of its neighbours: the sources, the mesh service it delegates to (and the
-# names of its files), and the protocol-neutral pieces of the Zarr layer (resources and ETags, key and node
-# errors), nothing of Zarr's own.
+# names of its files), resources and ETags (gateway/resources.py), and the protocol-neutral pieces of the Zarr
+# layer (key and node errors), nothing of Zarr's own.
 PRECOMPUTED_USES = (
     "gateway.precomputed",
     "gateway.sources",
     "gateway.meshes.service",
     "gateway.meshes.errors",
     "gateway.meshes.formats",
-    "gateway.zarr.resource",
+    "gateway.resources",
     "gateway.zarr.keys",
     "gateway.zarr.trees",
     "gateway.extras",
@@ -330,7 +330,7 @@ PAGES_MAY_USE = (
     "gateway.http.messages",
     "gateway.sources.catalog",
     "gateway.sources.units",
-    "gateway.zarr.resource",
+    "gateway.resources",
     "gateway.extras",
     "gateway_storage",
 )

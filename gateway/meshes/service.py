@@ -17,8 +17,8 @@ import anyio
 from gateway_storage import StorageError, Store
 from wkw_adapter import WkwError
 
+from ..resources import Resource
 from ..sources.catalog import Dataset
-from ..zarr.resource import Resource
 from .budget import MESH_SECONDS, MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
