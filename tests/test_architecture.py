@@ -16,12 +16,12 @@ LAYERS = [
     (0, ("gateway_storage",)),  # the storage kernel and its geometry: a leaf (see test_the_storage_kernel_is_a_leaf)
     (
         0,
-        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap"),
-    ),  # leaves: import nothing of the project
+        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap", "gateway.settings"),
+    ),  # leaves: import nothing of the project (the settings: nothing but the kernel's store kinds)
     (1, ("wkw_adapter", "gateway.resources")),  # on the kernel alone: the WKW format; what a route answers with
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
-    (4, ("gateway.previews", "gateway.settings", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
+    (4, ("gateway.previews", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
 ]
@@ -105,6 +105,14 @@ def test_the_storage_kernel_is_a_leaf(module: str) -> None:
 def test_the_wkw_format_uses_only_the_storage_kernel(module: str) -> None:
     allowed = ("wkw_adapter", "gateway_storage")
     assert not _outside(module, allowed), f"{module} imports {_outside(module, allowed)}"
+
+
+def test_the_settings_are_a_leaf() -> None:
+    """The one settings model imports nothing of the project but the kernel (its table of store kinds), so every
+    layer may read its defaults (``MESH_SECONDS``, ``STAMP_FILES``) and no change below it reaches the settings."""
+    outside = _outside("gateway.settings", ("gateway_storage",))
+    assert not outside, f"gateway.settings imports {outside}"
+    assert graph()["gateway.settings"], "the check sees the settings' imports (gateway_storage)"
 
 
 def test_the_leaf_checks_see_a_planted_import(tmp_path: Path) -> None:
