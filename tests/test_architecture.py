@@ -18,9 +18,11 @@ LAYERS = [
         0,
         ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap", "gateway.settings"),
     ),  # leaves: import nothing of the project (the settings: nothing but the kernel's store kinds)
-    (1, ("wkw_adapter", "gateway.resources")),  # on the kernel alone: the WKW format; what a route answers with
+    # on the kernel alone: the WKW format; what a route answers with; Zarr's shard index (on nothing of the project)
+    (1, ("wkw_adapter", "gateway.resources", "gateway.shard_formats.sharding_indexed")),
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
+    (3, ("gateway.shard_formats.neuroglancer_sharded",)),  # still on the precomputed source's Sharding
     (4, ("gateway.previews", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),

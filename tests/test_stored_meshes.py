@@ -26,8 +26,8 @@ from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.batch.mesh_sets import MeshSetTask
 from gateway.batch.tasks import BlockTask
-from gateway.meshes.sharding import ShardChunk, encode_shard, sharding_document, sharding_for
 from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MeshSetBlockFailed
+from gateway.shard_formats.neuroglancer_sharded import ShardChunk, encode_shard, sharding_document, sharding_for
 from gateway.sources.metadata import PrecomputedSharding
 from gateway.sources.precomputed_source import MAX_MINISHARD_INDEX_BYTES, Sharding
 

@@ -30,12 +30,12 @@ from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
 from ..extras import MAPPINGS
+from ..shard_formats.sharding_indexed import decode_shard_index, is_absent
 from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import MemoryDecoder
 from .documents import load_json
 from .mag import MagSource, SourceError
 from .metadata import ZarrArray, parse_zarr_json
-from .shard_index import decode_shard_index, is_absent
 
 SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
 AGGLOMERATES = "agglomerates"

@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..shard_formats.sharding_indexed import index_nbytes
 from .mag import SourceError
 from .properties import MAX_EXTENT
-from .shard_index import index_nbytes
 
 Extent = Annotated[int, Field(strict=True, ge=0, le=MAX_EXTENT)]
 Edge = Annotated[int, Field(strict=True, ge=1, le=MAX_EXTENT)]

@@ -11,6 +11,7 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
+from ..shard_formats.sharding_indexed import decode_shard_index, is_absent
 from .axes import AxisMap, axis_names
 from .bounds import (
     MAX_CHUNKS_PER_SHARD,
@@ -26,7 +27,6 @@ from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .metadata import ZarrArray, parse_zarr_json, parse_zarray
 from .properties import BoundingBox, DataLayer
-from .shard_index import decode_shard_index, is_absent
 
 
 class ZarrMagSource(MagSource):

@@ -14,8 +14,8 @@ from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import BlockDecodeError
 
 from ..resources import OCTET_STREAM, Resource, make_etag
+from ..shard_formats.sharding_indexed import encode_shard_index
 from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks
-from ..sources.shard_index import encode_shard_index
 from .blosc import MEMCPY_PREFIX_SIZE, memcpy_chunk_prefix
 from .chunks import ServedMag, check_grid
 from .codecs import Codec

@@ -1,0 +1,1 @@
+"""The shard formats the gateway reads and writes, each in one module named after it."""
