@@ -18,11 +18,10 @@ LAYERS = [
         0,
         ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap", "gateway.settings"),
     ),  # leaves: import nothing of the project (the settings: nothing but the kernel's store kinds)
-    # on the kernel alone: the WKW format; what a route answers with; Zarr's shard index (on nothing of the project)
-    (1, ("wkw_adapter", "gateway.resources", "gateway.shard_formats.sharding_indexed")),
+    # on the kernel alone: the WKW format; what a route answers with; the shard formats (on nothing of the project)
+    (1, ("wkw_adapter", "gateway.resources", "gateway.shard_formats")),
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
-    (3, ("gateway.shard_formats.neuroglancer_sharded",)),  # still on the precomputed source's Sharding
     (4, ("gateway.previews", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
@@ -115,6 +114,13 @@ def test_the_settings_are_a_leaf() -> None:
     outside = _outside("gateway.settings", ("gateway_storage",))
     assert not outside, f"gateway.settings imports {outside}"
     assert graph()["gateway.settings"], "the check sees the settings' imports (gateway_storage)"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("gateway.shard_formats")))
+def test_the_shard_formats_stand_alone(module: str) -> None:
+    """Each shard format is bytes in, facts out: sources, the Zarr protocol and the meshes use it, it uses none
+    of them (nor the kernel: it reads no store)."""
+    assert not _outside(module, ("gateway.shard_formats",)), f"{module} imports {_outside(module, ())}"
 
 
 def test_the_leaf_checks_see_a_planted_import(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""Writing Neuroglancer's sharded key-value format (``neuroglancer_uint64_sharded_v1``): uint64 keys to byte
-strings, packed into ``2**shard_bits`` shard files, from its format document. Reading it is the precomputed
-source's (:mod:`gateway.sources.precomputed_source`: ``Sharding``, ``read_minishard_index``), for volumes and
-stored mesh sets alike.
+"""Neuroglancer precomputed's sharded format (``neuroglancer_uint64_sharded_v1``): uint64 keys (a volume's chunk
+ids, a mesh set's segment ids) to byte strings, packed into ``2**shard_bits`` shard files, from its format
+document. Precomputed volumes and stored mesh sets are read through it (the reads themselves, through a store,
+are the precomputed source's: ``read_minishard_index``), and mesh sets are written with it.
 
 A shard file begins with its shard index (per minishard: start and end of its minishard index, relative to the
 index's end); each minishard's chunks follow, by key, then its index, a ``[3, n]`` uint64 array of delta-coded
@@ -18,14 +18,130 @@ from typing import Any
 
 import numpy as np
 
-from ..sources.precomputed_source import Sharding
-
 SHARDED_TYPE = "neuroglancer_uint64_sharded_v1"
+SHARD_INDEX_ENTRY_BYTES = 16  # per minishard: start and end of its index, uint64 little-endian
+MINISHARD_ENTRY_BYTES = 24  # per key: key, start and size, each a delta-coded uint64 little-endian
+_UINT64 = np.dtype("<u8")
 # Chosen as igneous chooses them for hashed keys: a shard index of 8 KiB (512 minishards) and minishard indexes
 # of about 32 KiB (1365 keys of 24 bytes); a layer of fewer keys has fewer minishards and one shard.
 TARGET_MINISHARD_BITS = 9
-TARGET_KEYS_PER_MINISHARD = (1 << 15) // 24
+TARGET_KEYS_PER_MINISHARD = (1 << 15) // MINISHARD_ENTRY_BYTES
 GZIP_LEVEL = 6
+
+
+class ShardError(OSError):
+    """A shard whose index cannot be right: a storage fault, answered 5xx."""
+
+
+def compressed_morton_code(position: tuple[int, ...], grid_shape: tuple[int, ...]) -> int:
+    """A chunk's id in a sharded volume: the bits of its grid position interleaved (x first), each dimension
+    contributing only as many bits as its grid needs."""
+    bits = [max(0, (g - 1).bit_length()) for g in grid_shape]
+    code, out_bit = 0, 0
+    for bit in range(max(bits, default=0)):
+        for d, p in enumerate(position):
+            if bit < bits[d]:
+                code |= ((p >> bit) & 1) << out_bit
+                out_bit += 1
+    return code
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def _fmix32(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def murmurhash3_x86_128_low64(key: int) -> int:
+    """The low 64 bits of MurmurHash3_x86_128 (seed 0) of ``key`` as 8 little-endian bytes: the sharded
+    format's ``murmurhash3_x86_128`` hash. Eight bytes are all tail: two 32-bit lanes, no full block."""
+    c1, c2, c3 = 0x239B961B, 0xAB0E9789, 0x38B34AE5
+    k1, k2 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
+    k2 = (_rotl32((k2 * c2) & 0xFFFFFFFF, 16) * c3) & 0xFFFFFFFF
+    h2 = k2
+    k1 = (_rotl32((k1 * c1) & 0xFFFFFFFF, 15) * c2) & 0xFFFFFFFF
+    h1 = k1
+    h1, h2, h3, h4 = h1 ^ 8, h2 ^ 8, 8, 8
+    h1 = (h1 + h2 + h3 + h4) & 0xFFFFFFFF
+    h2, h3, h4 = (h2 + h1) & 0xFFFFFFFF, (h3 + h1) & 0xFFFFFFFF, (h4 + h1) & 0xFFFFFFFF
+    h1, h2, h3, h4 = _fmix32(h1), _fmix32(h2), _fmix32(h3), _fmix32(h4)
+    h1 = (h1 + h2 + h3 + h4) & 0xFFFFFFFF
+    h2 = (h2 + h1) & 0xFFFFFFFF
+    return h1 | (h2 << 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """A ``neuroglancer_uint64_sharded_v1`` sharding: which shard and minishard hold a key, and where their
+    indexes lie."""
+
+    preshift_bits: int
+    hash: str
+    minishard_bits: int
+    shard_bits: int
+    minishard_index_gzip: bool
+    data_gzip: bool
+
+    def locate(self, chunk_id: int) -> tuple[int, int]:
+        """(shard, minishard) of a chunk id."""
+        shifted = chunk_id >> self.preshift_bits
+        hashed = shifted if self.hash == "identity" else murmurhash3_x86_128_low64(shifted)
+        minishard = hashed & ((1 << self.minishard_bits) - 1)
+        shard = (hashed >> self.minishard_bits) & ((1 << self.shard_bits) - 1)
+        return shard, minishard
+
+    def shard_name(self, shard: int) -> str:
+        return f"{shard:0{-(-self.shard_bits // 4)}x}.shard"
+
+    @property
+    def index_bytes(self) -> int:
+        """The shard index's size: where a shard's data (and every offset of its indexes) starts."""
+        return SHARD_INDEX_ENTRY_BYTES << self.minishard_bits
+
+    def entry_offset(self, minishard: int, shard_size: int, where: str) -> int:
+        """Where the shard index entry of ``minishard`` lies in a shard of ``shard_size`` bytes."""
+        if shard_size < self.index_bytes:
+            raise ShardError(f"{where}: the shard is shorter than its index")
+        return SHARD_INDEX_ENTRY_BYTES * minishard
+
+    def minishard_span(self, entry: bytes, minishard: int, shard_size: int, where: str) -> tuple[int, int] | None:
+        """``(offset, nbytes)`` in the shard of the minishard index that ``entry`` (its shard index entry) points
+        to; None for an empty minishard."""
+        start, end = (int(v) for v in np.frombuffer(entry, dtype=_UINT64))
+        if end < start:
+            raise ShardError(f"{where}: minishard {minishard} ends before it starts")
+        if end == start:
+            return None
+        if self.index_bytes + end > shard_size:
+            raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
+        return self.index_bytes + start, end - start
+
+    def decode_minishard_index(
+        self, raw: bytes, minishard: int, shard_size: int, where: str
+    ) -> dict[int, tuple[int, int]]:
+        """Key to ``(offset in the shard, size)`` of a minishard index (decompressed), every chunk checked to lie
+        within the shard."""
+        if len(raw) % MINISHARD_ENTRY_BYTES:
+            raise ShardError(
+                f"{where}: minishard index {minishard} has {len(raw)} bytes, not a multiple of {MINISHARD_ENTRY_BYTES}"
+            )
+        columns = np.frombuffer(raw, dtype=_UINT64).reshape(3, -1).astype(object)  # Python ints: no overflow
+        ids = np.cumsum(columns[0])
+        sizes = columns[2]
+        starts = np.cumsum(columns[1] + np.concatenate([[0], sizes[:-1]]))
+        table: dict[int, tuple[int, int]] = {}
+        for chunk_id, chunk_start, size in zip(ids, starts, sizes):
+            offset = self.index_bytes + int(chunk_start)
+            if offset + int(size) > shard_size:
+                raise ShardError(f"{where}: minishard {minishard} points past the end of the shard")
+            table[int(chunk_id)] = (offset, int(size))
+        return table
 
 
 def sharding_for(count: int, total_bytes: int = 0, shard_bytes: int = 1 << 62) -> Sharding:
@@ -69,7 +185,7 @@ def encode_shard(sharding: Sharding, chunks: Iterable[ShardChunk]) -> bytes:
     by_minishard: dict[int, list[ShardChunk]] = {}
     for chunk in chunks:
         by_minishard.setdefault(sharding.locate(chunk.key)[1], []).append(chunk)
-    entries = np.zeros((1 << sharding.minishard_bits, 2), dtype="<u8")
+    entries = np.zeros((1 << sharding.minishard_bits, 2), dtype=_UINT64)
     body: list[bytes] = []
     at = 0  # relative to the end of the shard index
     for minishard in sorted(by_minishard):
@@ -84,7 +200,7 @@ def encode_shard(sharding: Sharding, chunks: Iterable[ShardChunk]) -> bytes:
             sizes.append(len(value))
             previous_key, at = chunk.key, at + len(value)
             previous_end = at
-        index = _encoded(np.asarray([keys, starts, sizes], dtype="<u8").tobytes(), sharding.minishard_index_gzip)
+        index = _encoded(np.asarray([keys, starts, sizes], dtype=_UINT64).tobytes(), sharding.minishard_index_gzip)
         entries[minishard] = (at, at + len(index))
         body.append(index)
         at += len(index)
