@@ -22,8 +22,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from .extras import BATCH, GRANIAN, MESHES, Extra, MissingExtraError
-from .settings import ENV_PREFIX, Settings
+from ..extras import BATCH, GRANIAN, MESHES, Extra, MissingExtraError
+from ..settings import ENV_PREFIX, Settings
 
 APP_FACTORY = "gateway.http.app:create_app_from_env"
 DESCRIPTION = (
@@ -41,13 +41,13 @@ class CommandError(Exception):
 
 def _settings_from(args: argparse.Namespace) -> Settings:
     """Command-line flags over environment variables over the settings file over the defaults."""
-    from .startup import load_settings
+    from ..startup import load_settings
 
     return load_settings({k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None})
 
 
 def serve(args: argparse.Namespace) -> None:
-    from .startup import prepare
+    from ..startup import prepare
 
     settings = _settings_from(args)
     server = SERVERS[settings.server]
@@ -65,9 +65,9 @@ def serve(args: argparse.Namespace) -> None:
 
 def share(args: argparse.Namespace) -> None:
     """Print a share link of a dataset (signed with the serving settings' key), or revoke one by its id."""
-    from .http.handlers.share import expiry_text, share_url
-    from .http.share import ShareKey, ShareKeyError, revoke
-    from .http.urls import TREE_ROUTES
+    from ..http.handlers.share import expiry_text, share_url
+    from ..http.share import ShareKey, ShareKeyError, revoke
+    from ..http.urls import TREE_ROUTES
 
     settings = _settings_from(args)
     if args.revoke is not None:
@@ -177,8 +177,8 @@ def granian_worker_app() -> Any:
     has accepted nothing, so there is nothing to drain. It exits at once rather than through
     Granian's graceful stop, which was seen to hang, under load, when asked this early.
     """
-    from .http.app import create_app_from_env
-    from .serving import StrictFraming
+    from ..http.app import create_app_from_env
+    from ..serving import StrictFraming
 
     signal.signal(signal.SIGTERM, lambda signum, frame: _early_sigterm.append(signum))
     _sigterm_when_the_supervisor_dies()
@@ -219,8 +219,8 @@ def _route_sigterm_through_sigint(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def make_sample(args: argparse.Namespace) -> None:
-    from .sample import DATASET, ORGANIZATION
-    from .sample import make_sample as write_sample
+    from ..sample import DATASET, ORGANIZATION
+    from ..sample import make_sample as write_sample
 
     root = Path(args.directory)
     existing = root / ORGANIZATION / DATASET
@@ -255,10 +255,10 @@ def index_segments(args: argparse.Namespace) -> None:
     process or on dask.distributed (gateway/batch); a run started again resumes from the blocks it finished."""
     command = "index-segments"
     _require_batch_extras(command, args)
-    from .batch.segment_index import DatasetNotFound, SegmentIndexTask, SegmentLayer
-    from .meshes.build import BLOCK_CUBES
-    from .meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge
-    from .meshes.segments import index_place
+    from ..batch.segment_index import DatasetNotFound, SegmentIndexTask, SegmentLayer
+    from ..meshes.build import BLOCK_CUBES
+    from ..meshes.errors import MeshInputError, MeshNotFound, MeshTooLarge
+    from ..meshes.segments import index_place
 
     root = _batch_root(command, args)
     block_cubes = BLOCK_CUBES if args.block_cubes is None else args.block_cubes
@@ -290,10 +290,10 @@ def mesh_segments(args: argparse.Namespace) -> None:
     the gateway serves for every segment, those too large to mesh on demand included."""
     command = "mesh-segments"
     _require_batch_extras(command, args)
-    from .batch.mesh_sets import MeshSetTask
-    from .batch.segment_index import DatasetNotFound
-    from .meshes.errors import MeshInputError, MeshNotFound, SegmentIndexRequired
-    from .meshes.stored import MeshSetBlockFailed
+    from ..batch.mesh_sets import MeshSetTask
+    from ..batch.segment_index import DatasetNotFound
+    from ..meshes.errors import MeshInputError, MeshNotFound, SegmentIndexRequired
+    from ..meshes.stored import MeshSetBlockFailed
 
     root = _batch_root(command, args)
     selection = _selection(command, args)
@@ -349,10 +349,10 @@ def _run_blocks(command: str, args: argparse.Namespace, task: Any, beside: str, 
     that failed (the summary lists them)."""
     from gateway_storage import store_kind
 
-    from .batch.outputs import BlockOutputs
-    from .batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
-    from .meshes.build import DataChangedWhileIndexing
-    from .meshes.stored import MeshSetBlockFailed
+    from ..batch.outputs import BlockOutputs
+    from ..batch.runner import InProcess, LocalWorkers, RunFailed, Scheduler, run_task
+    from ..meshes.build import DataChangedWhileIndexing
+    from ..meshes.stored import MeshSetBlockFailed
 
     progress = sys.stderr.isatty()
     work_dir = args.work_dir or f"{beside}/{args.layer}.batch-work"
@@ -375,9 +375,9 @@ MAX_SEGMENTS_FILE_BYTES = 256 << 20  # a file of ids larger than this is refused
 
 def _selection(command: str, args: argparse.Namespace) -> Any:
     """The segments a run keeps, from ``--dust-threshold`` and ``--segments`` / ``--segments-file``."""
-    from .meshes.errors import MeshInputError
-    from .meshes.names import parse_segment_id
-    from .meshes.selection import SegmentSelection
+    from ..meshes.errors import MeshInputError
+    from ..meshes.names import parse_segment_id
+    from ..meshes.selection import SegmentSelection
 
     text: str | None = getattr(args, "segments", None)
     path: str | None = getattr(args, "segments_file", None)
@@ -400,7 +400,7 @@ def _selection(command: str, args: argparse.Namespace) -> Any:
 
 def _cluster_ports(command: str, args: argparse.Namespace) -> Any:
     """Where a LocalCluster of ``--workers`` listens, from the ``dask_*`` flags (or settings)."""
-    from .batch.runner import ClusterPorts
+    from ..batch.runner import ClusterPorts
 
     if not re.fullmatch(r"(\d{1,5}(:\d{1,5})?)?", args.dask_worker_ports):
         raise CommandError(f"{command}: --worker-ports {args.dask_worker_ports!r}: FIRST:LAST, one port, or empty")
