@@ -544,7 +544,8 @@ class JsonMapping(Mapping):
         where = f"mapping {self.key}"
         if identity.size > MAX_JSON_BYTES:
             raise SourceError(f"{where} is {identity.size} bytes, more than the {MAX_JSON_BYTES} read here")
-        data = self.store.read(self.path, 0, identity.size, identity, limit=MAX_JSON_BYTES, settled=False)
+        # under the settle rule: a file still being written is no mapping yet, and never a broken one
+        data = self.store.read(self.path, 0, identity.size, identity, limit=MAX_JSON_BYTES)
         try:
             document = load_json(data, max_values=MAX_JSON_VALUES)
         except ValueError as exc:

@@ -53,13 +53,22 @@ class WatchedStore(Store):
 
     @contextmanager
     def watching(self) -> Iterator[Observed]:
-        """What this thread looks up through the store until the block ends (the first version seen of each)."""
+        """What this thread looks up through the store until the block ends (the first version seen of each);
+        a block inside another's tells the outer one too."""
         observed, before = Observed(), getattr(self._local, "observed", None)
         self._local.observed = observed
         try:
             yield observed
         finally:
             self._local.observed = before
+            if before is not None:
+                for seen, outer in (
+                    (observed.files, before.files),
+                    (observed.directories, before.directories),
+                    (observed.resolutions, before.resolutions),
+                ):
+                    for path, value in seen.items():
+                        outer.setdefault(path, value)
 
     def _observed(self) -> Observed | None:
         observed: Observed | None = getattr(self._local, "observed", None)
