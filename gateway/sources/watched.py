@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gateway_storage import FileIdentity, ListedFile, OutsideRootError, Store
+from gateway_storage import FileIdentity, OutsideRootError, Store, WrapperStore
 
 _OUTSIDE = "<outside>"  # a file that lies outside the roots (or its dataset's directory): the same until it moves
 
@@ -42,13 +42,11 @@ def _version(store: Store, path: str) -> str | None:
     return None if identity is None else identity.version
 
 
-class WatchedStore(Store):
+class WatchedStore(WrapperStore):
     """``inner``, noting for a thread inside :meth:`watching` what it looks up; otherwise just ``inner``."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.root = inner.root
-        self.is_local = inner.is_local
+        super().__init__(inner)
         self._local = threading.local()
 
     @contextmanager
@@ -70,24 +68,12 @@ class WatchedStore(Store):
         if observed is not None:
             observed.files.setdefault(path, version)
 
-    def join(self, base: str, *parts: str) -> str:
-        return self.inner.join(base, *parts)
-
     def resolve(self, path: str) -> str | None:
         resolved = self.inner.resolve(path)
         observed = self._observed()
         if observed is not None:
             observed.resolutions.setdefault(path, resolved)
         return resolved
-
-    def root_of(self, path: str) -> str:
-        return self.inner.root_of(path)
-
-    def locate(self, location: str) -> str | None:
-        return self.inner.locate(location)
-
-    def relative(self, path: str) -> str:
-        return self.inner.relative(path)
 
     def identity(self, path: str) -> FileIdentity | None:
         try:
@@ -110,21 +96,6 @@ class WatchedStore(Store):
             raise
         self._note(path, None if found is None else found[1].version)
         return found
-
-    def require_directory(self, path: str) -> None:
-        self.inner.require_directory(path)
-
-    def list_directories(self, path: str) -> list[str]:
-        return self.inner.list_directories(path)
-
-    def write(self, path: str, data: bytes) -> None:
-        self.inner.write(path, data)
-
-    def delete(self, path: str) -> None:
-        self.inner.delete(path)
-
-    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
-        return self.inner.list_files(path, limit)
 
     def is_directory(self, path: str) -> bool:
         found = self.inner.is_directory(path)
