@@ -19,7 +19,7 @@ from support.processes import free_port
 from support.s3 import Moto, aws_environment, start_moto
 from support.store_contract import LocalStoreContract, UnreachableStoreContract
 
-from gateway.sources.watched import WatchedStore
+from gateway.sources.watched import Observed, WatchedStore
 from gateway_storage import AnchoredStore, LocalStore, Store, WrapperStore
 from gateway_storage.remote import S3Store
 
@@ -64,7 +64,9 @@ class TestAnchoredStore(WrappedLocalStore):
 class TestWatchedStore(WrappedLocalStore):
     """The catalog's recorder of what a load looks at."""
 
-    wrap = WatchedStore
+    @staticmethod
+    def wrap(inner: Store) -> Store:
+        return WatchedStore(inner, Observed())
 
 
 # --- S3, on moto's real server -----------------------------------------------------------------------

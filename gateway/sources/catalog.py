@@ -34,7 +34,7 @@ from .mappings import Found, MappedMag, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
-from .watched import Observed
+from .watched import Observed, WatchedStore
 
 log = logging.getLogger("gateway.catalog")
 
@@ -140,7 +140,6 @@ class Catalog:
     def __init__(self, storage: Store, formats: SourceFormats) -> None:
         self.storage = storage
         self.formats = formats
-        self._files = formats.store  # loads read through it, so that what they looked up is known
         self._loaded: dict[tuple[str, str], _Loaded] = {}
         self._lock = threading.Lock()
         self._loading = [threading.Lock() for _ in range(LOCK_STRIPES)]
@@ -237,8 +236,8 @@ class Catalog:
             if now >= reload_at:
                 reload_at = now + RELOAD_PROBLEMS_SECONDS
         else:
-            with self._files.watching() as observed:
-                loaded = self._load_guarded(organization, name, directory, path, identity)
+            observed = Observed()  # what this load looks up, through a view of the store made for it alone
+            loaded = self._load_guarded(WatchedStore(self.storage, observed), organization, name, directory, identity)
             problems = _problems(loaded)
             reload_at = now + RELOAD_PROBLEMS_SECONDS
             if cached is None or problems != cached.problems:  # said once, not at every reload
@@ -252,7 +251,7 @@ class Catalog:
     def _should_reload(self, cached: _Loaded, now: float) -> bool:
         """Whether a dataset whose properties file is unchanged must be loaded again: only one with
         problems, and only once something its load looked up is no longer as it was."""
-        return bool(cached.problems) and now >= cached.reload_at and cached.observed.changed(self._files.inner)
+        return bool(cached.problems) and now >= cached.reload_at and cached.observed.changed(self.storage)
 
     @staticmethod
     def _report(
@@ -267,7 +266,7 @@ class Catalog:
             log.info("dataset %s/%s: every layer can be served now", organization, name)
 
     def _load_guarded(
-        self, organization: str, name: str, directory: str, path: str, identity: FileIdentity
+        self, files: Store, organization: str, name: str, directory: str, identity: FileIdentity
     ) -> Dataset | BrokenDataset:
         """:meth:`_load`, with any fault it did not foresee confined to this one dataset.
 
@@ -275,7 +274,7 @@ class Catalog:
         its organization's listing or its neighbours into errors.
         """
         try:
-            return self._load(organization, name, directory, path, identity)
+            return self._load(files, organization, name, directory, identity)
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -283,14 +282,16 @@ class Catalog:
             return BrokenDataset(organization, name, f"it could not be loaded ({type(exc).__name__}: {exc})")
 
     def _load(
-        self, organization: str, name: str, directory: str, path: str, identity: FileIdentity
+        self, files: Store, organization: str, name: str, directory: str, identity: FileIdentity
     ) -> Dataset | BrokenDataset:
-        if self._files.resolve(path) is None:
+        """The dataset as its files hold it now, everything looked up through ``files``."""
+        path = files.join(directory, PROPERTIES)
+        if files.resolve(path) is None:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root")
         try:
             # the very version whose size was checked: a file grown since is a changed file, not a bigger read
             document = load_json(
-                self._files.read(path, 0, identity.size, identity, limit=MAX_PROPERTIES_BYTES, settled=False)
+                files.read(path, 0, identity.size, identity, limit=MAX_PROPERTIES_BYTES, settled=False)
             )
         except StoreUnavailableError:
             raise  # transient: answered 503 and never remembered as a broken dataset
@@ -307,8 +308,8 @@ class Catalog:
             properties = DatasourceProperties.model_validate(document)
         except ValidationError as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is invalid: {_validation_message(exc)}")
-        layers = {layer.name: self._load_layer(directory, layer) for layer in properties.data_layers}
-        mapped = self._mapped_layers(directory, layers)
+        layers = {layer.name: self._load_layer(files, directory, layer) for layer in properties.data_layers}
+        mapped = self._mapped_layers(files, directory, layers)
         if mapped:
             entries = {entry.get("name"): entry for entry in document["dataLayers"] if isinstance(entry, dict)}
             document = {
@@ -318,7 +319,7 @@ class Catalog:
             layers.update(mapped)
         return Dataset(organization, name, directory, identity.version, properties, document, layers)
 
-    def _mapped_layers(self, directory: str, layers: dict[str, Layer]) -> dict[str, Layer]:
+    def _mapped_layers(self, files: Store, directory: str, layers: dict[str, Layer]) -> dict[str, Layer]:
         """A layer per mapping beside each segmentation layer (``<layer>__<mapping>``); a mapping that cannot be
         served is a layer listed with the reason, one whose name cannot be a layer name a problem of its source."""
         mapped: dict[str, Layer] = {}
@@ -326,7 +327,7 @@ class Catalog:
             if layer.properties.category != "segmentation" or not layer.mags:
                 continue
             try:
-                found = self.formats.mappings.find(self._files.join(directory, name))
+                found = self.formats.mappings.find(files.join(directory, name), files)
             except (OSError, StorageError) as exc:
                 if isinstance(exc, StoreUnavailableError):
                     raise
@@ -338,21 +339,21 @@ class Catalog:
                     why = "is a layer's name already" if is_plain_name(target) else "is no plain name"
                     layer.problems.append(f"mapping {entry.name!r} is not served: its layer name {why}")
                     continue
-                mapped[target] = self._mapped_layer(target, layer, entry)  # a name of markup: listed, refused
+                mapped[target] = self._mapped_layer(files, target, layer, entry)  # a name of markup: listed, refused
         return mapped
 
-    def _mapped_layer(self, target: str, layer: Layer, found: Found) -> Layer:
+    def _mapped_layer(self, files: Store, target: str, layer: Layer, found: Found) -> Layer:
         source_dtype = layer.properties.dtype
         properties = layer.properties.model_copy(update={"name": target, "largest_segment_id": None})
         loaded = Layer(properties, {}, owners=set(layer.owners), mapped_from=layer.properties.name)
         try:
-            real = self._files.resolve(found.path)
+            real = files.resolve(found.path)
             if real is None:
                 raise SourceError("it lies outside the data root")
             owner = self._owner(real)
             if owner is not None:
                 loaded.owners.add(owner)
-            mapping = self.formats.mappings.open(found, source_dtype)
+            mapping = self.formats.mappings.open(found, source_dtype, files)
             dtype = mapped_dtype(source_dtype, mapping)
         except StoreUnavailableError:
             raise
@@ -363,18 +364,18 @@ class Catalog:
         loaded.mags = {mag: MappedMag(source, mapping, dtype) for mag, source in layer.mags.items()}
         return loaded
 
-    def _load_layer(self, directory: str, layer: DataLayer) -> Layer:
+    def _load_layer(self, files: Store, directory: str, layer: DataLayer) -> Layer:
         loaded = Layer(layer, {})
         source_format = self.formats.for_data_format(layer.data_format)
         if source_format is None:
             loaded.problems.append(f"dataFormat {layer.data_format!r} is not served here")
             return loaded
         for entry in layer.mag_entries():
-            mag_directory = self._mag_directory(directory, layer.name, entry.mag, entry.path, source_format)
+            mag_directory = self._mag_directory(files, directory, layer.name, entry.mag, entry.path, source_format)
             if mag_directory is None:
-                away = self._away(directory, layer.name, entry.path)
+                away = self._away(files, directory, layer.name, entry.path)
                 loaded.away = loaded.away or away
-                loaded.problems.append(f"mag {mag_name(entry.mag)}: {away or self._not_found(entry.path)}")
+                loaded.problems.append(f"mag {mag_name(entry.mag)}: {away or self._not_found(files, entry.path)}")
                 continue
             try:
                 owner = self._owner(mag_directory)
@@ -384,7 +385,7 @@ class Catalog:
             if owner is not None:
                 loaded.owners.add(owner)  # before it is opened: even a mag that cannot be served was found there
             try:
-                source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order)
+                source: MagSource = source_format.open_mag(entry.mag, mag_directory, layer, entry.axis_order, files)
             except StoreUnavailableError:
                 raise  # transient: the layer must not be remembered as unusable
             except (OSError, StorageError, WkwError, SourceError) as exc:
@@ -402,7 +403,7 @@ class Catalog:
     def _owner(self, real: str) -> Owner | None:
         """The dataset whose directory holds the real path ``real``; None for an operator's extra root or a
         remote root (trusted as a whole). A path of the data root that lies in no dataset is not served."""
-        storage = self._files
+        storage = self.storage
         if storage.root_of(real) != storage.root:
             return None
         parts = [part for part in storage.relative(real).split("/") if part][:DATASET_DEPTH]
@@ -410,16 +411,16 @@ class Catalog:
             raise SourceError("its directory lies in no dataset's directory")
         return parts[0], parts[1]
 
-    def _away(self, directory: str, layer: str, path: str | None) -> str | None:
+    def _away(self, files: Store, directory: str, layer: str, path: str | None) -> str | None:
         """Why a mag directory that was not found is away rather than absent, from the store: a symlink on its
         way below the dataset's directory whose target is gone (a volume not mounted); None if nothing says so.
         Looked up through the watched store, so the dataset is loaded again once the volume is back."""
         if path is not None and is_absolute_location(path):
             return None
-        current = self._files.join(directory, path.removeprefix("./") if path else layer)
+        current = files.join(directory, path.removeprefix("./") if path else layer)
         while current.startswith(directory + "/"):
             try:
-                self._files.identity(current)
+                files.identity(current)
             except StoreUnavailableError as exc:
                 return f"{exc} (a volume that is away?)"
             except (OSError, StorageError, ValueError):  # ValueError: a name no file can have (a NUL, a surrogate)
@@ -427,19 +428,19 @@ class Catalog:
             current = posixpath.dirname(current)
         return None
 
-    def _not_found(self, path: str | None) -> str:
+    def _not_found(self, files: Store, path: str | None) -> str:
         """Why a mag directory was not found: a URL the operator did not allow is said to be one."""
-        located = self._files.locate(path) if path is not None and is_absolute_location(path) else None
-        if path is not None and "://" in path and (located is None or self._files.resolve(located) is None):
+        located = files.locate(path) if path is not None and is_absolute_location(path) else None
+        if path is not None and "://" in path and (located is None or files.resolve(located) is None):
             # a local path is not echoed: it would tell every reader where the server's files lie
             named = "its file:// path" if path.startswith("file://") else path
             return f"{named} is outside the data root and every remote root the gateway allows (setting remote_roots)"
         return "directory not found or outside the data root"
 
     def _mag_directory(
-        self, directory: str, layer: str, mag: Vec3, path: str | None, source_format: SourceFormat
+        self, files: Store, directory: str, layer: str, mag: Vec3, path: str | None, source_format: SourceFormat
     ) -> str | None:
-        storage = self._files
+        storage = files
         if path is not None and is_absolute_location(path):
             located = storage.locate(path)  # a local path, or a URL of the data root's store or a remote root
             candidates = [] if located is None else [located]
@@ -455,7 +456,7 @@ class Catalog:
             except ValueError:  # a NUL or an unpaired surrogate (UnicodeEncodeError)
                 continue
             try:
-                if resolved is not None and source_format.holds_mag(resolved):
+                if resolved is not None and source_format.holds_mag(resolved, files):
                     return resolved
             except OSError as exc:
                 if exc.errno != errno.ENAMETOOLONG:

@@ -7,9 +7,6 @@ symlinks it looked up: the identities of those, taken again, tell whether loadin
 anything new (a volume mounted, a symlink repaired, a header fixed, an upload finished).
 """
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gateway_storage import FileIdentity, OutsideRootError, Store, WrapperStore
@@ -43,36 +40,19 @@ def _version(store: Store, path: str) -> str | None:
 
 
 class WatchedStore(WrapperStore):
-    """``inner``, noting for a thread inside :meth:`watching` what it looks up; otherwise just ``inner``."""
+    """``inner``, noting in ``observed`` what it is asked: the view one catalog load looks through, made for that
+    load and dropped with it (the mags it opens keep ``inner``, so their chunk reads never pass here)."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, observed: Observed) -> None:
         super().__init__(inner)
-        self._local = threading.local()
-
-    @contextmanager
-    def watching(self) -> Iterator[Observed]:
-        """What this thread looks up through the store until the block ends (the first version seen of each)."""
-        observed, before = Observed(), getattr(self._local, "observed", None)
-        self._local.observed = observed
-        try:
-            yield observed
-        finally:
-            self._local.observed = before
-
-    def _observed(self) -> Observed | None:
-        observed: Observed | None = getattr(self._local, "observed", None)
-        return observed
+        self.observed = observed
 
     def _note(self, path: str, version: str | None) -> None:
-        observed = self._observed()
-        if observed is not None:
-            observed.files.setdefault(path, version)
+        self.observed.files.setdefault(path, version)
 
     def resolve(self, path: str) -> str | None:
         resolved = self.inner.resolve(path)
-        observed = self._observed()
-        if observed is not None:
-            observed.resolutions.setdefault(path, resolved)
+        self.observed.resolutions.setdefault(path, resolved)
         return resolved
 
     def identity(self, path: str) -> FileIdentity | None:
@@ -99,7 +79,5 @@ class WatchedStore(WrapperStore):
 
     def is_directory(self, path: str) -> bool:
         found = self.inner.is_directory(path)
-        observed = self._observed()
-        if observed is not None:
-            observed.directories.setdefault(path, found)
+        self.observed.directories.setdefault(path, found)
         return found
