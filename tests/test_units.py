@@ -21,11 +21,17 @@ from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
 from gateway.http.urls import TREE_ROUTES, Level, parse_data_path
+from gateway.shard_formats.sharding_indexed import (
+    EMPTY,
+    ShardIndexError,
+    decode_shard_index,
+    encode_shard_index,
+    index_nbytes,
+)
 from gateway.sources.catalog import BrokenDataset, Catalog, Dataset
 from gateway.sources.mag import ChunkNotFound
 from gateway.sources.properties import BoundingBox
 from gateway.sources.registry import SourceFormats
-from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_index, encode_shard_index, index_nbytes
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
 from gateway.zarr.chunks import served_mag

@@ -34,10 +34,10 @@ from ..meshes.errors import (
 from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError, PreviewTooLarge
+from ..resources import JSON
 from ..sources.catalog import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
-from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
 from .budget import OverBudget
 from .messages import Answer, ClientGone, HttpError, raw_headers

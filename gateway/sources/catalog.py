@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway_storage import (
     FileIdentity,
+    FileUnsettledError,
     OutsideRootError,
     OversizedFileError,
     StorageError,
@@ -30,7 +31,7 @@ from ..extras import MissingExtraError
 from .documents import load_json
 from .formats import SourceFormat
 from .mag import MagSource, SourceError
-from .mappings import Found, MappedMag, mapped_dtype, mapped_name
+from .mappings import Found, MappedMag, Mappings, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
@@ -78,6 +79,8 @@ class Dataset:
     properties: DatasourceProperties
     document: dict[str, Any]  # datasource-properties.json as read
     layers: dict[str, Layer]
+    # What its load found in each segmentation layer's mapping folders: looked at again with the properties file.
+    mapping_folders: list["MappingFolder"] = field(default_factory=list)
 
     @functools.cached_property
     def owners(self) -> set[Owner]:
@@ -106,6 +109,31 @@ class BrokenDataset:
     @property
     def owners(self) -> set[Owner]:
         return set()  # it reads no layer
+
+    @property
+    def mapping_folders(self) -> list["MappingFolder"]:
+        return []  # it serves no layer, mapped or not
+
+
+@dataclass
+class MappingFolder:
+    """The mappings a load found beside one segmentation layer. A mapping added or removed is a layer added or
+    removed without an edit of the properties file, so they are looked up again whenever that file is checked
+    (a few stats and listings per segmentation layer); so is what each mapping that could not be opened looked
+    up (a Zarr group caught before its array's metadata was written), to be served as soon as it can be."""
+
+    directory: str  # the layer's
+    found: tuple[Found, ...]
+    unsettled: bool = False  # one was still being written: it is no layer yet, and looked at again
+    refused: list[Observed] = field(default_factory=list)
+
+    def moved(self, mappings: Mappings, store: Store) -> bool:
+        if self.unsettled or any(observed.changed(store) for observed in self.refused):
+            return True
+        try:
+            return tuple(mappings.find(self.directory)) != self.found
+        except (OSError, StorageError, ValueError):
+            return True  # the load says what is wrong
 
 
 def _problems(loaded: Dataset | BrokenDataset) -> list[str]:
@@ -196,7 +224,7 @@ class Catalog:
             identity = self.storage.identity(self.storage.join(self.storage.root, organization, name, PROPERTIES))
         except OutsideRootError:
             return None
-        if identity is None or identity.version != cached.version:
+        if identity is None or identity.version != cached.version or self._mappings_moved(cached.dataset):
             return None
         with self._lock:
             if self._loaded.get(key) is cached:  # not replaced by a load meanwhile
@@ -230,7 +258,9 @@ class Catalog:
             return BrokenDataset(organization, name, f"{PROPERTIES} points outside the data root or its dataset")
         if identity is None:
             return None
-        unchanged = cached is not None and cached.version == identity.version
+        unchanged = (
+            cached is not None and cached.version == identity.version and not self._mappings_moved(cached.dataset)
+        )
         if cached is not None and unchanged and not self._should_reload(cached, now):
             loaded, problems, observed, reload_at = cached.dataset, cached.problems, cached.observed, cached.reload_at
             if now >= reload_at:
@@ -247,6 +277,10 @@ class Catalog:
                 identity.version, loaded, problems, observed, now + REVALIDATE_SECONDS, reload_at
             )
         return loaded
+
+    def _mappings_moved(self, dataset: Dataset | BrokenDataset) -> bool:
+        """Whether the mappings beside a dataset's layers are no longer those it was loaded with."""
+        return any(folder.moved(self.formats.mappings, self.storage) for folder in dataset.mapping_folders)
 
     def _should_reload(self, cached: _Loaded, now: float) -> bool:
         """Whether a dataset whose properties file is unchanged must be loaded again: only one with
@@ -309,7 +343,8 @@ class Catalog:
         except ValidationError as exc:
             return BrokenDataset(organization, name, f"{PROPERTIES} is invalid: {_validation_message(exc)}")
         layers = {layer.name: self._load_layer(files, directory, layer) for layer in properties.data_layers}
-        mapped = self._mapped_layers(files, directory, layers)
+        folders: list[MappingFolder] = []
+        mapped = self._mapped_layers(files, directory, layers, folders)
         if mapped:
             entries = {entry.get("name"): entry for entry in document["dataLayers"] if isinstance(entry, dict)}
             document = {
@@ -317,32 +352,49 @@ class Catalog:
                 "dataLayers": [*document["dataLayers"], *(_mapped_entry(entries, m) for m in mapped.values())],
             }
             layers.update(mapped)
-        return Dataset(organization, name, directory, identity.version, properties, document, layers)
+        return Dataset(organization, name, directory, identity.version, properties, document, layers, folders)
 
-    def _mapped_layers(self, files: Store, directory: str, layers: dict[str, Layer]) -> dict[str, Layer]:
+    def _mapped_layers(
+        self, files: Store, directory: str, layers: dict[str, Layer], folders: list[MappingFolder]
+    ) -> dict[str, Layer]:
         """A layer per mapping beside each segmentation layer (``<layer>__<mapping>``); a mapping that cannot be
-        served is a layer listed with the reason, one whose name cannot be a layer name a problem of its source."""
+        served is a layer listed with the reason, one whose name cannot be a layer name a problem of its source.
+        What was found is noted in ``folders``."""
         mapped: dict[str, Layer] = {}
         for name, layer in layers.items():
             if layer.properties.category != "segmentation" or not layer.mags:
                 continue
+            folder = files.join(directory, name)
             try:
-                found = self.formats.mappings.find(files.join(directory, name), files)
+                found = self.formats.mappings.find(folder, files)
             except (OSError, StorageError) as exc:
                 if isinstance(exc, StoreUnavailableError):
                     raise
                 layer.problems.append(f"its mappings cannot be listed: {exc}")
                 continue
+            noted = MappingFolder(folder, tuple(found))
+            folders.append(noted)
             for entry in found:
                 target = mapped_name(name, entry.name)
                 if not is_plain_name(target) or target in layers or target in mapped:
                     why = "is a layer's name already" if is_plain_name(target) else "is no plain name"
                     layer.problems.append(f"mapping {entry.name!r} is not served: its layer name {why}")
                     continue
-                mapped[target] = self._mapped_layer(files, target, layer, entry)  # a name of markup: listed, refused
+                observed = Observed()  # what opening it looks up, noted by the load's own recorder too
+                try:
+                    loaded = self._mapped_layer(WatchedStore(files, observed), target, layer, entry)
+                except FileUnsettledError:
+                    noted.unsettled = True  # not a layer yet, nor a problem: looked at again once it has settled
+                    continue
+                mapped[target] = loaded
+                if loaded.problems:
+                    noted.refused.append(observed)
         return mapped
 
     def _mapped_layer(self, files: Store, target: str, layer: Layer, found: Found) -> Layer:
+        """The mapped layer (a name of markup: listed, refused), or one listed with why it cannot be served;
+        FileUnsettledError for a mapping file still being written (not a fault of the data: it is a layer once it
+        has settled)."""
         source_dtype = layer.properties.dtype
         properties = layer.properties.model_copy(update={"name": target, "largest_segment_id": None})
         loaded = Layer(properties, {}, owners=set(layer.owners), mapped_from=layer.properties.name)
@@ -355,7 +407,7 @@ class Catalog:
                 loaded.owners.add(owner)
             mapping = self.formats.mappings.open(found, source_dtype, files)
             dtype = mapped_dtype(source_dtype, mapping)
-        except StoreUnavailableError:
+        except (StoreUnavailableError, FileUnsettledError):
             raise
         except (OSError, StorageError, SourceError, MissingExtraError) as exc:
             loaded.problems.append(f"mapping {found.name!r} ({found.kind}): {exc}")

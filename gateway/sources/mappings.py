@@ -30,12 +30,12 @@ from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
 from ..extras import MAPPINGS
+from ..shard_formats.sharding_indexed import chunk_extent
 from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import MemoryDecoder
 from .documents import load_json
 from .mag import MagSource, SourceError
 from .metadata import ZarrArray, parse_zarr_json
-from .shard_index import decode_shard_index, is_absent
 
 SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
 AGGLOMERATES = "agglomerates"
@@ -479,20 +479,16 @@ class ZarrVector:
             return self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
         size = self.sharding.index_size
         index_key = (self.key, path, identity.version, "index")
+        where = self.store.relative(path)
         table = self.pieces.get(index_key)
         if table is None:
-            if identity.size < size:
-                raise MappingUnreadable(f"{self.store.relative(path)}: the shard is smaller than its index")
-            at = identity.size - size if self.sharding.index_at_end else 0
-            raw = self.store.read(path, at, size, identity, limit=size)
-            where = self.store.relative(path)
-            table = decode_shard_index(raw, self.sharding.chunks, self.sharding.index_checksum, where)
+            raw = self.store.read(path, self.sharding.index_offset(identity.size, where), size, identity, limit=size)
+            table = self.sharding.decode(raw, where)
             self.pieces.put(index_key, table, table.nbytes)
-        offset, nbytes = (int(v) for v in table[number % self.sharding.chunks_per_shard[0]])
-        if is_absent(offset, nbytes):
+        extent = chunk_extent(table, self.sharding.position((number,)), identity.size, where)
+        if extent is None:
             return None
-        if offset + nbytes > identity.size:
-            raise MappingUnreadable(f"{self.store.relative(path)}: the shard index points past the end of the shard")
+        offset, nbytes = extent
         return self.store.read(path, offset, nbytes, identity, limit=self._stored_limit)
 
 
@@ -559,7 +555,8 @@ class JsonMapping(Mapping):
         where = f"mapping {self.key}"
         if identity.size > MAX_JSON_BYTES:
             raise SourceError(f"{where} is {identity.size} bytes, more than the {MAX_JSON_BYTES} read here")
-        data = self.store.read(self.path, 0, identity.size, identity, limit=MAX_JSON_BYTES, settled=False)
+        # under the settle rule: a file still being written is no mapping yet, and never a broken one
+        data = self.store.read(self.path, 0, identity.size, identity, limit=MAX_JSON_BYTES)
         try:
             document = load_json(data, max_values=MAX_JSON_VALUES)
         except ValueError as exc:

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ...resources import Resource
 from ...sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
-from ...zarr.resource import Resource
 from ...zarr.shards import ShardPlans
 from ...zarr.trees import DatasetView, ServeOptions, Tree
 from ..auth import Grant

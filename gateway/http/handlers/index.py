@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
 from ..messages import Answer, Request

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ...zarr.trees import DatasetView, NodeNotFound
 from ..auth import Token
 from ..errors import HiddenRoots
