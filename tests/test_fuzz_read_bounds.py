@@ -56,8 +56,10 @@ from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.meshes.surfaces import SURFACE_BYTES
 from gateway.sources.bounds import MAX_CHUNK_BYTES
-from gateway.sources.catalog import MAX_PROPERTIES_BYTES, Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
 from gateway.sources.documents import MAX_DOCUMENT_BYTES
+from gateway.sources.loader import MAX_PROPERTIES_BYTES
 from gateway.sources.mag import MAX_CHANNELS, ChunkNotFound, MagSource, SourceError
 from gateway.sources.registry import SourceFormats
 from gateway.zarr.shards import plan_shard, read_shard

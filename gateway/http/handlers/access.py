@@ -1,6 +1,6 @@
 """The one access decision of the data routes, the previews, the meshes and the proxy's ``/auth``."""
 
-from ...sources.catalog import Dataset
+from ...sources.dataset import Dataset
 from ..auth import Access, Grant, Token, check_dataset, check_files, check_organization
 from ..messages import Request
 from .datasets import Datasets, Decision

@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 import anyio
 
 from ...resources import Resource
-from ...sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
+from ...sources.catalog import Catalog
+from ...sources.dataset import BrokenDataset, Dataset, DatasetUnusable
 from ...zarr.shards import ShardPlans
 from ...zarr.trees import DatasetView, ServeOptions, Tree
 from ..auth import Grant
