@@ -344,7 +344,7 @@ PAGES_MAY_USE = (
     "gateway.http.pages",
     "gateway.http.urls",
     "gateway.http.messages",
-    "gateway.sources.catalog",
+    "gateway.sources.dataset",  # the values of a loaded dataset (the catalog keeps them)
     "gateway.sources.units",
     "gateway.resources",
     "gateway.extras",

@@ -30,7 +30,8 @@ from gateway.shard_formats.sharding_indexed import (
     encode_shard_index,
     index_nbytes,
 )
-from gateway.sources.catalog import BrokenDataset, Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import BrokenDataset, Dataset
 from gateway.sources.mag import ChunkNotFound
 from gateway.sources.properties import BoundingBox
 from gateway.sources.registry import SourceFormats

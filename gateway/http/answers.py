@@ -27,7 +27,7 @@ from gateway_storage import ByteLRU, FileIdentity, StorageError, Store
 from gateway_storage.changes import Changes
 
 from ..resources import FileVersions, Resource
-from ..sources.catalog import Dataset
+from ..sources.dataset import Dataset
 from .budget import MemoryBudget
 
 # No answer larger than this share of the budget is kept, so that a few large chunks cannot flush the many

@@ -35,7 +35,7 @@ from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError, PreviewTooLarge
 from ..resources import JSON
-from ..sources.catalog import DatasetUnusable
+from ..sources.dataset import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
 from ..zarr.trees import NodeNotFound

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from gateway_storage import OversizedListingError
 
 from ..settings import STAMP_FILES
-from ..sources.catalog import Dataset, Layer
+from ..sources.dataset import Dataset, Layer
 from ..sources.units import meters_per_unit
 from .cache import LayerKey
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge

@@ -19,7 +19,7 @@ from wkw_adapter import WkwError
 
 from ..resources import Resource
 from ..settings import MESH_SECONDS, STAMP_FILES
-from ..sources.catalog import Dataset
+from ..sources.dataset import Dataset
 from .budget import MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired

@@ -21,7 +21,7 @@ from ..meshes.errors import MeshInputError, MeshNotFound
 from ..meshes.formats import PROPERTIES_DIRECTORY, PROPERTIES_INFO
 from ..meshes.service import MeshService
 from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
-from ..sources.catalog import Dataset, Layer
+from ..sources.dataset import Dataset, Layer
 from ..sources.mag import ChunkNotFound, MagSource
 from ..sources.metadata import PrecomputedDataType
 from ..sources.paths import is_safe_segment

@@ -95,11 +95,13 @@ class PrecomputedMagSource(MagSource):
         directory: str,
         bbox: BoundingBox,
         minishards: ByteLRU[dict[int, tuple[int, int]]],
+        through: Store | None = None,
     ) -> None:
         self._locate(storage, directory)
         self.minishards = minishards
         volume, _, self.key = directory.rstrip("/").rpartition("/")
-        found = read_document(storage, storage.join(volume, INFO), INFO)
+        opening = through or storage  # the info lies above the mag directory
+        found = read_document(opening, opening.join(volume, INFO), INFO)
         if found is None:
             raise SourceError(f"no precomputed volume ({INFO}) above {self.location_key}")
         with malformed_metadata(INFO):
@@ -253,11 +255,18 @@ class PrecomputedFormat(SourceFormat):
         super().__init__(store, cache_bytes)
         self.minishards: ByteLRU[dict[int, tuple[int, int]]] = ByteLRU(cache_bytes)
 
-    def holds_mag(self, directory: str) -> bool:
-        return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO)  # the volume's info
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO, through)  # the volume's info
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

@@ -42,10 +42,11 @@ class ZarrMagSource(MagSource):
         bbox: BoundingBox,
         axis_order: dict[str, int] | None,
         index_cache: ByteLRU[np.ndarray],
+        through: Store | None = None,
     ) -> None:
-        self._locate(storage, directory)
+        opening = self._locate(storage, directory, through)
         self.index_cache = index_cache
-        document, self.version, array = self._read_metadata(directory)
+        document, self.version, array = self._read_metadata(opening, directory)
         with malformed_metadata("Zarr metadata"):  # the models check every field; this confines anything else
             self._open(mag, bbox, axis_order, document, array)
 
@@ -84,9 +85,10 @@ class ZarrMagSource(MagSource):
         driver = "zarr3" if self.zarr_format == 3 else "zarr"
         self._decoder = MemoryDecoder({"driver": driver}, {name: metadata}, self.location_key)
 
-    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], str, ZarrArray]:
+    @staticmethod
+    def _read_metadata(opening: Store, directory: str) -> tuple[dict[str, Any], str, ZarrArray]:
         for name, parse in (("zarr.json", parse_zarr_json), (".zarray", parse_zarray)):
-            found = read_document(self.storage, self.storage.join(directory, name), name)
+            found = read_document(opening, opening.join(directory, name), name)
             if found is not None:
                 document, identity = found
                 return document, identity.version, parse(document)
@@ -255,12 +257,19 @@ class ZarrFormat(SourceFormat):
         super().__init__(store, cache_bytes)
         self.index_cache: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
 
-    def holds_mag(self, directory: str) -> bool:
-        store = self.store
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        store = through or self.store
         return store.is_directory(directory) or store.identity(store.join(directory, "zarr.json")) is not None
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

@@ -23,7 +23,7 @@ from gateway_storage import StoreUnavailableError
 from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
 from ..resources import JSON, Resource, bytes_resource
-from ..sources.catalog import Dataset
+from ..sources.dataset import Dataset
 from ..sources.mag import MagSource
 from . import native
 from .chunks import served_mag

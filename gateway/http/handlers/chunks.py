@@ -8,7 +8,7 @@ import anyio
 from gateway_storage import FileChangedError, FileUnsettledError
 
 from ...resources import Resource
-from ...sources.catalog import Dataset
+from ...sources.dataset import Dataset
 from ...zarr.nodes import ArrayNode
 from ..answers import AnswerCache, AnswerKey, KeptTarget
 from ..budget import MemoryBudget

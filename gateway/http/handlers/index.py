@@ -68,11 +68,11 @@ class IndexHandler:
         if token is None and not self.access.open:
             landing = Landing({}, note=self._note)
             return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
-        grant = await self.access.authorize(token, ())
+        decision = await self.access.authorize(token, ())
         resource = await self.landings.page(
             request,
             token,
-            grant,
+            decision.grant,
             HOME_TREE,
             lambda readable, landing: pages.landing_page("/", entries, landing, "zarr-gateway"),
         )

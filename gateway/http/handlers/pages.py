@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from ... import extras
 from ...resources import Resource, bytes_resource
-from ...sources.catalog import BrokenDataset, Dataset
+from ...sources.dataset import BrokenDataset, Dataset
 from ...zarr.trees import DatasetView
 from ..auth import Token
 from ..messages import SHARE_PREFIX, Request
