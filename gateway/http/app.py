@@ -25,13 +25,13 @@ from ..metrics import RequestStats
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
 from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
+from ..resources import Resource
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
 from ..sources.root_shape import misplaced_root
 from ..sources.units import meters_per_unit
 from ..zarr.codecs import Codec
-from ..zarr.resource import Resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import ServeOptions
 from .answers import AnswerCache

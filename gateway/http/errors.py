@@ -33,7 +33,7 @@ from gateway_storage.faults import (
 )
 
 from ..metrics import count_storage_error
-from ..zarr.resource import JSON
+from ..resources import JSON
 from .messages import Answer, HttpError, raw_headers
 from .pages.links import LinkForm
 from .pages.markup import HTML
