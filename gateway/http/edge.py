@@ -61,6 +61,7 @@ _PROCESS = os.urandom(4).hex()  # request ids of different workers never collide
 # in log lines, so it can hold no separator and no control character.
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 Handler = Callable[[Request], Awaitable[Answer]]
+_CREDENTIAL_PREFIXES = (TOKEN_PREFIX, SHARE_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ def path_credential(scope: Scope) -> PathCredential | None:
     """
     raw = scope.get("raw_path")
     sent = raw.decode("latin-1") if raw else str(scope["path"])
+    if not sent.startswith(_CREDENTIAL_PREFIXES) and "%" not in sent[:3]:  # the cheap test first: most paths
+        return None  # (a path that decodes to one of the prefixes spells one of their characters as an escape)
     path = request_path(sent)
     if path.startswith(TOKEN_PREFIX):
         token, below = split_path_token(sent, path)
@@ -168,12 +171,15 @@ class RequestLog:
             self.stats.in_flight -= 1
             elapsed = time.perf_counter() - started
             method = scope["method"]
-            credential = path_credential(scope) or PathCredential(scope["path"])
-            path = credential.below
+            credential = path_credential(scope)
+            path = scope["path"] if credential is None else credential.below
             self.stats.record(self.labels.of(method, path), method, status, elapsed, sent)
             self.stats.flush_now_and_then(started)
             # The path only, a path's token as ***: the query string may carry a token and is never logged.
-            shown = logged_path(path, credential.token, credential.link, credential.link_id)
+            if credential is None:
+                shown = logged_path(path, None, None, "")
+            else:
+                shown = logged_path(path, credential.token, credential.link, credential.link_id)
             access_log.write(request_id.decode(), method, shown, status, sent, elapsed * 1000)
 
     def _tick(self) -> None:
@@ -223,7 +229,7 @@ class PathTokens:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith((TOKEN_PREFIX, SHARE_PREFIX)):
+        if scope["type"] == "http" and scope["path"].startswith(_CREDENTIAL_PREFIXES):
             credential = path_credential(scope)
             if credential is not None:
                 sent = scope.get("raw_path") or quote(scope["path"]).encode()  # a server that gives no raw path
