@@ -85,9 +85,10 @@ class ShardLayout:
         """The index (with its crc32c) of the inner chunks at the rows of ``coords`` (the shard's grid), placed by
         :meth:`position`; every other inner chunk absent."""
         at = np.ravel_multi_index(tuple(coords.T), self.chunks_per_shard)
-        placed = [np.zeros(self.chunks, dtype=np.uint64) for _ in range(2)] + [np.zeros(self.chunks, dtype=bool)]
-        placed[0][at], placed[1][at], placed[2][at] = offsets, sizes, present
-        return encode_shard_index(*placed)
+        all_offsets, all_sizes = np.zeros(self.chunks, dtype=np.uint64), np.zeros(self.chunks, dtype=np.uint64)
+        all_present = np.zeros(self.chunks, dtype=bool)
+        all_offsets[at], all_sizes[at], all_present[at] = offsets, sizes, present
+        return encode_shard_index(all_offsets, all_sizes, all_present)
 
 
 def chunk_extent(table: np.ndarray, position: int, shard_size: int, where: str) -> tuple[int, int] | None:

@@ -1,0 +1,5 @@
+"""The answer to a user's mistake on the command line."""
+
+
+class CommandError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit status 1 (see :func:`gateway.cli.main`)."""
