@@ -53,8 +53,8 @@ from gateway.meshes.segments import (
     MAX_LABELS_BYTES,
     PAGE_INDEX_BYTES,
 )
-from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.sources.documents import MAX_DEPTH
+from gateway.sources.loader import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.zarr.trees import DOCUMENT_ARRAY_BYTES, DOCUMENT_BYTES
 
 pytestmark = pytest.mark.slow  # hundreds of generated cases

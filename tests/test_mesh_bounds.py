@@ -31,7 +31,8 @@ from gateway.meshes.segments import index_place
 from gateway.meshes.service import MeshService
 from gateway.meshes.surfaces import BOX_SURFACE_BYTES, SURFACE_BYTES
 from gateway.previews import MAX_CHUNKS, MAX_DECODED_BYTES
-from gateway.sources.catalog import Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
 from gateway.sources.registry import SourceFormats
 from gateway_storage import LocalStore
 

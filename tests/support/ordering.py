@@ -48,6 +48,7 @@ KNOWN_SECONDS = {
     "test_share_links.py": 60,  # two gateways, three clients, nginx
     "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
     "test_mesh_segments.py": 40,
+    "test_store_contract.py": 20,  # moto; the contract over every store and each view of one (local and S3)
     "test_data_stamp.py": 25,
     "test_data_safety.py": 25,
     "test_chunk_rewrites.py": 25,

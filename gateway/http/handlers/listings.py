@@ -5,7 +5,7 @@ worker's memory budget."""
 from collections.abc import Callable
 from typing import TypeVar
 
-from ...sources.catalog import BrokenDataset, Dataset
+from ...sources.dataset import BrokenDataset, Dataset
 from ..auth import Grant, granted_names
 from ..budget import MemoryBudget
 from ..errors import HiddenRoots, HttpError
