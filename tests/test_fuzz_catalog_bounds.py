@@ -401,7 +401,7 @@ MANY_ORGANIZATIONS = 40_000  # a listing of them holds about 16 MiB while it is 
 SHAPES = ["segment list", "document", "page index"]
 # an index file beside a segmentation (an archive of one array of this many ids), which its dataset page reads
 INDEX_IDS = st.sampled_from([1000, 2_000_000])
-# a labels file of (entries, name length), parsed for a segment list: a few KiB, or 8 MiB (72 MiB parsed)
+# a labels file of (entries, name length), parsed for a segment list: a few KiB to 7.5 MB (80 MiB parsed)
 LABEL_FILES = st.sampled_from([(10, 8), (20_000, 8), (MAX_LABELS, 24)])
 # a dataset of this many layers, whose consolidated metadata documents describe every one (16 KiB each)
 LAYER_COUNTS = st.sampled_from([1, 100, MAX_LAYERS])

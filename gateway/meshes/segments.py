@@ -41,9 +41,10 @@ MAX_LABELS = 2 * MAX_LISTED_SEGMENTS
 # What making a layer's segment properties holds beside its index, counted against the worker's memory budget before
 # it is made: per listed segment, its id, voxels and members as Python objects and as JSON (222 bytes measured
 # for 100,000 segments with labels and member counts), and per byte of a labels file, the file parsed and its
-# ids and names as a dict (6.8 measured for 200,000 names).
+# ids and names as a dict (6.8 measured for 200,000 names by the allocations alone; a worker grew by 85 MiB for
+# a 7.5 MB file and 32,768 segments, so 10).
 LISTED_SEGMENT_BYTES = 256
-LABELS_HELD_PER_BYTE = 8
+LABELS_HELD_PER_BYTE = 10
 
 
 class IndexPlace(ABC):
