@@ -95,7 +95,7 @@ def request_bytes(levels: list[Level], boxes: int | None = None) -> int:
 
 def holds_surface(source: MagSource, lo: Vec3, hi: Vec3) -> bool:
     """Whether box ``[lo, hi)`` may hold a segment's surface: False only where the source knows nothing is
-    stored in its window and the fill value is no segment (a stat, or the shard index: no voxel is read)."""
+    stored in its window and the fill value is no segment (``holds_data``: a stat of WKW files; no voxel is read)."""
     window_lo, window_hi = window_of(lo, hi)
     return source.fill_value != 0 or source.holds_data(vec3(max(0, v) for v in window_lo), window_hi)
 
