@@ -61,12 +61,17 @@ def test_kept_answers_count_against_the_budget_and_give_way_to_work(tmp_path: Pa
     store = LocalStore(str(tmp_path))
     budget = MemoryBudget(LIMIT)
     answers = AnswerCache(16 * LIMIT, budget)  # its own bound is far larger: the budget is what holds it
+    keys = []
     for n in range(8):
         key, answer = _answer(store, tmp_path / f"f{n}", LIMIT // 8)
-        answers.keep(key, answer)
-    assert 0 < answers.size_bytes <= LIMIT  # the least recently used gave way to the last ones
+        assert answers.keep(key, answer)  # room made among the kept ones, least recently used first
+        keys.append(key)
+    assert 0 < answers.size_bytes <= LIMIT
 
     async def main() -> None:
+        threads = anyio.CapacityLimiter(1)
+        assert await answers.current(keys[-1], threads) is not None  # the newest is kept
+        assert await answers.current(keys[0], threads) is None  # the oldest gave way
         async with budget.hold(LIMIT // 2):
             assert budget.used + answers.size_bytes <= LIMIT  # the least recently used gave way
             key, answer = _answer(store, tmp_path / "late", LIMIT // 2)
