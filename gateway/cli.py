@@ -36,7 +36,16 @@ INDEX_RUN_DEFAULTS: dict[str, Any] = {"workers": None, "scheduler": None, "work_
 
 
 class CommandError(Exception):
-    """A mistake in what the user asked for: printed as one line, exit status 1 (see :func:`main`)."""
+    """A mistake in what the user asked for: printed as one line, exit status ``status`` (see :func:`main`)."""
+
+    status = 1
+
+
+class NamesNothing(CommandError):
+    """An argument that names nothing the data root holds: exit status 2, as argparse answers a bad argument, so
+    a script tells "no such dataset" from a setting that is missing."""
+
+    status = 2
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -94,10 +103,27 @@ def share(args: argparse.Namespace) -> None:
         key = ShareKey.load(settings.share_key_file)
     except ShareKeyError as exc:
         raise CommandError(str(exc)) from None
+    if name not in _dataset_names(settings, organization):  # a link to nothing would only ever answer 404
+        raise NamesNothing(f"there is no dataset {args.dataset!r} under the data root {settings.root}")
     base = (args.base_url or settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
     claims, capability = key.issue(organization, name, args.expires)
     print(share_url(base, capability, args.tree, organization, name))
     print(f"id {claims.id}, expires {expiry_text(claims.expires)}", file=sys.stderr)
+
+
+def _dataset_names(settings: Settings, organization: str) -> list[str]:
+    """The datasets of ``organization`` as the served catalog lists them (a directory with a properties file)."""
+    from gateway_storage import StorageError, open_store, read_headers_file
+
+    from .sources.catalog import Catalog
+    from .sources.registry import SourceFormats
+
+    headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    store = open_store(settings.root, settings.extra_roots, remote_roots=settings.remote_roots, headers=headers)
+    try:
+        return Catalog(store, SourceFormats(store, 0)).dataset_names(organization)
+    except (OSError, StorageError) as exc:  # a storage fault: say it, never "no such dataset"
+        raise CommandError(f"the data root {settings.root} cannot be listed: {exc}") from None
 
 
 def _run_uvicorn(settings: Settings) -> None:
@@ -458,7 +484,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except CommandError as exc:
-        sys.exit(f"zarr-gateway: {exc}")
+        print(f"zarr-gateway: {exc}", file=sys.stderr)
+        sys.exit(exc.status)
 
 
 def _version() -> str:

@@ -397,6 +397,23 @@ def test_the_share_command_refuses_with_one_line(setup: Setup, arguments: list[s
     assert run.returncode == 1 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize(
+    "dataset", [f"{ORGANIZATION}/no_such_dataset", f"no_such_org/{DATASET}", f"{ORGANIZATION}/color", f"../{DATASET}"]
+)
+def test_the_share_command_refuses_a_dataset_that_does_not_exist(setup: Setup, dataset: str) -> None:
+    """A link to nothing would answer 404 to whoever it was sent to: exit status 2 (the argument names nothing),
+    one line that names the dataset, and nothing on standard output."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", "share", dataset, "--expires", "600"],
+        env=setup.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert run.stderr.strip() == f"zarr-gateway: there is no dataset {dataset!r} under the data root {setup.root}"
+    assert run.stdout == ""
+
+
 def test_making_a_link_needs_a_grant_of_the_dataset(pair: list[Server]) -> None:
     url = f"{pair[0].url}/share/{NAMES}"
     refusals = {
