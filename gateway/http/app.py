@@ -23,7 +23,7 @@ from ..logs import configure_logging
 from ..meshes.segments import index_place
 from ..meshes.service import MeshService
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
-from ..precomputed.tree import ListingRow, PrecomputedTree
+from ..precomputed.tree import PrecomputedTree
 from ..previews import Previews
 from ..settings import Settings
 from ..sources.catalog import Catalog
@@ -31,7 +31,6 @@ from ..sources.registry import SourceFormats
 from ..sources.root_shape import misplaced_root
 from ..sources.units import meters_per_unit
 from ..zarr.codecs import Codec
-from ..zarr.resource import Resource
 from ..zarr.shards import ShardPlans
 from ..zarr.trees import ServeOptions
 from .answers import AnswerCache
@@ -45,7 +44,7 @@ from .handlers.datasets import Datasets
 from .handlers.index import IndexHandler, Landings
 from .handlers.listings import Listings
 from .handlers.meshes import MeshHandler
-from .handlers.pages import Pages, listing
+from .handlers.pages import Pages
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
 from .handlers.segments import LargestSegments
@@ -65,7 +64,6 @@ from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
 from .pages.icon import favicon
-from .pages.listing import Entry
 from .pages.viewer import NeuroglancerClient
 from .share import Revocations, ShareKey, ShareLinks
 from .urls import (
@@ -129,7 +127,7 @@ def create_app(settings: Settings) -> Edge:
             "the viewer extra is not installed: pages link to the public https Neuroglancer, which cannot read a "
             "gateway served over plain http (pip install 'zarr-gateway[viewer]' serves it at /neuroglancer/)"
         )
-    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    precomputed = PrecomputedTree(meshes, meters_per_unit, settings.chunk_edge)
     chunk_threads = anyio.CapacityLimiter(settings.threads)
     options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
     datasets = Datasets(catalog, options, shards, chunk_threads)
@@ -278,8 +276,3 @@ def create_app_from_env() -> Edge:
     settings = Settings()
     configure_logging(settings.log_format)  # a spawned worker does not inherit the parent's logging
     return create_app(settings)
-
-
-def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
-    """A listing page of the precomputed tree, rendered as every tree's listings are."""
-    return listing(base, [Entry(*row) for row in rows])

@@ -114,6 +114,7 @@ def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
 class Grant:
     patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
     holder: str = "the token"  # who holds it, as a refusal names it
+    shared: tuple[str, str] | None = None  # a share link's one dataset (organization, name): its start page
 
     @classmethod
     def of_link(cls, organization: str, dataset: str, link: str) -> "Grant":
@@ -127,7 +128,7 @@ class Grant:
 @functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker
 def _link_grant(organization: str, dataset: str, link: str) -> Grant:
     exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
-    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)")
+    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)", (organization, dataset))
 
 
 class Tokens:

@@ -123,40 +123,41 @@ class PrecomputedTree:
         meshes: MeshService,
         meters_per_unit: Callable[[str], float],
         chunk_edge: int,
-        render_listing: RenderListing,
     ) -> None:
         self.meshes = meshes
         self.meters_per_unit = meters_per_unit
         self.chunk_edge = chunk_edge
-        self.render_listing = render_listing
         self.compresses = has_compressed_segmentation()
         self._volumes: dict[tuple[str, str, str, bool], Volume] = {}
 
     # --- the one entry point ------------------------------------------------------------------
 
-    def answer(self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str) -> Found:
-        """What ``target`` (a dataset or below, its dataset found and the access decided) answers."""
+    def answer(
+        self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str, render_listing: RenderListing
+    ) -> Found:
+        """What ``target`` (a dataset or below, its dataset found and the access decided) answers; a listing is
+        rendered by ``render_listing``, the request's own (its links keep the page's credential form)."""
         if len(target.names) == 2:
-            return Found(self.render_listing(target.base, self.layer_rows(dataset)))
+            return Found(render_listing(target.base, self.layer_rows(dataset)))
         volume = self.volume(dataset, target.names[2], target.raw_only)
         below = target.below
         if not below:
-            return Found(self.render_listing(target.base, self._volume_rows(volume)))
+            return Found(render_listing(target.base, self._volume_rows(volume)))
         first, rest = below[0], "/".join(below[1:])
         if first == MESH_DIRECTORY:
             if not rest:
-                return Found(self.render_listing(target.base, [(INFO, False, None)]))
+                return Found(render_listing(target.base, [(INFO, False, None)]))
             return self._mesh_file(volume, rest)
         if first == PROPERTIES_DIRECTORY:
             if not rest:
-                return Found(self.render_listing(target.base, [(INFO, False, None)]))
+                return Found(render_listing(target.base, [(INFO, False, None)]))
             return self._mesh_file(volume, PROPERTIES_INFO if rest == INFO else f"{PROPERTIES_DIRECTORY}/{rest}")
         gzip = accepts_gzip(accept_encoding)
         if below == (INFO,):
             return _coded(bytes_resource(render_info(self._full_info(volume)), JSON), gzip)
         served = volume.scale(first)
         if len(below) == 1:
-            return Found(self.render_listing(target.base, []))  # chunks are not listed, as in the Zarr trees
+            return Found(render_listing(target.base, []))  # chunks are not listed, as in the Zarr trees
         if len(below) > 2:
             raise MalformedKey(f"{rest!r} is not a chunk key: they are x0-x1_y0-y1_z0-z1, directly below the scale")
         return _coded(self._chunk(served, below[1]), gzip)

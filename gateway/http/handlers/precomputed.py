@@ -6,13 +6,15 @@ from dataclasses import dataclass
 import anyio
 
 from ...meshes.formats import PROPERTIES_DIRECTORY
-from ...precomputed.tree import INFO, MESH_DIRECTORY, PrecomputedTree, parse_precomputed_path
+from ...precomputed.tree import INFO, MESH_DIRECTORY, ListingRow, PrecomputedTree, parse_precomputed_path
+from ...zarr.resource import Resource
 from ..budget import MemoryBudget
 from ..messages import Answer, Request
+from ..pages.listing import Entry
 from .access import Authorizer
 from .datasets import Datasets
 from .listings import Listings
-from .pages import Pages
+from .pages import Pages, listing
 from .sender import Sender
 
 # What below a layer of the tree asks the mesh service (its listing too): its data stamp is taken first.
@@ -52,9 +54,14 @@ class PrecomputedHandler:
         accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")
         need = self.tree.working_bytes(dataset, target)  # from the metadata: nothing is read or built yet
         what = "this mesh request" if target.below[:1] == (MESH_DIRECTORY,) else "this chunk"
+        links = self.pages.links(request, token)  # the layer's, scale's and mesh directory's listings keep them
+
+        def listing_page(base: str, rows: list[ListingRow]) -> Resource:
+            return listing(base, [Entry(*row) for row in rows], links)
+
         async with self.memory.hold(need, what):
             found = await anyio.to_thread.run_sync(
-                self.tree.answer, dataset, target, accept, limiter=self.chunk_threads
+                self.tree.answer, dataset, target, accept, listing_page, limiter=self.chunk_threads
             )
         answer = await self.sender.send(request, found.resource)
         answer.headers += found.headers
