@@ -255,6 +255,27 @@ def test_sign_in_sets_a_login_cookie_that_reads_pages_and_data(signin: Server) -
     assert checked.status_code == 204
 
 
+def test_every_link_a_signed_in_browser_reaches_opens_with_the_cookie_alone(signin: Server) -> None:
+    """From the start page, every page, listing (the precomputed tree's too), file, preview and viewer address a
+    signed-in browser can click answers with the login cookie the browser sends, and none carries a token."""
+    from support.crawl import walk
+
+    session = sign_in(signin, "ada")
+    seen = walk(session, signin.url, ["/"])
+    assert not seen.failures(), seen.failures()
+    carrying = [address for address in seen.statuses if "token=" in address or "/t/" in address or "/s/" in address]
+    assert not carrying, carrying
+    reached = {address.split("/data/", 1)[-1] for address in seen.statuses}
+    deep = {
+        f"precomputed/{ORG}/wk_dataset/segmentation/mesh/",
+        f"precomputed/{ORG}/wk_dataset/color_u8/1/",
+        f"zarr3/{ORG}/wk_dataset/color_u8/1/zarr.json",
+        f"zarr/{ORG}/wk_dataset/segmentation/2-2-1/.zarray",
+    }
+    assert deep <= reached, sorted(reached)
+    assert "other_org" not in " ".join(reached), "the claims grant lab-a's datasets only"
+
+
 def test_the_landing_page_without_a_credential_says_where_to_sign_in(signin: Server) -> None:
     page = requests.get(signin.url + "/", timeout=10)
     assert page.status_code == 200 and "wk_dataset" not in page.text
