@@ -255,6 +255,27 @@ def test_sign_in_sets_a_login_cookie_that_reads_pages_and_data(signin: Server) -
     assert checked.status_code == 204
 
 
+def test_the_401_page_offers_sign_in_first(signin: Server, tmp_path: Path) -> None:
+    """With an issuer, a browser refused for want of a credential is offered the sign-in, back to this very page,
+    beside a token in each form (no share link: this gateway has no key); through the proxy too."""
+    from support.proxy import address, start_proxy
+
+    proxy = start_proxy(tmp_path / "nginx", [address(signin)])
+    try:
+        for base in (signin.url, proxy.url):
+            page = requests.get(base + DATASET + "/", headers={"Accept": "text/html"}, timeout=30)
+            assert page.status_code == 401 and page.headers["content-type"].startswith("text/html"), page.text[:300]
+            ways = html.unescape(page.text.split('<ul class="sign-in">', 1)[1].split("</ul>", 1)[0])
+            login = f'<a class="login" href = "/login?next={DATASET}/">Sign in</a>'
+            assert ways.startswith(f"<li>{login}"), ways
+            assert f"{DATASET}/?token=YOUR_TOKEN" in ways and f"/t/YOUR_TOKEN{DATASET}/" in ways, ways
+            assert "share link" not in ways
+        followed = requests.get(signin.url + f"/login?next={DATASET}/", allow_redirects=False, timeout=30)
+        assert followed.status_code == 303 and followed.headers["location"].startswith(signin.url.split(":")[0])
+    finally:
+        proxy.stop()
+
+
 def test_every_link_a_signed_in_browser_reaches_opens_with_the_cookie_alone(signin: Server) -> None:
     """From the start page, every page, listing (the precomputed tree's too), file, preview and viewer address a
     signed-in browser can click answers with the login cookie the browser sends, and none carries a token."""

@@ -226,6 +226,26 @@ def test_a_links_bare_prefix_opens_its_dataset_page(pair: list[Server]) -> None:
     assert requests.get(f"{pair[0].url}/s/{capability}", allow_redirects=False, timeout=30).status_code == 404
 
 
+def test_the_401_page_names_a_share_link_as_a_way_in(pair: list[Server], proxy: Proxy) -> None:
+    """A browser without a credential learns every way in this gateway takes: a token in each form and a share
+    link; no sign-in, which it does not offer. The proxy's page is the gateway's."""
+    path = f"/data/zarr3/{NAMES}/color/"
+    for base in (pair[0].url, proxy.url):
+        page = requests.get(base + path, headers={"Accept": "text/html"}, timeout=30)
+        assert page.status_code == 401 and page.headers["content-type"].startswith("text/html"), page.text[:300]
+        text = unquote(page.text).replace("&#47;", "/")
+        ways = text.split('<ul class="sign-in">', 1)[1].split("</ul>", 1)[0]
+        assert f"{path}?token=YOUR_TOKEN" in ways and f"/t/YOUR_TOKEN{path}" in ways and "X-Auth-Token" in ways
+        assert "share link" in ways and "<code>/s/</code>" in ways, ways
+        assert "/login" not in text, ways
+    expired = requests.get(
+        f"{pair[0].url}/s/{key().issue(ORGANIZATION, DATASET, 60, now=time.time() - 3600)[1]}{path}",
+        headers={"Accept": "text/html"},
+        timeout=30,
+    )
+    assert expired.status_code == 401 and "has expired" in expired.text and "share link" in expired.text
+
+
 # --- refused -----------------------------------------------------------------------------------------------
 
 

@@ -40,7 +40,7 @@ from urllib.parse import unquote_to_bytes
 from pydantic import BaseModel, ValidationError, field_validator
 
 from .filestamp import Stamp, file_stamp
-from .messages import HttpError, Request
+from .messages import HttpError, Request, WayIn
 from .share import ShareLinks
 
 log = logging.getLogger("gateway")
@@ -448,6 +448,8 @@ class Access:
         self.links = links
         self.identities = identities
         self.decisions = Decisions(self.tokens) if self.tokens is not None else None
+        ways = ((WayIn.SIGN_IN, identities), (WayIn.SHARE_LINK, links))
+        self.ways_in = frozenset(way for way, taken in ways if taken is not None)  # beside tokens: a 401 says them
 
     @property
     def open(self) -> bool:
@@ -474,12 +476,18 @@ class Access:
         return self.identities
 
     async def grant(self, token: Token | None) -> Grant | None:
-        """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
-        if token is None:
-            if self.tokens is None:
-                return None
-            raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
-        return await token.look_up(self)
+        """The grant of ``token``: None when the gateway is open; 401 without a valid token, which names the other
+        ways in this gateway takes (a person's page lists them)."""
+        try:
+            if token is None:
+                if self.tokens is None:
+                    return None
+                raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
+            return await token.look_up(self)
+        except HttpError as exc:
+            if exc.status == 401:
+                exc.ways_in = self.ways_in
+            raise
 
     def token_grant(self, value: str) -> Grant | None:
         if self.decisions is None:
