@@ -462,6 +462,8 @@ def test_the_proxy_checks_and_caches_sign_in_credentials_apart(
         started = requests.get(proxy.url + "/login", allow_redirects=False, timeout=30)
         assert started.status_code == 303 and started.headers["Location"].startswith(provider.issuer)
         assert requests.get(proxy.url + "/logout", allow_redirects=False, timeout=10).status_code == 303
+        back = requests.get(proxy.url + "/callback", params={"code": "x", "state": "y"}, timeout=10)
+        assert back.status_code == 400 and "start again at /login" in error_of(back), back.text  # the gateway's
     finally:
         proxy.stop()
 
