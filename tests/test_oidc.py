@@ -552,3 +552,76 @@ def test_without_sign_in_authorization_and_cookies_are_not_read(gateway: Server)
     alone = requests.get(gateway.url + CHUNK, headers=bearer("a.b.c"), timeout=10)
     assert alone.status_code == 401 and "/login" not in error_of(alone)
     assert requests.get(gateway.url + "/login", timeout=10).status_code == 404
+
+
+# CloudVolume's middleauth+https protocol (CloudFiles' CaveInterface) sends "Authorization: Bearer <token>" with
+# the token of its secrets file; it reads over https only, so it reads through the compose proxy's TLS listener.
+CLOUDVOLUME_READ = """
+import sys
+import numpy as np
+from cloudvolume import CloudVolume
+
+url, out = sys.argv[1], sys.argv[2]
+volume = CloudVolume(url, mip=0, fill_missing=False, progress=False, parallel=1, cache=False)
+np.save(out, np.asarray(volume[40:104, 30:94, 10:42]))
+"""
+
+
+@pytest.mark.nginx
+def test_cloudvolume_reads_the_precomputed_tree_with_a_bearer_token_over_middleauth(
+    signin: Server, provider: Provider, test_data: WrittenDataset, tmp_path: Path
+) -> None:
+    """``precomputed://middleauth+https://HOST/data/precomputed/...`` with the issuer's access token in
+    CloudVolume's ``{host}-cave-secret.json``: a cut-out voxel for voxel, the gateway asked nothing but the
+    precomputed tree (middleauth makes no requests of its own); without the secret the read is refused."""
+    import shutil
+    import subprocess
+    import sys
+
+    from support.https import make_certificate
+    from support.processes import free_port, wait_until
+    from support.proxy import address, start_proxy
+
+    certificate = make_certificate(tmp_path / "ca")
+    tls = tmp_path / "proxy-tls"
+    tls.mkdir()
+    shutil.copy(certificate.cert, tls / "tls.crt")
+    shutil.copy(certificate.key, tls / "tls.key")
+    port = free_port()
+    proxy = start_proxy(
+        tmp_path / "nginx",
+        [address(signin)],
+        PROXY_TLS="on",
+        PROXY_TLS_LISTEN=f"127.0.0.1:{port}",
+        PROXY_TLS_DIR=str(tls),
+    )
+    home = tmp_path / "home"  # CloudVolume's secrets: ~/.cloudvolume/secrets, or $CLOUD_VOLUME_DIR/secrets
+    secrets = home / ".cloudvolume" / "secrets"
+    secrets.mkdir(parents=True)
+    env = {**os.environ, "HOME": str(home), "REQUESTS_CA_BUNDLE": str(certificate.authority)}
+    env.pop("CLOUD_VOLUME_DIR", None)
+    url = f"precomputed://middleauth+https://127.0.0.1:{port}/data/precomputed/{ORG}/wk_dataset/color_u8"
+    out = tmp_path / "cutout.npy"
+
+    def read() -> "subprocess.CompletedProcess[str]":
+        command = [sys.executable, "-c", CLOUDVOLUME_READ, url, str(out)]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    before = len(signin.access_lines())
+    try:
+        refused = read()
+        assert refused.returncode != 0 and "401" in refused.stderr, refused.stderr[-2000:]
+        (secrets / f"127.0.0.1:{port}-cave-secret.json").write_text(json.dumps({"token": provider.client_token()}))
+        done = read()
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        proxy.stop()
+    with wkw.Dataset.open(str(test_data.root / ORG / "wk_dataset" / "color_u8" / "1")) as stored:
+        truth = stored.read((40, 30, 10), (64, 64, 32))
+    cutout = np.load(out)
+    assert cutout.shape == (64, 64, 32, 1) and cutout.any()
+    np.testing.assert_array_equal(cutout[..., 0], truth[0])
+    info = f"/data/precomputed/{ORG}/wk_dataset/color_u8/info"
+    assert wait_until(lambda: info in [line["path"] for line in signin.access_lines()[before:]], 10)
+    asked = {line["path"] for line in signin.access_lines()[before:]}
+    assert all(path == "/auth" or path.startswith("/data/precomputed/") for path in asked), asked
