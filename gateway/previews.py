@@ -28,8 +28,8 @@ from gateway_storage import ByteLRU, FileChangedError, FileSource
 from gateway_storage.geometry import Vec3
 
 from .metrics import count_preview
+from .resources import Resource, bytes_resource, make_etag
 from .sources.mag import MagSource
-from .zarr.resource import Resource, bytes_resource, make_etag
 
 PNG = "image/png"
 MAX_EDGE = 256  # long edge of a preview in pixels

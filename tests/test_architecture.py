@@ -16,12 +16,13 @@ LAYERS = [
     (0, ("gateway_storage",)),  # the storage kernel and its geometry: a leaf (see test_the_storage_kernel_is_a_leaf)
     (
         0,
-        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap"),
-    ),  # leaves: import nothing of the project
-    (1, ("wkw_adapter",)),  # the WKW format: on the kernel alone
+        ("gateway.logs", "gateway.metrics", "gateway.probe", "gateway.extras", "gateway.heap", "gateway.settings"),
+    ),  # leaves: import nothing of the project (the settings: nothing but the kernel's store kinds)
+    # on the kernel alone: the WKW format; what a route answers with; the shard formats (on nothing of the project)
+    (1, ("wkw_adapter", "gateway.resources", "gateway.shard_formats")),
     (2, ("gateway.sources",)),
     (3, ("gateway.zarr", "gateway.meshes", "gateway.precomputed")),  # protocols over the sources, side by side
-    (4, ("gateway.previews", "gateway.settings", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
+    (4, ("gateway.previews", "gateway.sample", "gateway.batch")),  # batch: block tasks over layers
     (5, ("gateway.http",)),
     (6, ("gateway.startup", "gateway.cli", "gateway.serving", "gateway.__main__", "gateway")),
 ]
@@ -105,6 +106,21 @@ def test_the_storage_kernel_is_a_leaf(module: str) -> None:
 def test_the_wkw_format_uses_only_the_storage_kernel(module: str) -> None:
     allowed = ("wkw_adapter", "gateway_storage")
     assert not _outside(module, allowed), f"{module} imports {_outside(module, allowed)}"
+
+
+def test_the_settings_are_a_leaf() -> None:
+    """The one settings model imports nothing of the project but the kernel (its table of store kinds), so every
+    layer may read its defaults (``MESH_SECONDS``, ``STAMP_FILES``) and no change below it reaches the settings."""
+    outside = _outside("gateway.settings", ("gateway_storage",))
+    assert not outside, f"gateway.settings imports {outside}"
+    assert graph()["gateway.settings"], "the check sees the settings' imports (gateway_storage)"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("gateway.shard_formats")))
+def test_the_shard_formats_stand_alone(module: str) -> None:
+    """Each shard format is bytes in, facts out: sources, the Zarr protocol and the meshes use it, it uses none
+    of them (nor the kernel: it reads no store)."""
+    assert not _outside(module, ("gateway.shard_formats",)), f"{module} imports {_outside(module, ())}"
 
 
 def test_the_leaf_checks_see_a_planted_import(tmp_path: Path) -> None:
@@ -252,15 +268,15 @@ def test_the_framework_check_sees_a_planted_import(tmp_path: Path) -> None:
 
 
 # What the precomputed tree may use of its neighbours: the sources, the mesh service it delegates to (and the
-# names of its files), and the protocol-neutral pieces of the Zarr layer (resources and ETags, key and node
-# errors), nothing of Zarr's own.
+# names of its files), resources and ETags (gateway/resources.py), and the protocol-neutral pieces of the Zarr
+# layer (key and node errors), nothing of Zarr's own.
 PRECOMPUTED_USES = (
     "gateway.precomputed",
     "gateway.sources",
     "gateway.meshes.service",
     "gateway.meshes.errors",
     "gateway.meshes.formats",
-    "gateway.zarr.resource",
+    "gateway.resources",
     "gateway.zarr.keys",
     "gateway.zarr.trees",
     "gateway.extras",
@@ -328,9 +344,9 @@ PAGES_MAY_USE = (
     "gateway.http.pages",
     "gateway.http.urls",
     "gateway.http.messages",
-    "gateway.sources.catalog",
+    "gateway.sources.dataset",  # the values of a loaded dataset (the catalog keeps them)
     "gateway.sources.units",
-    "gateway.zarr.resource",
+    "gateway.resources",
     "gateway.extras",
     "gateway_storage",
 )

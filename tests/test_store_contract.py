@@ -7,8 +7,10 @@ can be unreachable (a network service) also subclasses :class:`UnreachableStoreC
 (GCS, Azure, HTTPS) are new subclasses here.
 """
 
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +19,54 @@ from support.processes import free_port
 from support.s3 import Moto, aws_environment, start_moto
 from support.store_contract import LocalStoreContract, UnreachableStoreContract
 
-from gateway_storage import Store
+from gateway.sources.watched import Observed, WatchedStore
+from gateway_storage import AnchoredStore, LocalStore, Store, WrapperStore
 from gateway_storage.remote import S3Store
 
 
 class TestLocalStore(LocalStoreContract):
     """A local directory."""
+
+
+# --- the views of a store: each a WrapperStore that must still be the store it wraps ----------------------
+
+
+class WrappedLocalStore(LocalStoreContract):
+    """A local directory seen through a wrapper: the whole contract holds through it (``wrap`` makes the view)."""
+
+    wrap: Callable[[Store], Store]
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        (tmp_path / "root").mkdir()
+        return type(self).wrap(LocalStore(str(tmp_path / "root")))
+
+    def replica(self, store: Store) -> Store:
+        copy = Path(store.root).parent / f"replica-{uuid.uuid4().hex}"
+        shutil.copytree(store.root, copy, symlinks=True)
+        return type(self).wrap(LocalStore(str(copy)))
+
+
+class TestWrapperStore(WrappedLocalStore):
+    """The generic wrapper itself, changing nothing."""
+
+    wrap = WrapperStore
+
+
+class TestAnchoredStore(WrappedLocalStore):
+    """A store seen from a directory that must be there (a mag's): here the root, which every path lies below."""
+
+    @staticmethod
+    def wrap(inner: Store) -> Store:
+        return AnchoredStore(inner, inner.root)
+
+
+class TestWatchedStore(WrappedLocalStore):
+    """The catalog's recorder of what a load looks at."""
+
+    @staticmethod
+    def wrap(inner: Store) -> Store:
+        return WatchedStore(inner, Observed())
 
 
 # --- S3, on moto's real server -----------------------------------------------------------------------

@@ -13,7 +13,8 @@ from ..meshes.build import BLOCK_CUBES, assemble_parts, box_cubes, box_memory_by
 from ..meshes.index import IndexPart, data_stamp, index_cubes
 from ..meshes.layers import LayerMeshes, MeshLayers
 from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
-from ..sources.catalog import BrokenDataset, Catalog, Dataset
+from ..sources.catalog import Catalog
+from ..sources.dataset import BrokenDataset, Dataset
 from ..sources.registry import SourceFormats
 from .tasks import Block, box_voxels
 

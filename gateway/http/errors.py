@@ -34,10 +34,10 @@ from ..meshes.errors import (
 from ..meshes.index import SegmentIndexCorrupt
 from ..metrics import count_storage_error
 from ..previews import NoPreviewError, PreviewTooLarge
-from ..sources.catalog import DatasetUnusable
+from ..resources import JSON
+from ..sources.dataset import DatasetUnusable
 from ..sources.mag import ChunkNotFound
 from ..zarr.keys import MalformedKey
-from ..zarr.resource import JSON
 from ..zarr.trees import NodeNotFound
 from .budget import OverBudget
 from .messages import Answer, ClientGone, HttpError, WayIn, raw_headers

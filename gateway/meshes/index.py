@@ -19,6 +19,7 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
+from ..settings import STAMP_FILES
 from ..sources.mag import MagSource
 from .errors import MeshInputError
 from .geometry import MeshGrid, morton_key
@@ -32,9 +33,6 @@ SCAN_VOXELS = 64 << 20
 # An index file lies beside the layer, where anyone who writes datasets can put one: it is refused (a
 # storage fault) if it, or its arrays unpacked, hold more than this, rather than unpacked into memory.
 MAX_INDEX_BYTES = 1 << 30
-# The data stamp walks at most this many files and directories per mag (the default of the ``stamp_files``
-# setting): a mag of more (planted empty files) is refused with that reason rather than walked on and on.
-STAMP_FILES = 100_000
 
 
 class SegmentIndexCorrupt(OSError):

@@ -7,9 +7,9 @@ import anyio
 
 from gateway_storage import FileChangedError, FileUnsettledError
 
-from ...sources.catalog import Dataset
+from ...resources import Resource
+from ...sources.dataset import Dataset
 from ...zarr.nodes import ArrayNode
-from ...zarr.resource import Resource
 from ..answers import AnswerCache, AnswerKey, KeptTarget
 from ..budget import MemoryBudget
 from ..messages import Request

@@ -4,7 +4,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...precomputed.tree import TREES as PRECOMPUTED_TREES
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
 from ..messages import Answer, Request, raw_headers
@@ -78,13 +78,13 @@ class IndexHandler:
         if token is None and not self.access.open:
             landing = Landing({}, note=self._note)
             return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
-        grant = await self.access.authorize(token, ())
-        if grant is not None and grant.shared is not None:
-            return self._to_shared(request, token, grant.shared)
+        decision = await self.access.authorize(token, ())
+        if decision.grant is not None and decision.grant.shared is not None:
+            return self._to_shared(request, token, decision.grant.shared)
         resource = await self.landings.page(
             request,
             token,
-            grant,
+            decision.grant,
             HOME_TREE,
             lambda readable, landing: pages.landing_page("/", entries, landing, "zarr-gateway"),
         )

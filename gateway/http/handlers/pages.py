@@ -5,8 +5,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from ... import extras
-from ...sources.catalog import BrokenDataset, Dataset
-from ...zarr.resource import Resource, bytes_resource
+from ...resources import Resource, bytes_resource
+from ...sources.dataset import BrokenDataset, Dataset
 from ...zarr.trees import DatasetView
 from ..auth import Token
 from ..messages import SHARE_PREFIX, Request
