@@ -116,13 +116,14 @@ SEGMENT_BLOCK = 8  # labels come in blocks of this edge, one id each
 PER_AGGLOMERATE = 50  # consecutive segments joined into one agglomerate
 
 
-def segmentation_labels(mode: Mode) -> np.ndarray:
-    """The mapped rows' labels (``mode.seg_box`` voxels, uint32): ids in 8³ blocks, those of each 64³ region in a
-    window of WINDOW ids at a random place in the mapping, as a blockwise watershed numbers supervoxels."""
+def segmentation_labels(box: Vec3, entries: int) -> np.ndarray:
+    """Labels of ``box`` voxels (uint32) for a mapping of ``entries`` entries: ids in 8³ blocks, those of each 64³
+    region in a window of WINDOW ids at a random place in the mapping, as a blockwise watershed numbers
+    supervoxels."""
     rng = np.random.default_rng(SEED + 43)
-    blocks = tuple(s // SEGMENT_BLOCK for s in mode.seg_box)
-    regions = tuple(s // REGION for s in mode.seg_box)
-    bases = rng.integers(1, max(2, mode.seg_entries - WINDOW), size=regions, dtype=np.int64)
+    blocks = tuple(s // SEGMENT_BLOCK for s in box)
+    regions = tuple(s // REGION for s in box)
+    bases = rng.integers(1, max(2, entries - WINDOW), size=regions, dtype=np.int64)
     per = REGION // SEGMENT_BLOCK
     base = np.repeat(np.repeat(np.repeat(bases, per, 0), per, 1), per, 2)
     ids = (base + rng.integers(0, WINDOW, size=blocks)).astype(np.uint32)
@@ -135,20 +136,26 @@ def agglomerate_of(segments: np.ndarray) -> np.ndarray:
     return np.where(wide == 0, np.uint64(0), wide // np.uint64(PER_AGGLOMERATE) + np.uint64(1))
 
 
-def _write_segmentation(dataset_dir: Path, mode: Mode) -> None:
-    """The labels (WKW, LZ4HC) and their agglomerate file of ``mode.seg_entries`` entries (contiguous uint64)."""
+def write_agglomerate_file(path: Path, entries: int) -> None:
+    """An HDF5 agglomerate file of ``entries`` entries (contiguous uint64, as webKnossos writes it), written in
+    pieces (10⁸ entries are 800 MB)."""
     import h5py
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        table = f.create_dataset("segment_to_agglomerate", shape=(entries,), dtype=np.uint64)
+        step = 1 << 22
+        for start in range(0, entries, step):
+            stop = min(entries, start + step)
+            table[start:stop] = agglomerate_of(np.arange(start, stop, dtype=np.uint64))
+
+
+def _write_segmentation(dataset_dir: Path, mode: Mode) -> None:
+    """The labels (WKW, LZ4HC) and their agglomerate file of ``mode.seg_entries`` entries."""
     header = WkwHeader.create(np.dtype(np.uint32), 1, BlockType.LZ4HC, block_len=BLOCK, file_len=8)
     layer = dataset_dir / SEGMENTATION
-    write_mag(str(layer / "1"), header, segmentation_labels(mode)[None], DATA_ORIGIN)
-    (layer / "agglomerates").mkdir()
-    with h5py.File(layer / "agglomerates" / f"{MAPPING}.hdf5", "w") as f:
-        table = f.create_dataset("segment_to_agglomerate", shape=(mode.seg_entries,), dtype=np.uint64)
-        step = 1 << 22
-        for start in range(0, mode.seg_entries, step):
-            stop = min(mode.seg_entries, start + step)
-            table[start:stop] = agglomerate_of(np.arange(start, stop, dtype=np.uint64))
+    write_mag(str(layer / "1"), header, segmentation_labels(mode.seg_box, mode.seg_entries)[None], DATA_ORIGIN)
+    write_agglomerate_file(layer / "agglomerates" / f"{MAPPING}.hdf5", mode.seg_entries)
 
 
 def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
