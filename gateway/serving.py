@@ -8,7 +8,7 @@ one client could hold a connection open or grow a worker's memory at will. Here 
 headers and any body) within ``header_timeout`` seconds of opening (or of its previous answer) is
 closed, with a 408 if it had begun one and had no answer yet. The gateway reads no request body, so a
 client that sends one slowly has only that time to finish it. Granian gets the head limits from its
-own options (see :mod:`gateway.cli`) and closes a connection whose body its app did not read.
+own options (see :mod:`gateway.cli.servers`) and closes a connection whose body its app did not read.
 
 uvicorn writes the status line and headers when the app sends ``http.response.start`` and the body at
 the next message. Between the two the event loop may wait for the GIL (a reader thread holds it for

@@ -33,15 +33,22 @@ from pydantic_settings import (
 
 from gateway_storage import remote_schemes, store_kind
 
-from .meshes.budget import MESH_SECONDS
-from .meshes.index import STAMP_FILES
-
 # dask's dashboard of a batch run: loopback only, unless the operator says otherwise (it has no login).
 DASK_DASHBOARD_ADDRESS = "127.0.0.1:8787"
 
 CHUNK_EDGE_STEP = 32  # the WKW block edge webKnossos writes; served chunks are whole blocks
 MAX_CHUNK_EDGE = 1024
 ENV_PREFIX = "ZARR_GATEWAY_"
+
+# Defaults that code below the settings also bounds itself by where no settings reach it (a batch run, stored
+# meshes), defined here so that the settings import nothing of the project's higher layers.
+# Meshing per request, from its first box (a scan of a layer without an index is bounded by the segment index's
+# SCAN_VOXELS, shared by the requests that wait for it, and not counted): checked before each box, so one box
+# more at most. The default of the ``mesh_seconds`` setting.
+MESH_SECONDS = 60.0
+# The data stamp walks at most this many files and directories per mag (the default of the ``stamp_files``
+# setting): a mag of more (planted empty files) is refused with that reason rather than walked on and on.
+STAMP_FILES = 100_000
 
 # The codecs chunks may be encoded with, by name: the members of gateway.zarr.codecs.Codec, which encodes them.
 CodecName = Literal["none", "blosc-lz4", "blosc-zstd", "zstd", "gzip"]

@@ -27,6 +27,7 @@ from .identity import FileIdentity, FileSource, ListedFile
 from .local import LocalStore, resolve_inside
 from .routed import RoutedStore
 from .store import Store, is_absolute_location, is_listed
+from .wrapper import WrapperStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,7 @@ __all__ = [
     "StoreKind",
     "StoreUnavailableError",
     "TruncatedFileError",
+    "WrapperStore",
     "headers_for",
     "is_absolute_location",
     "is_listed",

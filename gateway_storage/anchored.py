@@ -10,20 +10,19 @@ that directory answers "not there" (an identity of None, a whole read of None) b
 format and every way of reading; a source cannot learn that a file is absent without it.
 """
 
-from .identity import FileIdentity, ListedFile
+from .identity import FileIdentity
 from .store import Store
+from .wrapper import WrapperStore
 
 
-class AnchoredStore(Store):
+class AnchoredStore(WrapperStore):
     """``inner``, where a file below ``directory`` is absent only once ``directory`` is known to be there
     (else the inner store's StoreUnavailableError, with the reason)."""
 
     def __init__(self, inner: Store, directory: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.directory = directory
         self._below = directory.rstrip("/") + "/"
-        self.root = inner.root
-        self.is_local = inner.is_local
 
     def _absent(self, path: str) -> None:
         """Called for a file found missing: raises unless that is what its format means by absent."""
@@ -41,42 +40,3 @@ class AnchoredStore(Store):
         if found is None:
             self._absent(path)
         return found
-
-    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
-        return self.inner._read(path, offset, size, expected, settled)
-
-    def join(self, base: str, *parts: str) -> str:
-        return self.inner.join(base, *parts)
-
-    def resolve(self, path: str) -> str | None:
-        return self.inner.resolve(path)
-
-    def root_of(self, path: str) -> str:
-        return self.inner.root_of(path)
-
-    def locate(self, location: str) -> str | None:
-        return self.inner.locate(location)
-
-    def endpoint(self) -> str | None:
-        return self.inner.endpoint()
-
-    def relative(self, path: str) -> str:
-        return self.inner.relative(path)
-
-    def require_directory(self, path: str) -> None:
-        self.inner.require_directory(path)
-
-    def list_directories(self, path: str) -> list[str]:
-        return self.inner.list_directories(path)
-
-    def is_directory(self, path: str) -> bool:
-        return self.inner.is_directory(path)
-
-    def write(self, path: str, data: bytes) -> None:
-        self.inner.write(path, data)
-
-    def delete(self, path: str) -> None:
-        self.inner.delete(path)
-
-    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
-        return self.inner.list_files(path, limit)

@@ -9,11 +9,11 @@ trusted root like the data root.
 
 from collections.abc import Sequence
 
-from .identity import FileIdentity, ListedFile
 from .store import Store
+from .wrapper import WrapperStore
 
 
-class RoutedStore(Store):
+class RoutedStore(WrapperStore):
     """The main store, and remote stores for the paths they hold; a remote store's paths are URLs.
 
     A path that no remote store locates is the main store's, so local reads pay one string
@@ -22,12 +22,12 @@ class RoutedStore(Store):
     """
 
     def __init__(self, main: Store, remotes: Sequence[Store]) -> None:
+        super().__init__(main)
         self.main = main
         self.remotes = tuple(remotes)
-        self.root = main.root
         self.is_local = main.is_local and not self.remotes  # reads of a remote root must not block an event loop
 
-    def _store(self, path: str) -> Store:
+    def _for(self, path: str) -> Store:
         located = [remote for remote in self.remotes if remote.locate(path) is not None]
         if not located:
             return self.main
@@ -35,15 +35,6 @@ class RoutedStore(Store):
             if store.locate(path) is not None and store.resolve(path) is not None:
                 return store
         return located[0]
-
-    def join(self, base: str, *parts: str) -> str:
-        return self._store(base).join(base, *parts)
-
-    def resolve(self, path: str) -> str | None:
-        return self._store(path).resolve(path)
-
-    def root_of(self, path: str) -> str:
-        return self._store(path).root_of(path)
 
     def locate(self, location: str) -> str | None:
         for store in (self.main, *self.remotes):
@@ -54,32 +45,5 @@ class RoutedStore(Store):
 
     def relative(self, path: str) -> str:
         """Below the data root as the main store says; a remote path in full (the same URL on every replica)."""
-        store = self._store(path)
+        store = self._for(path)
         return path if store is not self.main else store.relative(path)
-
-    def identity(self, path: str) -> FileIdentity | None:
-        return self._store(path).identity(path)
-
-    def _read(self, path: str, offset: int, size: int, expected: FileIdentity, settled: bool) -> bytes:
-        return self._store(path)._read(path, offset, size, expected, settled)
-
-    def _read_whole(self, path: str, limit: int, settled: bool) -> tuple[bytes, FileIdentity] | None:
-        return self._store(path)._read_whole(path, limit, settled)
-
-    def require_directory(self, path: str) -> None:
-        self._store(path).require_directory(path)
-
-    def list_directories(self, path: str) -> list[str]:
-        return self._store(path).list_directories(path)
-
-    def is_directory(self, path: str) -> bool:
-        return self._store(path).is_directory(path)
-
-    def write(self, path: str, data: bytes) -> None:
-        self._store(path).write(path, data)
-
-    def delete(self, path: str) -> None:
-        self._store(path).delete(path)
-
-    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
-        return self._store(path).list_files(path, limit)

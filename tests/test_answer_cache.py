@@ -27,7 +27,7 @@ from support.s3 import aws_environment, uploaded_behind_proxy
 from support.servers import Server
 
 from gateway.http.answers import AnswerCache, AnswerKey
-from gateway.zarr.resource import OCTET_STREAM, FileVersions, bytes_resource
+from gateway.resources import OCTET_STREAM, FileVersions, bytes_resource
 from gateway_storage import FileIdentity, LocalStore
 
 ORG, DATASET = "test_org", "cached"

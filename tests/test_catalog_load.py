@@ -26,7 +26,9 @@ from support.polling import Poller
 from support.servers import Server
 
 from gateway.sources import catalog as catalog_module
-from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES, BrokenDataset, Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import BrokenDataset, Dataset
+from gateway.sources.loader import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.sources.registry import SourceFormats
 from gateway_storage import LocalStore
 

@@ -775,7 +775,9 @@ def test_every_setting_has_a_flag_and_a_readme_row(
     description as help and its Literal values as choices, and a row in the README's settings table."""
     import typing
 
-    from gateway.cli import SERVERS, _settings_from, build_parser
+    from gateway.cli import build_parser
+    from gateway.cli.flags import settings_from
+    from gateway.cli.servers import SERVERS
 
     values = Settings(root=str(tmp_path)).model_dump(mode="json")  # a valid value of every setting
     for name, field in Settings.model_fields.items():
@@ -800,7 +802,7 @@ def test_every_setting_has_a_flag_and_a_readme_row(
     args = build_parser().parse_args(
         ["serve", "--root", str(tmp_path), "--neuroglancer-url", "https://ng.example/", "--drain-seconds", "2.5"]
     )
-    settings = _settings_from(args)
+    settings = settings_from(args)
     assert settings.neuroglancer_url == "https://ng.example/" and settings.drain_seconds == 2.5
 
     readme = (DEPLOY.parent / "README.md").read_text()

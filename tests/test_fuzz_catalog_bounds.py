@@ -39,8 +39,8 @@ from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.meshes.index import MAX_INDEX_BYTES
 from gateway.meshes.segments import MAX_LABELS, MAX_LABELS_BYTES, PAGE_INDEX_BYTES
-from gateway.sources.catalog import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 from gateway.sources.documents import MAX_DEPTH
+from gateway.sources.loader import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
 
 pytestmark = pytest.mark.slow  # hundreds of generated cases
 

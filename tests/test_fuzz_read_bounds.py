@@ -56,13 +56,14 @@ from support.servers import Server, assert_no_unexpected_errors
 
 from gateway.meshes.surfaces import SURFACE_BYTES
 from gateway.sources.bounds import MAX_CHUNK_BYTES
-from gateway.sources.catalog import MAX_PROPERTIES_BYTES, Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
 from gateway.sources.documents import MAX_DOCUMENT_BYTES
+from gateway.sources.loader import MAX_PROPERTIES_BYTES
 from gateway.sources.mag import MAX_CHANNELS, ChunkNotFound, MagSource, SourceError
 from gateway.sources.registry import SourceFormats
-from gateway.sources.watched import WatchedStore
 from gateway.zarr.shards import plan_shard, read_shard
-from gateway_storage import FileIdentity, LocalStore, StorageError
+from gateway_storage import FileIdentity, LocalStore, StorageError, WrapperStore
 from wkw_adapter import WkwError
 
 pytestmark = pytest.mark.slow  # hundreds of generated cases
@@ -88,8 +89,8 @@ def lz4_bound(size: int) -> int:
 # --- a store that notes what the real reader reads ---------------------------------------------------------
 
 
-class RecordingStore(WatchedStore):
-    """A real :class:`LocalStore` (through the catalog's own pass-through store); every read it performs is noted
+class RecordingStore(WrapperStore):
+    """A real :class:`LocalStore` (through the kernel's own pass-through store); every read it performs is noted
     as ``(path, bytes)``."""
 
     def __init__(self, inner: LocalStore) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.http.answers import AnswerCache, AnswerKey
 from gateway.http.budget import MemoryBudget, OverBudget
-from gateway.zarr.resource import OCTET_STREAM, FileVersions, Resource, bytes_resource
+from gateway.resources import OCTET_STREAM, FileVersions, Resource, bytes_resource
 from gateway_storage import LocalStore
 
 LIMIT = 64 << 10

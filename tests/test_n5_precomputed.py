@@ -40,8 +40,9 @@ from support.n5_precomputed import (
 )
 from support.s3 import aws_environment, start_moto, upload_tree
 
+from gateway.shard_formats.neuroglancer_sharded import compressed_morton_code
 from gateway.sources.metadata import PrecomputedSharding
-from gateway.sources.precomputed_source import Sharding, compressed_morton_code
+from gateway.sources.precomputed_source import sharding_of
 from gateway_storage.geometry import mag_name
 
 warnings.filterwarnings("ignore", message="Not all image readers could be imported")
@@ -198,7 +199,7 @@ def test_the_shard_of_every_chunk_is_where_tensorstore_put_it(root: Path) -> Non
     volume = root / ORG / DATASET / "pc_sharded"
     info = json.loads((volume / "info").read_text())
     for scale in info["scales"]:
-        sharding = Sharding.of(PrecomputedSharding.model_validate(scale["sharding"]))
+        sharding = sharding_of(PrecomputedSharding.model_validate(scale["sharding"]))
         grid = tuple(-(-s // c) for s, c in zip(scale["size"], scale["chunk_sizes"][0]))
         names = {
             sharding.shard_name(sharding.locate(compressed_morton_code((x, y, z), grid))[0])

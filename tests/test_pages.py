@@ -35,7 +35,8 @@ from gateway.http.pages.snippets import TOKEN_PLACEHOLDER, snippets
 from gateway.http.pages.viewer import PUBLIC_NEUROGLANCER, mixed_content_note, viewer_url
 from gateway.previews import MAX_EDGE, NoPreviewError, Previews, choose_mag, render_image, segment_colors
 from gateway.settings import Settings
-from gateway.sources.catalog import Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
 from gateway.sources.registry import SourceFormats
 from gateway_storage import StorageError, open_store
 from wkw_adapter import WkwError

@@ -23,7 +23,8 @@ from support.metrics import delta, scrape
 from support.servers import Server
 
 from gateway.previews import Previews
-from gateway.sources.catalog import Catalog, Dataset
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
 from gateway.sources.registry import SourceFormats
 from gateway_storage import FileChangedError, LocalStore
 

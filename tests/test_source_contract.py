@@ -24,10 +24,11 @@ import tensorstore as ts
 import wkw
 
 from gateway.http.errors import rule_for
+from gateway.shard_formats.neuroglancer_sharded import compressed_morton_code
 from gateway.sources.mag import ChunkNotFound, MagSource, StoredChunk, StoredEncoding
 from gateway.sources.metadata import PrecomputedSharding
 from gateway.sources.n5_source import N5MagSource
-from gateway.sources.precomputed_source import PrecomputedMagSource, Sharding, compressed_morton_code
+from gateway.sources.precomputed_source import PrecomputedMagSource, sharding_of
 from gateway.sources.properties import BoundingBox
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.sources.zarr_source import ZarrMagSource
@@ -645,7 +646,7 @@ class PrecomputedContract(ReadOnlyVoxels):
     def data_file(self, directory: Path, voxel: Vec3) -> Path:
         position = tuple(v // CHUNK for v in voxel)
         if self.sharding is not None:
-            sharding = Sharding.of(PrecomputedSharding.model_validate(self.sharding))
+            sharding = sharding_of(PrecomputedSharding.model_validate(self.sharding))
             grid = tuple(-(-e // CHUNK) for e in EXTENT)
             shard, _ = sharding.locate(compressed_morton_code(position, grid))
             return directory / sharding.shard_name(shard)

@@ -26,10 +26,17 @@ from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.batch.mesh_sets import MeshSetTask
 from gateway.batch.tasks import BlockTask
-from gateway.meshes.sharding import ShardChunk, encode_shard, sharding_document, sharding_for
 from gateway.meshes.stored import MAX_BLOCK_OUTPUT_BYTES, MeshSetBlockFailed
+from gateway.shard_formats.neuroglancer_sharded import (
+    ShardChunk,
+    Sharding,
+    encode_shard,
+    sharding_document,
+    sharding_for,
+)
+from gateway.sources import precomputed_source
 from gateway.sources.metadata import PrecomputedSharding
-from gateway.sources.precomputed_source import MAX_MINISHARD_INDEX_BYTES, Sharding
+from gateway.sources.precomputed_source import MAX_MINISHARD_INDEX_BYTES
 
 pytestmark = pytest.mark.slow  # mesh sets written and read back whole
 
@@ -117,7 +124,9 @@ def farthest_from_the_voxels(vertices: np.ndarray, labels: np.ndarray, segment: 
 
 
 def sharding_of(directory: Path) -> Sharding:
-    return Sharding.of(PrecomputedSharding.model_validate(json.loads((directory / "info").read_text())["sharding"]))
+    return precomputed_source.sharding_of(
+        PrecomputedSharding.model_validate(json.loads((directory / "info").read_text())["sharding"])
+    )
 
 
 def test_tensorstore_reads_every_manifest_of_a_written_set(copy_root: Path, on_demand: dict[int, ServedMesh]) -> None:

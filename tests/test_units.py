@@ -21,11 +21,20 @@ from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
 from gateway.http.urls import TREE_ROUTES, Level, parse_data_path
-from gateway.sources.catalog import BrokenDataset, Catalog, Dataset
+from gateway.shard_formats.sharding_indexed import (
+    EMPTY,
+    ShardIndexError,
+    ShardLayout,
+    chunk_extent,
+    decode_shard_index,
+    encode_shard_index,
+    index_nbytes,
+)
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import BrokenDataset, Dataset
 from gateway.sources.mag import ChunkNotFound
 from gateway.sources.properties import BoundingBox
 from gateway.sources.registry import SourceFormats
-from gateway.sources.shard_index import EMPTY, ShardIndexError, decode_shard_index, encode_shard_index, index_nbytes
 from gateway.sources.wkw_source import WkwMagSource
 from gateway.zarr.blosc import lz4_chunk_prefix, memcpy_chunk_prefix
 from gateway.zarr.chunks import served_mag
@@ -348,6 +357,23 @@ def test_shard_index_round_trip_and_checksum() -> None:
     with pytest.raises(ShardIndexError, match="expected 68"):
         decode_shard_index(raw[:-1], 4, True, "shard s")
     assert rule_for(ShardIndexError("x")).status == 500  # a storage fault, never a 404
+
+
+def test_a_shard_layout_places_entries_in_c_order_and_checks_them_against_the_shard() -> None:
+    layout = ShardLayout((2, 3), index_at_end=False, index_checksum=False)
+    assert [layout.position((x, y)) for x in range(2) for y in range(3)] == list(range(6))
+    assert layout.position((3, 4)) == layout.position((1, 1))  # array coordinates: the shard's own
+    coords = np.array([[1, 2], [0, 1]])
+    raw = layout.encode(coords, np.array([40, 10]), np.array([5, 30]), np.array([True, True]))
+    table = layout.decode(raw[:-4], "shard s")  # encode always adds the crc32c; this layout has none
+    assert chunk_extent(table, layout.position((1, 2)), 45, "shard s") == (40, 5)
+    assert chunk_extent(table, layout.position((0, 0)), 45, "shard s") is None
+    with pytest.raises(ShardIndexError, match="points past the end"):
+        chunk_extent(table, layout.position((1, 2)), 44, "shard s")
+    assert layout.index_offset(200, "shard s") == 0
+    assert ShardLayout((2, 3)).index_offset(200, "shard s") == 200 - (6 * 16 + 4)
+    with pytest.raises(ShardIndexError, match="smaller than its index"):
+        ShardLayout((2, 3)).index_offset(99, "shard s")
 
 
 # --- chunk keys ---------------------------------------------------------------------------------

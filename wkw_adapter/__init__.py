@@ -6,7 +6,7 @@ Bytes are read through a store of the storage kernel (:mod:`gateway_storage`).
 from .errors import BlockDecodeError, HeaderError, JumpTableError, WkwError
 from .file import StoredBlock, WkwFile, WkwFileCache, compress_block, decode_block, decompress_block
 from .header import HEADER_SIZE, BlockType, WkwHeader, lz4_bound, parse_header
-from .mag import WkwMag
+from .mag import WkwMag, read_mag_header
 from .morton import morton_decode, morton_encode, morton_grid
 from .writer import encode_file, write_mag
 
@@ -31,5 +31,6 @@ __all__ = [
     "morton_encode",
     "morton_grid",
     "parse_header",
+    "read_mag_header",
     "write_mag",
 ]

@@ -19,23 +19,17 @@ class WkwMag:
 
     ``store`` is what the mag's files are looked up in (by default the store of ``files``, the cache of
     headers and jump tables that mags share): a gateway's sources pass the anchored view of the mag
-    directory, so that a missing data file is absent only in a mag directory that is there.
+    directory, so that a missing data file is absent only in a mag directory that is there. ``header`` is
+    the mag's ``header.wkw`` where the caller read it already (through a store of its own), else read here.
     """
 
-    def __init__(self, directory: str, files: WkwFileCache, store: Store | None = None) -> None:
+    def __init__(
+        self, directory: str, files: WkwFileCache, store: Store | None = None, header: WkwHeader | None = None
+    ) -> None:
         self.directory = directory
         self.files = files
         self.store = files.store if store is None else store
-        self.header = self._read_mag_header()
-
-    def _read_mag_header(self) -> WkwHeader:
-        path = os.path.join(self.directory, "header.wkw")
-        identity = self.store.identity(path)
-        if identity is None:
-            raise HeaderError(f"{path} does not exist")
-        # 16 bytes written once when the mag is made: not held to the settle rule, so a new mag is served
-        # at once (a torn header fails to parse, and the catalog looks at a mag with problems again soon).
-        return parse_header(self.store.read(path, 0, HEADER_SIZE, identity, limit=HEADER_SIZE, settled=False))
+        self.header = read_mag_header(self.store, directory) if header is None else header
 
     def file_path(self, cube: Vec3) -> str:
         x, y, z = cube
@@ -172,6 +166,17 @@ class WkwMag:
             shape = (self.header.num_channels, side, side, side)
             return np.zeros(shape, dtype=self.header.dtype, order="F"), sources
         return decode_block(self.files.stored_block(wkw_file, index)), sources
+
+
+def read_mag_header(store: Store, directory: str) -> WkwHeader:
+    """The ``header.wkw`` of the mag ``directory``: HeaderError if there is none."""
+    path = os.path.join(directory, "header.wkw")
+    identity = store.identity(path)
+    if identity is None:
+        raise HeaderError(f"{path} does not exist")
+    # 16 bytes written once when the mag is made: not held to the settle rule, so a new mag is served
+    # at once (a torn header fails to parse, and the catalog looks at a mag with problems again soon).
+    return parse_header(store.read(path, 0, HEADER_SIZE, identity, limit=HEADER_SIZE, settled=False))
 
 
 def _cells(first: list[int], last: list[int]) -> list[Vec3]:

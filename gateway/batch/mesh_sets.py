@@ -25,7 +25,6 @@ from ..meshes.index import data_stamp
 from ..meshes.layers import LayerMeshes
 from ..meshes.segments import Segments, index_place
 from ..meshes.selection import EVERY_SEGMENT, SegmentSelection
-from ..meshes.sharding import ShardChunk, encode_shard, sharding_for
 from ..meshes.stored import (
     INFO,
     STAMP,
@@ -45,6 +44,7 @@ from ..meshes.stored import (
     set_info,
     stamp_document,
 )
+from ..shard_formats.neuroglancer_sharded import ShardChunk, encode_shard, sharding_for
 from .segment_index import SegmentLayer
 from .tasks import Block, BlockMissing, box_voxels
 

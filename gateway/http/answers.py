@@ -2,7 +2,7 @@
 
 Viewers and dask graphs ask for the same chunks again and again, while the stored files they are made of
 rarely change; making one again reads, decodes and encodes it every time. An answer is kept with the
-versions of the files it was made from (the :class:`~gateway.zarr.resource.FileVersions` its ETag covers)
+versions of the files it was made from (the :class:`~gateway.resources.FileVersions` its ETag covers)
 and handed out again only while each file is still that version: the check ETags rely on.
 
 That check is never file work on the event loop. Where the kernel reports changes of local files
@@ -26,8 +26,8 @@ import anyio
 from gateway_storage import ByteLRU, FileIdentity, StorageError, Store
 from gateway_storage.changes import Changes
 
-from ..sources.catalog import Dataset
-from ..zarr.resource import FileVersions, Resource
+from ..resources import FileVersions, Resource
+from ..sources.dataset import Dataset
 from .budget import MemoryBudget
 
 # No answer larger than this share of the budget is kept, so that a few large chunks cannot flush the many
@@ -56,12 +56,11 @@ class AnswerKey(NamedTuple):  # a tuple: hashed and compared in C, once per chun
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KeptTarget:
-    """What a chunk path answered from here names: the answer's key, the dataset it was served from (the very
-    object: a dataset loaded again is another one) and the metric label of the route."""
+    """What a chunk path answered from here names: the answer's key and the dataset it was served from (the very
+    object: a dataset loaded again is another one)."""
 
     key: AnswerKey
     dataset: Dataset
-    route: str
 
 
 class KeptTargets:

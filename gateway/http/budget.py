@@ -8,6 +8,8 @@ from typing import Protocol
 
 import anyio
 
+from gateway_storage.faults import TooLarge
+
 
 class Kept(Protocol):
     """Answers a worker keeps (the answer cache): their bytes count against the budget, and give way to work."""
@@ -18,7 +20,7 @@ class Kept(Protocol):
     def shrink_to(self, nbytes: int) -> None: ...
 
 
-class OverBudget(Exception):
+class OverBudget(TooLarge):
     """What a request would build, costed from the metadata, is more than the whole budget: a 413 with the reason,
     answered before a byte is read or allocated."""
 

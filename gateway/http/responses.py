@@ -6,7 +6,7 @@ from email.utils import formatdate, parsedate_to_datetime
 
 import anyio
 
-from ..zarr.resource import Resource
+from ..resources import Resource
 from .errors import HttpError, record
 from .messages import Answer, RawHeaders, ResponseAborted, raw_headers
 from .ranges import Unsatisfiable, parse_range

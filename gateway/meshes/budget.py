@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..settings import MESH_SECONDS
 from .errors import MeshTooLarge, MeshTooSlow
 
 # Faces between a segment's voxels and the others within one box (a level-0 window of 65 voxels per edge) that
@@ -24,10 +25,6 @@ from .errors import MeshTooLarge, MeshTooSlow
 MAX_BOX_SURFACE = 1 << 15
 MAX_TRIANGLES = 1 << 21  # per request, over every box meshed (a few MiB of Draco, 48 MiB of legacy fragment)
 MAX_VERTICES = 1 << 21
-# Meshing per request, from its first box (a scan of a layer without an index is bounded by SCAN_VOXELS, shared
-# by the requests that wait for it, and not counted): checked before each box, so one box more at most. The
-# default of the ``mesh_seconds`` setting.
-MESH_SECONDS = 60.0
 
 
 def surface_faces(mask: np.ndarray) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from gateway_storage.geometry import Vec3
 
 from ..extras import MESHES
-from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
+from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
 from .budget import MeshBudget
 from .cache import LegacyKey, MeshCache, MultiresKey, StoredKey
 from .encoding import (

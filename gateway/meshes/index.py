@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 
+from ..settings import STAMP_FILES
 from ..sources.mag import MagSource
 from .errors import MeshInputError
 from .geometry import MeshGrid, morton_key
@@ -32,13 +34,12 @@ SCAN_VOXELS = 64 << 20
 # An index file lies beside the layer, where anyone who writes datasets can put one: it is refused (a
 # storage fault) if it, or its arrays unpacked, hold more than this, rather than unpacked into memory.
 MAX_INDEX_BYTES = 1 << 30
-# The data stamp walks at most this many files and directories per mag (the default of the ``stamp_files``
-# setting): a mag of more (planted empty files) is refused with that reason rather than walked on and on.
-STAMP_FILES = 100_000
 
 
-class SegmentIndexCorrupt(OSError):
+class SegmentIndexCorrupt(Broken, OSError):
     """An index file that cannot be read as one: a storage fault (500), never a wrong answer."""
+
+    prefix = "segment index fault: "
 
 
 @dataclass(frozen=True, slots=True)

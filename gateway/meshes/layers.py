@@ -16,12 +16,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from gateway_storage import OversizedListingError
 
-from ..sources.catalog import Dataset, Layer
+from ..settings import STAMP_FILES
+from ..sources.dataset import Dataset, Layer
 from ..sources.units import meters_per_unit
 from .cache import LayerKey
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge
 from .geometry import MeshGrid
-from .index import STAMP_FILES, segment_dtype, take_stamp
+from .index import segment_dtype, take_stamp
 
 STAMP_SECONDS = 5.0  # a stamp is taken again at most this often (a rewrite is seen this long after it settled)
 STAMP_SHARE = 10  # ... and no sooner than this many times the walk took: stamps take at most a tenth of a thread

@@ -16,7 +16,7 @@ import numpy as np
 from gateway_storage import FileIdentity, LocalStore, StorageError, Store
 from wkw_adapter import WkwError
 
-from ..sources.catalog import Dataset
+from ..sources.dataset import Dataset
 from ..sources.documents import load_json
 from .cache import LargestKey, MeshCache, PropertiesKey, SegmentsKey
 from .encoding import json_bytes, segment_properties

@@ -17,13 +17,13 @@ import anyio
 from gateway_storage import StorageError, Store
 from wkw_adapter import WkwError
 
-from ..sources.catalog import Dataset
-from ..zarr.resource import Resource
-from .budget import MESH_SECONDS, MeshBudget
+from ..resources import Resource
+from ..settings import MESH_SECONDS, STAMP_FILES
+from ..sources.dataset import Dataset
+from .budget import MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
 from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshWork
-from .index import STAMP_FILES
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
 from .stored import StoredMeshes

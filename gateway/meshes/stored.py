@@ -4,7 +4,8 @@ A set is a directory beside the layer's segment index (``<layer>.meshes/`` at it
 :class:`~gateway.meshes.segments.IndexPlace`) in Neuroglancer's sharded multi-resolution format, as igneous writes it:
 
 - ``info``: ``neuroglancer_multilod_draco`` with a ``sharding`` of ``neuroglancer_uint64_sharded_v1``
-  (written by :mod:`gateway.meshes.sharding`, read as precomputed volumes' shards are), keyed by segment id;
+  (:mod:`gateway.shard_formats.neuroglancer_sharded`, read as precomputed volumes' shards are), keyed by
+  segment id;
 - ``<shard>.shard``: per segment its manifest as the chunk, its fragment data just before it;
 - ``stamp.json``, written last: the data stamp the set was made from and the size of every file above. A set
   without it is incomplete (being written, or a run that failed); a set whose stamp is not the data's is stale.
@@ -29,17 +30,18 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import FileIdentity, Store
+from gateway_storage.faults import Unavailable
 from gateway_storage.geometry import Vec3
 
+from ..shard_formats.neuroglancer_sharded import ShardChunk, ShardError, Sharding, sharding_document
 from ..sources.bounds import read_document
 from ..sources.mag import SourceError
 from ..sources.metadata import PrecomputedSharding
-from ..sources.precomputed_source import ShardError, Sharding, read_minishard_index
+from ..sources.precomputed_source import read_minishard_index, sharding_of
 from .budget import MeshBudget
 from .encoding import LevelFragments, draco_fragment, json_bytes, multires_info, multires_manifest
 from .errors import MeshTooLarge, MeshTooSlow
 from .geometry import Level, MeshGrid, morton_key
-from .sharding import ShardChunk, sharding_document
 from .surfaces import Surface, read_window, window_of, window_surface
 
 FORMAT = "zarr-gateway-mesh-set"
@@ -66,7 +68,7 @@ class MeshSetCorrupt(ShardError):
     """A stored mesh set whose files are not of its format, or not those its stamp lists: a storage fault."""
 
 
-class MeshSetBlockFailed(RuntimeError):
+class MeshSetBlockFailed(Unavailable, RuntimeError):
     """A block of a mesh set could not be made; the message names the block and the reason."""
 
 
@@ -452,7 +454,7 @@ class StoredMeshes:
         if info.get("@type") != "neuroglancer_multilod_draco":
             raise MeshSetCorrupt(f"{self.store.relative(info_path)} is not a neuroglancer_multilod_draco info")
         try:
-            sharding = Sharding.of(PrecomputedSharding.model_validate(info.get("sharding")))
+            sharding = sharding_of(PrecomputedSharding.model_validate(info.get("sharding")))
         except (ValueError, SourceError) as exc:
             raise MeshSetCorrupt(f"{self.store.relative(info_path)}: its sharding is not one: {exc}") from None
         if sharding.data_gzip:

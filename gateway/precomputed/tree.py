@@ -20,12 +20,12 @@ from ..extras import MESHES, MissingExtraError
 from ..meshes.errors import MeshInputError, MeshNotFound
 from ..meshes.formats import PROPERTIES_DIRECTORY, PROPERTIES_INFO
 from ..meshes.service import MeshService
-from ..sources.catalog import Dataset, Layer
+from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
+from ..sources.dataset import Dataset, Layer
 from ..sources.mag import ChunkNotFound, MagSource
 from ..sources.metadata import PrecomputedDataType
 from ..sources.paths import is_safe_segment
 from ..zarr.keys import MalformedKey
-from ..zarr.resource import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
 from ..zarr.trees import NodeNotFound
 from .encodings import GZIP_CODING, ChunkEncoding, accepts_gzip, encoding_for, gzip_body, has_compressed_segmentation
 from .info import Scale, VolumeInfo, render_info

@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import AnchoredStore, FileIdentity, FileSource, Store
+from gateway_storage.faults import Absent, Malformed
 from gateway_storage.geometry import Box, Vec3
 from gateway_storage.identity import ListedFile
 
 from .properties import BoundingBox
 
 
-class ChunkNotFound(LookupError):
+class ChunkNotFound(Absent, LookupError):
     """A chunk or shard that is absent by design (outside the bounding box, past the grid, not stored): a 404."""
 
 
-class SourceError(ValueError):
+class SourceError(Malformed, ValueError):
     """A mag the gateway cannot serve (its metadata is wrong or unsupported); the message is the reason shown."""
 
 
@@ -115,16 +116,19 @@ class MagSource:
     location: str  # where the data lives
     root: str  # the data root ``location`` lies in
 
-    def _locate(self, storage: Store, directory: str) -> None:
+    def _locate(self, storage: Store, directory: str, through: Store | None = None) -> Store:
         """Where the mag's files lie: ``directory`` in ``storage``, below the root replicas name paths from.
 
         Every byte of the mag is read through an :class:`AnchoredStore` of its directory: a file below it
         is absent (its chunk reads as the fill value) only while the directory is there, so a volume that
         went or a mag directory that was deleted is a storage fault for every format, however it reads.
+        Returns the anchored view that opening the mag reads its metadata through: ``through`` (the catalog's
+        recorder of what a load looked at) where given, so that chunk reads later go straight to ``storage``.
         """
         self.storage = AnchoredStore(storage, directory)
         self.location = directory
         self.root = storage.root_of(directory)
+        return self.storage if through is None else AnchoredStore(through, directory)
 
     def absent(self, what: str = "chunk") -> ChunkNotFound:
         """A chunk absent by the format's rules: raised once the anchored store has found the file missing

@@ -26,16 +26,17 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
 from ..extras import MAPPINGS
+from ..shard_formats.sharding_indexed import chunk_extent
 from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import MemoryDecoder
 from .documents import load_json
 from .mag import MagSource, SourceError
 from .metadata import ZarrArray, parse_zarr_json
-from .shard_index import decode_shard_index, is_absent
 
 SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
 AGGLOMERATES = "agglomerates"
@@ -54,7 +55,7 @@ MAX_JSON_VALUES = 2_000_000
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
-class MappingUnreadable(OSError):
+class MappingUnreadable(Broken, OSError):
     """A mapping that was usable when its layer was loaded and cannot be read now (rewritten into something
     else, truncated): a storage fault of the mapped layer's chunks (500), never absent data."""
 
@@ -128,8 +129,10 @@ class Mapping(ABC):
         mapped = np.repeat(values[inverse], lengths) if flat.size else values[inverse]
         return mapped.reshape(data.shape, order="F"), sources
 
-    def _identity(self, path: str) -> FileIdentity:
-        identity = self.store.identity(path)
+    def _identity(self, path: str, through: Store | None = None) -> FileIdentity:
+        """The file's current identity, looked up through ``through`` where given (the catalog's recorder: a
+        rewrite of the version opened makes the next look load the layer again), else the mapping's store."""
+        identity = (through or self.store).identity(path)
         if identity is None:
             raise MappingUnreadable(f"mapping {self.store.relative(path)} is gone")
         return identity
@@ -244,10 +247,10 @@ class _Opened:
 class Hdf5Mapping(Mapping):
     kind = "hdf5"
 
-    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], through: Store | None = None) -> None:
         super().__init__(store, found, pieces)
         MAPPINGS.require(f"the HDF5 mapping {found.name!r}")
-        self._opened = self._open(self._identity(found.path))
+        self._opened = self._open(self._identity(found.path, through))
         self.dtype = self._opened.dtype
 
     def _open(self, identity: FileIdentity) -> _Opened:
@@ -411,14 +414,16 @@ class ZarrVector:
     webKnossos writes them sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
     its shard's index, never the shard."""
 
-    def __init__(self, store: Store, group: str, name: str, pieces: ByteLRU[np.ndarray], key: str) -> None:
+    def __init__(
+        self, store: Store, group: str, name: str, pieces: ByteLRU[np.ndarray], key: str, through: Store | None = None
+    ) -> None:
         self.store = store
         self.pieces = pieces
         self.key = f"{key}/{name}"
         self.path = store.join(group, name)
         self.metadata_path = store.join(self.path, "zarr.json")
         where = f"agglomerate group {key}"
-        located = read_document(store, self.metadata_path, f"{where}: {name}/zarr.json")
+        located = read_document(through or store, self.metadata_path, f"{where}: {name}/zarr.json")
         if located is None:
             raise SourceError(f"{where} holds no array {name!r} (no {name}/zarr.json)")
         document, self.metadata_identity = located
@@ -499,20 +504,16 @@ class ZarrVector:
             return self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
         size = self.sharding.index_size
         index_key = (self.key, path, identity.version, "index")
+        where = self.store.relative(path)
         table = self.pieces.get(index_key)
         if table is None:
-            if identity.size < size:
-                raise MappingUnreadable(f"{self.store.relative(path)}: the shard is smaller than its index")
-            at = identity.size - size if self.sharding.index_at_end else 0
-            raw = self.store.read(path, at, size, identity, limit=size)
-            where = self.store.relative(path)
-            table = decode_shard_index(raw, self.sharding.chunks, self.sharding.index_checksum, where)
+            raw = self.store.read(path, self.sharding.index_offset(identity.size, where), size, identity, limit=size)
+            table = self.sharding.decode(raw, where)
             self.pieces.put(index_key, table, table.nbytes)
-        offset, nbytes = (int(v) for v in table[number % self.sharding.chunks_per_shard[0]])
-        if is_absent(offset, nbytes):
+        extent = chunk_extent(table, self.sharding.position((number,)), identity.size, where)
+        if extent is None:
             return None
-        if offset + nbytes > identity.size:
-            raise MappingUnreadable(f"{self.store.relative(path)}: the shard index points past the end of the shard")
+        offset, nbytes = extent
         return self.store.read(path, offset, nbytes, identity, limit=self._stored_limit)
 
 
@@ -522,9 +523,9 @@ class ZarrMapping(Mapping):
 
     kind = "zarr"
 
-    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray]) -> None:
+    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], through: Store | None = None) -> None:
         super().__init__(store, found, pieces)
-        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key)
+        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through)
         self.dtype = self.table.dtype
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
@@ -562,10 +563,17 @@ class JsonMapping(Mapping):
 
     kind = "json"
 
-    def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], source_dtype: np.dtype) -> None:
+    def __init__(
+        self,
+        store: Store,
+        found: Found,
+        pieces: ByteLRU[np.ndarray],
+        source_dtype: np.dtype,
+        through: Store | None = None,
+    ) -> None:
         super().__init__(store, found, pieces)
         self.dtype = source_dtype
-        identity = self._identity(found.path)
+        identity = self._identity(found.path, through)
         self._parsed = (identity, *self._parse(identity))
 
     def _parse(self, identity: FileIdentity) -> tuple[np.ndarray, np.ndarray]:
@@ -707,47 +715,52 @@ class Mappings:
         self.store = store
         self.pieces: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
 
-    def find(self, layer_directory: str) -> list[Found]:
+    def find(self, layer_directory: str, through: Store | None = None) -> list[Found]:
         """Every mapping beside a layer, by name: HDF5 files and Zarr groups in ``agglomerates/``, JSON files
-        in ``mappings/``. Raises OversizedListingError for a folder of more than MAX_LISTED entries."""
+        in ``mappings/``, looked up through ``through`` where given (the catalog's recorder of a load). Raises
+        OversizedListingError for a folder of more than MAX_LISTED entries."""
+        store = through or self.store
         found: list[Found] = []
-        agglomerates = self.store.join(layer_directory, AGGLOMERATES)
-        if not self._inside(agglomerates):
+        agglomerates = store.join(layer_directory, AGGLOMERATES)
+        if not self._inside(store, agglomerates):
             agglomerates = ""  # a folder symlinked out of the root is not listed: its names are not the data's
-        for entry in self._top_files(agglomerates):
+        for entry in self._top_files(store, agglomerates):
             for suffix in HDF5_SUFFIXES:
                 if entry.endswith(suffix):
-                    found.append(Found(entry.removesuffix(suffix), "hdf5", self.store.join(agglomerates, entry)))
-        for name in self.store.list_directories(agglomerates) if agglomerates else []:
-            path = self.store.join(agglomerates, name)
-            if self.store.identity(self.store.join(path, "zarr.json")) is not None:
+                    found.append(Found(entry.removesuffix(suffix), "hdf5", store.join(agglomerates, entry)))
+        for name in store.list_directories(agglomerates) if agglomerates else []:
+            path = store.join(agglomerates, name)
+            if store.identity(store.join(path, "zarr.json")) is not None:
                 found.append(Found(name, "zarr", path))
-        mappings = self.store.join(layer_directory, JSON_MAPPINGS)
-        for entry in self._top_files(mappings if self._inside(mappings) else ""):
+        mappings = store.join(layer_directory, JSON_MAPPINGS)
+        for entry in self._top_files(store, mappings if self._inside(store, mappings) else ""):
             if entry.endswith(".json"):
-                found.append(Found(entry.removesuffix(".json"), "json", self.store.join(mappings, entry)))
+                found.append(Found(entry.removesuffix(".json"), "json", store.join(mappings, entry)))
         return sorted(found, key=lambda f: (f.name, f.kind))
 
-    def _inside(self, directory: str) -> bool:
+    @staticmethod
+    def _inside(store: Store, directory: str) -> bool:
         try:
-            return self.store.resolve(directory) is not None
+            return store.resolve(directory) is not None
         except ValueError:  # a name no file can have
             return False
 
-    def _top_files(self, directory: str) -> list[str]:
-        if not directory or not self.store.is_directory(directory):
+    @staticmethod
+    def _top_files(store: Store, directory: str) -> list[str]:
+        if not directory or not store.is_directory(directory):
             return []
-        listed = self.store.list_files(directory, MAX_LISTED) or []
+        listed = store.list_files(directory, MAX_LISTED) or []
         return [entry.path for entry in listed if "/" not in entry.path]
 
-    def open(self, found: Found, source_dtype: np.dtype) -> Mapping:
-        """The mapping, checked; SourceError (or MissingExtraError) with the reason it cannot be served."""
+    def open(self, found: Found, source_dtype: np.dtype, through: Store | None = None) -> Mapping:
+        """The mapping, checked; SourceError (or MissingExtraError) with the reason it cannot be served. Opening
+        looks its files up through ``through`` where given (the catalog's recorder of a load)."""
         if not PLAIN_MAPPING_NAME.fullmatch(found.name):
             raise SourceError(
                 f"mapping name {found.name!r} is not served: a layer name holds letters, digits, '.', '_' and '-' only"
             )
         if found.kind == "hdf5":
-            return Hdf5Mapping(self.store, found, self.pieces)
+            return Hdf5Mapping(self.store, found, self.pieces, through)
         if found.kind == "zarr":
-            return ZarrMapping(self.store, found, self.pieces)
-        return JsonMapping(self.store, found, self.pieces, source_dtype)
+            return ZarrMapping(self.store, found, self.pieces, through)
+        return JsonMapping(self.store, found, self.pieces, source_dtype, through)

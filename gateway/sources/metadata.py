@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..shard_formats.sharding_indexed import ShardLayout
 from .mag import SourceError
 from .properties import MAX_EXTENT
-from .shard_index import index_nbytes
 
 Extent = Annotated[int, Field(strict=True, ge=0, le=MAX_EXTENT)]
 Edge = Annotated[int, Field(strict=True, ge=1, le=MAX_EXTENT)]
@@ -116,23 +116,6 @@ class ZarrJsonDocument(_Model):
 
 
 @dataclass(frozen=True, slots=True)
-class Sharding:
-    """A v3 array's ``sharding_indexed``: inner chunks per shard and where its index lies."""
-
-    chunks_per_shard: tuple[int, ...]  # source dims
-    index_at_end: bool
-    index_checksum: bool
-
-    @property
-    def chunks(self) -> int:
-        return int(np.prod(self.chunks_per_shard, dtype=object))
-
-    @property
-    def index_size(self) -> int:
-        return index_nbytes(self.chunks, self.index_checksum)
-
-
-@dataclass(frozen=True, slots=True)
 class ZarrArray:
     """What a Zarr source serves from, decided once from its metadata document."""
 
@@ -148,7 +131,7 @@ class ZarrArray:
     key_prefix: str  # "c" in v3's default chunk keys
     v2_compressor: dict[str, Any] | None
     v3_codecs: tuple[dict[str, Any], ...]  # bytes-to-bytes codecs of a (inner) chunk
-    sharding: Sharding | None
+    sharding: ShardLayout | None
     dimension_names: tuple[str | None, ...] | None
 
     @property
@@ -280,7 +263,7 @@ def parse_zarr_json(document: dict[str, Any]) -> ZarrArray:
             raise SourceError(f"shard index codecs {index_codecs} are not supported")
         if len(inner) != rank or any(s % c for s, c in zip(chunks, inner)):
             raise SourceError("the shard shape is not a multiple of the inner chunk shape")
-        sharding = Sharding(
+        sharding = ShardLayout(
             tuple(s // c for s, c in zip(chunks, inner)), config.index_location == "end", "crc32c" in index_codecs
         )
         codecs = config.codecs

@@ -75,10 +75,16 @@ class N5MagSource(MagSource):
     kind = "n5"
 
     def __init__(
-        self, mag: Vec3, storage: Store, directory: str, bbox: BoundingBox, axis_order: dict[str, int] | None
+        self,
+        mag: Vec3,
+        storage: Store,
+        directory: str,
+        bbox: BoundingBox,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
     ) -> None:
-        self._locate(storage, directory)
-        found = read_document(storage, storage.join(directory, ATTRIBUTES), ATTRIBUTES)
+        opening = self._locate(storage, directory, through)
+        found = read_document(opening, opening.join(directory, ATTRIBUTES), ATTRIBUTES)
         if found is None:
             raise SourceError(f"no N5 dataset ({ATTRIBUTES}) at {self.location_key}")
         document = found[0]
@@ -213,11 +219,18 @@ class N5Format(SourceFormat):
     data_formats = ("n5",)
     cache_weight = 0
 
-    def holds_mag(self, directory: str) -> bool:
-        return self._holds_file(directory, ATTRIBUTES)
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        return self._holds_file(directory, ATTRIBUTES, through)
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return N5MagSource(mag, self.store, directory, layer.bounding_box, axis_order, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

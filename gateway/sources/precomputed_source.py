@@ -16,7 +16,6 @@ memory as the chunks of an unsharded copy of the scale.
 import itertools
 import json
 import zlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,12 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
+from ..shard_formats.neuroglancer_sharded import (
+    MINISHARD_ENTRY_BYTES,
+    SHARD_INDEX_ENTRY_BYTES,
+    Sharding,
+    compressed_morton_code,
+)
 from .bounds import (
     MAX_CHUNKS_PER_SHARD,
     check_chunk_bytes,
@@ -43,98 +48,24 @@ INFO = "info"  # every precomputed volume directory holds one
 # A shard index holds 16 bytes per minishard, and a minishard index 24 bytes per chunk: bounded as a Zarr
 # shard index is (``MAX_CHUNKS_PER_SHARD``).
 _MAX_MINISHARD_BITS = (MAX_CHUNKS_PER_SHARD - 1).bit_length()
-MAX_MINISHARD_INDEX_BYTES = 24 * MAX_CHUNKS_PER_SHARD
+MAX_MINISHARD_INDEX_BYTES = MINISHARD_ENTRY_BYTES * MAX_CHUNKS_PER_SHARD
 
 
-class ShardError(OSError):
-    """A shard whose index cannot be right: a storage fault, answered 5xx."""
-
-
-def compressed_morton_code(position: tuple[int, ...], grid_shape: tuple[int, ...]) -> int:
-    """A chunk's id in a sharded volume: the bits of its grid position interleaved (x first), each dimension
-    contributing only as many bits as its grid needs."""
-    bits = [max(0, (g - 1).bit_length()) for g in grid_shape]
-    code, out_bit = 0, 0
-    for bit in range(max(bits, default=0)):
-        for d, p in enumerate(position):
-            if bit < bits[d]:
-                code |= ((p >> bit) & 1) << out_bit
-                out_bit += 1
-    return code
-
-
-def _rotl32(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-
-def _fmix32(h: int) -> int:
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
-
-
-def murmurhash3_x86_128_low64(key: int) -> int:
-    """The low 64 bits of MurmurHash3_x86_128 (seed 0) of ``key`` as 8 little-endian bytes: the sharded
-    format's ``murmurhash3_x86_128`` hash. Eight bytes are all tail: two 32-bit lanes, no full block."""
-    c1, c2, c3 = 0x239B961B, 0xAB0E9789, 0x38B34AE5
-    k1, k2 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
-    k2 = (_rotl32((k2 * c2) & 0xFFFFFFFF, 16) * c3) & 0xFFFFFFFF
-    h2 = k2
-    k1 = (_rotl32((k1 * c1) & 0xFFFFFFFF, 15) * c2) & 0xFFFFFFFF
-    h1 = k1
-    h1, h2, h3, h4 = h1 ^ 8, h2 ^ 8, 8, 8
-    h1 = (h1 + h2 + h3 + h4) & 0xFFFFFFFF
-    h2, h3, h4 = (h2 + h1) & 0xFFFFFFFF, (h3 + h1) & 0xFFFFFFFF, (h4 + h1) & 0xFFFFFFFF
-    h1, h2, h3, h4 = _fmix32(h1), _fmix32(h2), _fmix32(h3), _fmix32(h4)
-    h1 = (h1 + h2 + h3 + h4) & 0xFFFFFFFF
-    h2 = (h2 + h1) & 0xFFFFFFFF
-    return h1 | (h2 << 32)
-
-
-@dataclass(frozen=True, slots=True)
-class Sharding:
-    """A scale's ``neuroglancer_uint64_sharded_v1`` sharding: which shard and minishard hold a chunk id."""
-
-    preshift_bits: int
-    hash: str
-    minishard_bits: int
-    shard_bits: int
-    minishard_index_gzip: bool
-    data_gzip: bool
-
-    @classmethod
-    def of(cls, spec: PrecomputedSharding) -> "Sharding":
-        """The sharding an ``info`` states, if its index is within the bounds (``MAX_CHUNKS_PER_SHARD``)."""
-        if spec.minishard_bits > _MAX_MINISHARD_BITS:
-            raise SourceError(
-                f"{INFO}: sharding minishard_bits {spec.minishard_bits} is more than {_MAX_MINISHARD_BITS} "
-                f"(a shard index of {16 << spec.minishard_bits} bytes)"
-            )
-        return cls(
-            spec.preshift_bits,
-            spec.hash,
-            spec.minishard_bits,
-            spec.shard_bits,
-            spec.minishard_index_encoding == "gzip",
-            spec.data_encoding == "gzip",
+def sharding_of(spec: PrecomputedSharding) -> Sharding:
+    """The sharding an ``info`` states, if its index is within the bounds (``MAX_CHUNKS_PER_SHARD``)."""
+    if spec.minishard_bits > _MAX_MINISHARD_BITS:
+        raise SourceError(
+            f"{INFO}: sharding minishard_bits {spec.minishard_bits} is more than {_MAX_MINISHARD_BITS} "
+            f"(a shard index of {SHARD_INDEX_ENTRY_BYTES << spec.minishard_bits} bytes)"
         )
-
-    def locate(self, chunk_id: int) -> tuple[int, int]:
-        """(shard, minishard) of a chunk id."""
-        shifted = chunk_id >> self.preshift_bits
-        hashed = shifted if self.hash == "identity" else murmurhash3_x86_128_low64(shifted)
-        minishard = hashed & ((1 << self.minishard_bits) - 1)
-        shard = (hashed >> self.minishard_bits) & ((1 << self.shard_bits) - 1)
-        return shard, minishard
-
-    def shard_name(self, shard: int) -> str:
-        return f"{shard:0{-(-self.shard_bits // 4)}x}.shard"
-
-    @property
-    def index_bytes(self) -> int:
-        return 16 << self.minishard_bits
+    return Sharding(
+        spec.preshift_bits,
+        spec.hash,
+        spec.minishard_bits,
+        spec.shard_bits,
+        spec.minishard_index_encoding == "gzip",
+        spec.data_encoding == "gzip",
+    )
 
 
 def _gunzip(data: bytes, limit: int, what: str) -> bytes:
@@ -164,11 +95,13 @@ class PrecomputedMagSource(MagSource):
         directory: str,
         bbox: BoundingBox,
         minishards: ByteLRU[dict[int, tuple[int, int]]],
+        through: Store | None = None,
     ) -> None:
         self._locate(storage, directory)
         self.minishards = minishards
         volume, _, self.key = directory.rstrip("/").rpartition("/")
-        found = read_document(storage, storage.join(volume, INFO), INFO)
+        opening = through or storage  # the info lies above the mag directory
+        found = read_document(opening, opening.join(volume, INFO), INFO)
         if found is None:
             raise SourceError(f"no precomputed volume ({INFO}) above {self.location_key}")
         with malformed_metadata(INFO):
@@ -185,7 +118,7 @@ class PrecomputedMagSource(MagSource):
         self._chunk_bytes = check_chunk_bytes((channels, *self.chunk_size), dtype.itemsize, f"{INFO}: a chunk")
         self._stored_limit = stored_limit(self._chunk_bytes)
         self.grid_shape = tuple(-(-s // c) for s, c in zip(self.size, self.chunk_size))
-        self.sharding = None if scale.sharding is None else Sharding.of(scale.sharding)
+        self.sharding = None if scale.sharding is None else sharding_of(scale.sharding)
         super().__init__(mag, bbox, dtype, channels)
         unsharded = {k: v for k, v in scale.model_dump(by_alias=True).items() if k != "sharding"}
         unsharded["chunk_sizes"] = [list(self.chunk_size)]
@@ -301,32 +234,15 @@ def read_minishard_index(
     """Chunk id to (offset in the shard file, size) of one minishard of the shard file ``path`` (that version),
     every offset checked against the file and the index bounded (``MAX_MINISHARD_INDEX_BYTES``, stored and
     inflated): precomputed scales and stored mesh sets read their shards through this."""
-    index_end = sharding.index_bytes
-    if identity.size < index_end:
-        raise ShardError(f"{where}: the shard is shorter than its index")
-    entry = np.frombuffer(storage.read(path, 16 * minishard, 16, identity, limit=16), dtype="<u8")
-    start, end = int(entry[0]), int(entry[1])
-    table: dict[int, tuple[int, int]] = {}
-    if end > start:
-        if index_end + end > identity.size:
-            raise ShardError(f"{where}: minishard {minishard} ends past the end of the shard")
-        raw = storage.read(path, index_end + start, end - start, identity, limit=MAX_MINISHARD_INDEX_BYTES)
-        if sharding.minishard_index_gzip:
-            raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
-        if len(raw) % 24:
-            raise ShardError(f"{where}: minishard index {minishard} has {len(raw)} bytes, not a multiple of 24")
-        columns = np.frombuffer(raw, dtype="<u8").reshape(3, -1).astype(object)  # Python ints: no overflow
-        ids = np.cumsum(columns[0])
-        sizes = columns[2]
-        starts = np.cumsum(columns[1] + np.concatenate([[0], sizes[:-1]]))
-        for chunk_id, chunk_start, size in zip(ids, starts, sizes):
-            offset = index_end + int(chunk_start)
-            if offset + int(size) > identity.size:
-                raise ShardError(f"{where}: minishard {minishard} points past the end of the shard")
-            table[int(chunk_id)] = (offset, int(size))
-    elif end < start:
-        raise ShardError(f"{where}: minishard {minishard} ends before it starts")
-    return table
+    at = sharding.entry_offset(minishard, identity.size, where)
+    entry = storage.read(path, at, SHARD_INDEX_ENTRY_BYTES, identity, limit=SHARD_INDEX_ENTRY_BYTES)
+    span = sharding.minishard_span(entry, minishard, identity.size, where)
+    if span is None:
+        return {}
+    raw = storage.read(path, *span, identity, limit=MAX_MINISHARD_INDEX_BYTES)
+    if sharding.minishard_index_gzip:
+        raw = _gunzip(raw, MAX_MINISHARD_INDEX_BYTES, f"{where}: minishard index {minishard}")
+    return sharding.decode_minishard_index(raw, minishard, identity.size, where)
 
 
 class PrecomputedFormat(SourceFormat):
@@ -339,11 +255,18 @@ class PrecomputedFormat(SourceFormat):
         super().__init__(store, cache_bytes)
         self.minishards: ByteLRU[dict[int, tuple[int, int]]] = ByteLRU(cache_bytes)
 
-    def holds_mag(self, directory: str) -> bool:
-        return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO)  # the volume's info
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        return self._holds_file(directory.rstrip("/").rpartition("/")[0], INFO, through)  # the volume's info
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return PrecomputedMagSource(mag, self.store, directory, layer.bounding_box, self.minishards, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

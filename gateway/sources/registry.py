@@ -7,7 +7,6 @@ from .formats import SourceFormat
 from .mappings import Mappings
 from .n5_source import N5Format
 from .precomputed_source import PrecomputedFormat
-from .watched import WatchedStore
 from .wkw_source import WkwFormat
 from .zarr_source import ZarrFormat
 
@@ -19,11 +18,11 @@ FORMATS: tuple[type[SourceFormat], ...] = (WkwFormat, ZarrFormat, N5Format, Prec
 class SourceFormats:
     """The formats of one store, each given its share (``cache_weight``) of ``cache_bytes`` for its caches.
 
-    They read through one :class:`WatchedStore`, so that the catalog knows what loading a dataset looked at.
+    Their mags read through ``store`` itself; a catalog load hands them the view it looks through.
     """
 
     def __init__(self, store: Store, cache_bytes: int, kinds: tuple[type[SourceFormat], ...] = FORMATS) -> None:
-        self.store = WatchedStore(store)
+        self.store = store
         weights = sum(kind.cache_weight for kind in kinds) + MAPPING_CACHE_WEIGHT
         formats = [kind(self.store, cache_bytes * kind.cache_weight // weights) for kind in kinds]
         self.mappings = Mappings(self.store, cache_bytes * MAPPING_CACHE_WEIGHT // weights)

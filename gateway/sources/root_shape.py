@@ -7,7 +7,7 @@ mistaken setting. Start-up and the start page say so instead.
 
 from gateway_storage import Store
 
-from .catalog import PROPERTIES
+from .discovery import PROPERTIES
 
 LOOKED_AT = 8  # organizations asked about at most: the question must stay cheap on a root of thousands
 

@@ -7,12 +7,9 @@ symlinks it looked up: the identities of those, taken again, tell whether loadin
 anything new (a volume mounted, a symlink repaired, a header fixed, an upload finished).
 """
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gateway_storage import FileIdentity, ListedFile, OutsideRootError, Store
+from gateway_storage import FileIdentity, OutsideRootError, Store, WrapperStore
 
 _OUTSIDE = "<outside>"  # a file that lies outside the roots (or its dataset's directory): the same until it moves
 
@@ -42,61 +39,21 @@ def _version(store: Store, path: str) -> str | None:
     return None if identity is None else identity.version
 
 
-class WatchedStore(Store):
-    """``inner``, noting for a thread inside :meth:`watching` what it looks up; otherwise just ``inner``."""
+class WatchedStore(WrapperStore):
+    """``inner``, noting in ``observed`` what it is asked: the view one catalog load looks through, made for that
+    load and dropped with it (the mags it opens keep ``inner``, so their chunk reads never pass here)."""
 
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.root = inner.root
-        self.is_local = inner.is_local
-        self._local = threading.local()
-
-    @contextmanager
-    def watching(self) -> Iterator[Observed]:
-        """What this thread looks up through the store until the block ends (the first version seen of each);
-        a block inside another's tells the outer one too."""
-        observed, before = Observed(), getattr(self._local, "observed", None)
-        self._local.observed = observed
-        try:
-            yield observed
-        finally:
-            self._local.observed = before
-            if before is not None:
-                for seen, outer in (
-                    (observed.files, before.files),
-                    (observed.directories, before.directories),
-                    (observed.resolutions, before.resolutions),
-                ):
-                    for path, value in seen.items():
-                        outer.setdefault(path, value)
-
-    def _observed(self) -> Observed | None:
-        observed: Observed | None = getattr(self._local, "observed", None)
-        return observed
+    def __init__(self, inner: Store, observed: Observed) -> None:
+        super().__init__(inner)
+        self.observed = observed
 
     def _note(self, path: str, version: str | None) -> None:
-        observed = self._observed()
-        if observed is not None:
-            observed.files.setdefault(path, version)
-
-    def join(self, base: str, *parts: str) -> str:
-        return self.inner.join(base, *parts)
+        self.observed.files.setdefault(path, version)
 
     def resolve(self, path: str) -> str | None:
         resolved = self.inner.resolve(path)
-        observed = self._observed()
-        if observed is not None:
-            observed.resolutions.setdefault(path, resolved)
+        self.observed.resolutions.setdefault(path, resolved)
         return resolved
-
-    def root_of(self, path: str) -> str:
-        return self.inner.root_of(path)
-
-    def locate(self, location: str) -> str | None:
-        return self.inner.locate(location)
-
-    def relative(self, path: str) -> str:
-        return self.inner.relative(path)
 
     def identity(self, path: str) -> FileIdentity | None:
         try:
@@ -120,24 +77,7 @@ class WatchedStore(Store):
         self._note(path, None if found is None else found[1].version)
         return found
 
-    def require_directory(self, path: str) -> None:
-        self.inner.require_directory(path)
-
-    def list_directories(self, path: str) -> list[str]:
-        return self.inner.list_directories(path)
-
-    def write(self, path: str, data: bytes) -> None:
-        self.inner.write(path, data)
-
-    def delete(self, path: str) -> None:
-        self.inner.delete(path)
-
-    def list_files(self, path: str, limit: int) -> list[ListedFile] | None:
-        return self.inner.list_files(path, limit)
-
     def is_directory(self, path: str) -> bool:
         found = self.inner.is_directory(path)
-        observed = self._observed()
-        if observed is not None:
-            observed.directories.setdefault(path, found)
+        self.observed.directories.setdefault(path, found)
         return found

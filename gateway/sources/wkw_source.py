@@ -7,7 +7,7 @@ import numpy as np
 from gateway_storage import FileSource, Store, TruncatedFileError
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
-from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid
+from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid, read_mag_header
 
 from .formats import SourceFormat
 from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding
@@ -48,9 +48,11 @@ class WkwMagSource(MagSource):
 
     kind = "wkw"
 
-    def __init__(self, mag: Vec3, directory: str, bbox: BoundingBox, files: WkwFileCache) -> None:
-        self._locate(files.store, directory)
-        self.wkw = WkwMag(directory, files, self.storage)
+    def __init__(
+        self, mag: Vec3, directory: str, bbox: BoundingBox, files: WkwFileCache, through: Store | None = None
+    ) -> None:
+        opening = self._locate(files.store, directory, through)
+        self.wkw = WkwMag(directory, files, self.storage, read_mag_header(opening, directory))
         header = self.wkw.header
         check_geometry(header, "header.wkw")  # data files must match it (WkwMag checks each one)
         super().__init__(mag, bbox, header.dtype, header.num_channels)
@@ -155,11 +157,18 @@ class WkwFormat(SourceFormat):
         super().__init__(store, cache_bytes)
         self.files = WkwFileCache(store, max_bytes=cache_bytes)
 
-    def holds_mag(self, directory: str) -> bool:
-        return self._holds_file(directory, MARKER)
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        return self._holds_file(directory, MARKER, through)
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return WkwMagSource(mag, directory, layer.bounding_box, self.files)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return WkwMagSource(mag, directory, layer.bounding_box, self.files, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

@@ -11,6 +11,7 @@ from gateway_storage import ByteLRU, FileIdentity, FileSource, Store
 from gateway_storage.cache import CacheCounts
 from gateway_storage.geometry import Vec3
 
+from ..shard_formats.sharding_indexed import chunk_extent
 from .axes import AxisMap, axis_names
 from .bounds import (
     MAX_CHUNKS_PER_SHARD,
@@ -26,7 +27,6 @@ from .formats import SourceFormat
 from .mag import ChunkNotFound, MagSource, NativeEncoding, SourceError, StoredChunk, StoredEncoding
 from .metadata import ZarrArray, parse_zarr_json, parse_zarray
 from .properties import BoundingBox, DataLayer
-from .shard_index import decode_shard_index, is_absent
 
 
 class ZarrMagSource(MagSource):
@@ -42,10 +42,11 @@ class ZarrMagSource(MagSource):
         bbox: BoundingBox,
         axis_order: dict[str, int] | None,
         index_cache: ByteLRU[np.ndarray],
+        through: Store | None = None,
     ) -> None:
-        self._locate(storage, directory)
+        opening = self._locate(storage, directory, through)
         self.index_cache = index_cache
-        document, self.version, array = self._read_metadata(directory)
+        document, self.version, array = self._read_metadata(opening, directory)
         with malformed_metadata("Zarr metadata"):  # the models check every field; this confines anything else
             self._open(mag, bbox, axis_order, document, array)
 
@@ -84,9 +85,10 @@ class ZarrMagSource(MagSource):
         driver = "zarr3" if self.zarr_format == 3 else "zarr"
         self._decoder = MemoryDecoder({"driver": driver}, {name: metadata}, self.location_key)
 
-    def _read_metadata(self, directory: str) -> tuple[dict[str, Any], str, ZarrArray]:
+    @staticmethod
+    def _read_metadata(opening: Store, directory: str) -> tuple[dict[str, Any], str, ZarrArray]:
         for name, parse in (("zarr.json", parse_zarr_json), (".zarray", parse_zarray)):
-            found = read_document(self.storage, self.storage.join(directory, name), name)
+            found = read_document(opening, opening.join(directory, name), name)
             if found is not None:
                 document, identity = found
                 return document, identity.version, parse(document)
@@ -129,10 +131,8 @@ class ZarrMagSource(MagSource):
         sharding = self.sharding
         assert sharding is not None
         size = sharding.index_size
-        if identity.size < size:
-            raise OSError(f"{path}: shard is smaller than its index")
-        raw = self.storage.read(path, identity.size - size if sharding.index_at_end else 0, size, identity, limit=size)
-        table = decode_shard_index(raw, sharding.chunks, sharding.index_checksum, path)
+        raw = self.storage.read(path, sharding.index_offset(identity.size, path), size, identity, limit=size)
+        table = sharding.decode(raw, path)
         self.index_cache.put(key, table, table.nbytes + 128)
         return table
 
@@ -176,17 +176,15 @@ class ZarrMagSource(MagSource):
             if found is None:
                 return None
             return self._checked(found[0], self.relative(path)), self.relative(path), found[1]
-        cps = self.sharding.chunks_per_shard
         identity = shards[path] if shards is not None and path in shards else self.storage.identity(path)
         if identity is None:
             return None
         index_table = self._shard_index(path, identity)
-        position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(coords, cps)), cps))
-        offset, nbytes = (int(v) for v in index_table[position])
-        if is_absent(offset, nbytes):
+        where = self.relative(path)
+        extent = chunk_extent(index_table, self.sharding.position(coords), identity.size, where)
+        if extent is None:
             return None
-        if offset + nbytes > identity.size:
-            raise OSError(f"{self.relative(path)}: shard index points past the end of the shard")
+        offset, nbytes = extent
         origin = f"{self.relative(path)}@{offset}"
         data = self.storage.read(path, offset, nbytes, identity, limit=self._stored_limit)
         return self._checked(data, origin), origin, identity
@@ -259,12 +257,19 @@ class ZarrFormat(SourceFormat):
         super().__init__(store, cache_bytes)
         self.index_cache: ByteLRU[np.ndarray] = ByteLRU(cache_bytes)
 
-    def holds_mag(self, directory: str) -> bool:
-        store = self.store
+    def holds_mag(self, directory: str, through: Store | None = None) -> bool:
+        store = through or self.store
         return store.is_directory(directory) or store.identity(store.join(directory, "zarr.json")) is not None
 
-    def open_mag(self, mag: Vec3, directory: str, layer: DataLayer, axis_order: dict[str, int] | None) -> MagSource:
-        return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache)
+    def open_mag(
+        self,
+        mag: Vec3,
+        directory: str,
+        layer: DataLayer,
+        axis_order: dict[str, int] | None,
+        through: Store | None = None,
+    ) -> MagSource:
+        return ZarrMagSource(mag, self.store, directory, layer.bounding_box, axis_order, self.index_cache, through)
 
     @property
     def caches(self) -> dict[str, CacheCounts]:

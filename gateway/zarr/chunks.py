@@ -12,13 +12,13 @@ import numpy as np
 
 from gateway_storage.geometry import Box, Vec3
 
+from ..resources import OCTET_STREAM, FileVersions, Resource, bytes_resource, make_etag, stored_etag
 from ..sources.mag import ChunkNotFound, MagSource
 from .blosc import ENCODING_GENERATION
 from .codecs import encode
 from .framing import framing_for
 from .layout import ArrayLayout
 from .native import encode_native
-from .resource import OCTET_STREAM, FileVersions, Resource, bytes_resource, make_etag, stored_etag
 
 __all__ = ["ChunkNotFound", "ServedMag", "encoded_chunk", "passthrough_chunk", "plain_chunk", "served_mag"]
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..resources import OCTET_STREAM, Resource, bytes_resource, make_etag
 from . import documents
 from .chunks import ChunkNotFound, ServedMag, encoded_chunk, passthrough_chunk, plain_chunk
 from .documents import Attributes
 from .layout import array_zarr_json, zarray
-from .resource import OCTET_STREAM, Resource, bytes_resource, make_etag
 from .shards import ShardPlans
 
 

@@ -13,13 +13,13 @@ from gateway_storage import ByteLRU, FileChangedError
 from gateway_storage.geometry import Box, Vec3, vec3
 from wkw_adapter import BlockDecodeError
 
+from ..resources import OCTET_STREAM, Resource, make_etag
+from ..shard_formats.sharding_indexed import ShardLayout
 from ..sources.mag import ChunkNotFound, MagSource, StoredBlocks
-from ..sources.shard_index import encode_shard_index
 from .blosc import MEMCPY_PREFIX_SIZE, memcpy_chunk_prefix
 from .chunks import ServedMag, check_grid
 from .codecs import Codec
 from .framing import Framing, framing_for
-from .resource import OCTET_STREAM, Resource, make_etag
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +86,8 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
     sizes[~present] = 0
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    # The index is in C order of the shard's inner-chunk grid over (x, y, z): the channel axis has one chunk.
-    position = np.ravel_multi_index(tuple(blocks.block_coords.T), (n, n, n))
-    index_offsets = np.zeros(n**3, dtype=np.uint64)
-    index_sizes = np.zeros(n**3, dtype=np.uint64)
-    index_present = np.zeros(n**3, dtype=bool)
-    index_offsets[position] = starts
-    index_sizes[position] = sizes
-    index_present[position] = present
+    # The shard's inner-chunk grid is (x, y, z): the channel axis has one chunk.
+    index = ShardLayout((n, n, n)).encode(blocks.block_coords, starts, sizes, present)
     return ShardPlan(
         blocks,
         framing,
@@ -104,7 +98,7 @@ def plan_shard(source: MagSource, blocks: StoredBlocks, cube: Vec3) -> ShardPlan
         inside[present],
         offsets[present],
         lengths[present],
-        encode_shard_index(index_offsets, index_sizes, index_present),
+        index,
     )
 
 

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_storage import StoreUnavailableError
+from gateway_storage.faults import Absent
 from gateway_storage.geometry import Vec3, canonical_mag_name, mag_name
 
-from ..sources.catalog import Dataset
+from ..resources import JSON, Resource, bytes_resource
+from ..sources.dataset import Dataset
 from ..sources.mag import MagSource
 from . import native
 from .chunks import served_mag
@@ -42,7 +44,6 @@ from .documents import (
 from .keys import MalformedKey, parse_v2_key, parse_v3_key
 from .layout import AXES, ArrayLayout, LayerDescription, MagArray, ome_v04, ome_v05
 from .nodes import ArrayNode, CoordinateArray, GroupNode, SourceArray
-from .resource import JSON, Resource, bytes_resource
 from .shards import ShardPlans, shard_inner_codec
 
 PROPERTIES = "datasource-properties.json"
@@ -51,7 +52,7 @@ V3_METADATA = ("zarr.json",)
 METADATA_NAMES = frozenset((*V2_METADATA, *V3_METADATA, PROPERTIES))
 
 
-class NodeNotFound(LookupError):
+class NodeNotFound(Absent, LookupError):
     """A name that does not exist at a level of a tree (a 404); the message names what does."""
 
 

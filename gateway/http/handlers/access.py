@@ -1,9 +1,9 @@
 """The one access decision of the data routes, the previews, the meshes and the proxy's ``/auth``."""
 
-from ...sources.catalog import Dataset
+from ...sources.dataset import Dataset
 from ..auth import Access, Grant, Token, check_dataset, check_files, check_organization
 from ..messages import Request
-from .datasets import Datasets
+from .datasets import Datasets, Decision
 
 
 class Authorizer:
@@ -21,25 +21,27 @@ class Authorizer:
     def token(self, request: Request, original: tuple[bytes, bytes | None, bytes | None] | None = None) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here. ``original``:
         the query, path token and share link of the URI the proxy's ``/auth`` checks, in place of the request's."""
-        own = (request.query_string, request.path_token, request.exchange.path_link)
+        own = (request.query_string, request.path_token, request.path_link)
         query, path_token, path_link = original or own
         return self.access.read(request, query, path_token, path_link)
 
-    async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Grant | None:
-        """The grant of ``token`` for what ``names`` (organization, dataset: as far as a path names them)
-        point at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``.
-        None when the gateway is open."""
+    async def authorize(self, token: Token | None, names: tuple[str, ...]) -> Decision:
+        """What ``token`` may read of what ``names`` (organization, dataset: as far as a path names them) point
+        at, or 401/403: the one decision, for the data routes, the previews and the proxy's ``/auth``. Its grant
+        is None when the gateway is open; a dataset is looked up once, here where a grant must cover the
+        datasets whose files it reads (the very dataset then served), else where it is served."""
         grant = await self.access.grant(token)
         if len(names) >= 2:
             check_dataset(grant, names[0], names[1])
             if grant is not None:
                 found = await self.datasets.lookup(names[0], names[1])
                 check_files(grant, names[0], names[1], set() if found is None else found.owners)
+                return Decision(grant, names, found, looked_up=True)
         elif names and grant is not None:
             # names alone: no dataset is loaded to authorize an organization
             names_there = await self.datasets.call(self.datasets.catalog.dataset_names, names[0])
             check_organization(grant, names[0], names_there)
-        return grant
+        return Decision(grant, names)
 
     async def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
         """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup."""
@@ -48,10 +50,6 @@ class Authorizer:
         check_files(grant, dataset.organization, dataset.name, dataset.owners)
         return grant
 
-    async def request_grant(self, request: Request, names: tuple[str, ...]) -> Grant | None:
-        """:meth:`authorize` for the token ``request`` carries."""
-        return await self.authorize(self.token(request), names)
-
     async def readable_dataset(self, request: Request, organization: str, name: str) -> Dataset:
         """The dataset ``request``'s token may read, after the one decision (the previews', the meshes')."""
-        return await self.datasets.served(organization, name, await self.request_grant(request, (organization, name)))
+        return await self.datasets.served(await self.authorize(self.token(request), (organization, name)))

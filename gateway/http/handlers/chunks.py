@@ -7,9 +7,9 @@ import anyio
 
 from gateway_storage import FileChangedError, FileUnsettledError
 
-from ...sources.catalog import Dataset
+from ...resources import Resource
+from ...sources.dataset import Dataset
 from ...zarr.nodes import ArrayNode
-from ...zarr.resource import Resource
 from ..answers import AnswerCache, AnswerKey, KeptTarget
 from ..budget import MemoryBudget
 from ..messages import Request
@@ -40,7 +40,7 @@ class Chunks:
             kept = await self._made(node, index, request)
             if not self.answers.keep(place, kept):
                 return kept
-        self.answers.targets.remember(request.exchange.path, KeptTarget(place, dataset, target.route))
+        self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
 
     async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:

@@ -2,21 +2,35 @@
 event loop; the tree views of a dataset and their documents, built once and off the loop."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 
-from ...sources.catalog import BrokenDataset, Catalog, Dataset, DatasetUnusable
-from ...zarr.resource import Resource
+from ...resources import Resource
+from ...sources.catalog import Catalog
+from ...sources.dataset import BrokenDataset, Dataset, DatasetUnusable
 from ...zarr.shards import ShardPlans
 from ...zarr.trees import DatasetView, ServeOptions, Tree
-from ..auth import Grant, check_files
+from ..auth import Grant
 from ..errors import HttpError
 
 T = TypeVar("T")
 # Threads that load and list datasets: a bound of their own, so that however long a load takes (a large
 # properties file, a slow volume), chunk reads keep their threads and the event loop keeps answering.
 CATALOG_THREADS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A request's access, decided once (``Authorizer.authorize``): its token's grant (None: the gateway is open)
+    for what its path ``names``, and the dataset named there as that decision looked it up, where it did (a grant
+    is checked against the very dataset's owners, and that dataset is the one served)."""
+
+    grant: Grant | None
+    names: tuple[str, ...]
+    found: Dataset | BrokenDataset | None = None
+    looked_up: bool = False  # always where a grant was checked: a dataset served unlooked-up needs no owners check
 
 
 class Datasets:
@@ -50,12 +64,11 @@ class Datasets:
         held = await anyio.to_thread.run_sync(self.catalog.unchanged, organization, name, limiter=self.chunk_threads)
         return held if held is not None else await self.call(self.catalog.dataset, organization, name)
 
-    async def served(self, organization: str, name: str, grant: Grant | None) -> Dataset:
-        """The dataset to serve, 403 unless ``grant`` covers every dataset whose files it reads (checked on
-        the very dataset served: one loaded again since the request was authorized is checked again)."""
-        dataset = await self.lookup(organization, name)
-        if dataset is not None:
-            check_files(grant, organization, name, dataset.owners)
+    async def served(self, decision: Decision) -> Dataset:
+        """The dataset the decision's path names, to serve: the very one the decision checked the owners of, where
+        a grant had to cover them (never looked up again, so never another version); else looked up now."""
+        organization, name = decision.names[:2]
+        dataset = decision.found if decision.looked_up else await self.lookup(organization, name)
         if dataset is None:
             raise HttpError(404, f"no dataset {organization}/{name}")
         if isinstance(dataset, BrokenDataset):

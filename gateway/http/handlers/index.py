@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
 from ..messages import Answer, Request
@@ -68,11 +68,11 @@ class IndexHandler:
         if token is None and not self.access.open:
             landing = Landing({}, note=self._note)
             return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
-        grant = await self.access.authorize(token, ())
+        decision = await self.access.authorize(token, ())
         resource = await self.landings.page(
             request,
             token,
-            grant,
+            decision.grant,
             HOME_TREE,
             lambda readable, landing: pages.landing_page("/", entries, landing, "zarr-gateway"),
         )

@@ -4,7 +4,7 @@ decide, so that no dataset is loaded to list them)."""
 from collections.abc import Callable
 from typing import TypeVar
 
-from ...sources.catalog import BrokenDataset, Dataset
+from ...sources.dataset import BrokenDataset, Dataset
 from ..auth import Grant, granted_names
 from ..errors import HiddenRoots, HttpError
 from ..pages.listing import Entry

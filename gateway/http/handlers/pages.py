@@ -5,8 +5,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from ... import extras
-from ...sources.catalog import BrokenDataset, Dataset
-from ...zarr.resource import Resource, bytes_resource
+from ...resources import Resource, bytes_resource
+from ...sources.dataset import BrokenDataset, Dataset
 from ...zarr.trees import DatasetView
 from ..auth import Token
 from ..messages import SHARE_PREFIX, Request
@@ -32,7 +32,7 @@ def link_prefix(request: Request) -> str:
 
     Only a page the link was checked for is rendered, so the capability is of URL-safe characters.
     """
-    link = request.exchange.path_link
+    link = request.path_link
     return "" if link is None else SHARE_PREFIX + link.decode("latin-1")
 
 
@@ -114,7 +114,7 @@ class Pages:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
         base, _ = self._origin(request)
         viewer = viewer_url(self.neuroglancer_url, self.own_viewer, links)
-        under_link = request.exchange.path_link is not None
+        under_link = request.path_link is not None
         page = build_dataset_page(
             view.dataset,
             tree,

@@ -35,18 +35,17 @@ class PrecomputedHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_precomputed_path(request.path)
-        request.exchange.route = target.route
         names = target.names
         token = self.access.token(request)
-        grant = await self.access.authorize(token, names[:2])
+        decision = await self.access.authorize(token, names[:2])
         if not names:
-            entries = await self.listings.organization_entries(grant)
+            entries = await self.listings.organization_entries(decision.grant)
             return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
         if len(names) < 2:
             await self.listings.check_organization(names[0])
-            entries = await self.listings.dataset_entries(grant, names[0])
+            entries = await self.listings.dataset_entries(decision.grant, names[0])
             return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
-        dataset = await self.datasets.served(names[0], names[1], grant)
+        dataset = await self.datasets.served(decision)
         if len(names) > 2 and (not target.below or target.below[0] in MESH_AWARE):
             await self.tree.meshes.ready(dataset, names[2])  # its data stamp, taken off the chunk threads
         accept = request.headers.get(b"accept-encoding", b"").decode("latin-1")

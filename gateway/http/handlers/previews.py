@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from ...metrics import count_preview
 from ...previews import Previews
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ..budget import MemoryBudget
 from ..errors import HttpError
 from ..messages import Answer, Request

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import anyio
 
 from ...meshes.service import MeshService
-from ...sources.catalog import BrokenDataset, Dataset
+from ...sources.dataset import BrokenDataset, Dataset
 
 Largest = dict[str, list[int]]  # by layer
 

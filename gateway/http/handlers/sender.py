@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ..messages import Answer, Request
 from ..responses import Reader, answer_by_validators, send_resource
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...zarr.resource import Resource
+from ...resources import Resource
 from ...zarr.trees import DatasetView, NodeNotFound
-from ..auth import Grant, Token
+from ..auth import Token
 from ..errors import HiddenRoots
 from ..messages import Answer, Request
 from ..pages.landing import Landing
@@ -20,7 +20,7 @@ from ..pages.listing import Entry
 from ..urls import DataTarget, Level, parse_data_path
 from .access import Authorizer
 from .chunks import Chunks
-from .datasets import Datasets
+from .datasets import Datasets, Decision
 from .index import Landings
 from .listings import Listings, Readable
 from .pages import Pages, listing
@@ -31,7 +31,7 @@ from .sender import Sender
 class LevelHandler(Protocol):
     """Answers a target of one level, once its token has been checked for what the target names."""
 
-    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, decision: Decision) -> Answer:
         """The listing, document or chunk ``target`` names."""
         ...
 
@@ -46,10 +46,9 @@ class TreeHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_data_path(request.path)
-        request.exchange.route = target.route
         token = self.access.token(request)
-        grant = await self.access.authorize(token, target.names[:2])
-        return await self.levels[target.level].answer(target, request, token, grant)
+        decision = await self.access.authorize(token, target.names[:2])
+        return await self.levels[target.level].answer(target, request, token, decision)
 
 
 def check_placed(target: DataTarget) -> None:
@@ -60,12 +59,12 @@ def check_placed(target: DataTarget) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TreeRoot:
-    """A tree's root: its organizations, as the landing page of the datasets ``grant`` may read."""
+    """A tree's root: its organizations, as the landing page of the datasets the decision's grant may read."""
 
     landings: Landings
     sender: Sender
 
-    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, decision: Decision) -> Answer:
         check_placed(target)
         tree = target.tree.name
 
@@ -73,21 +72,21 @@ class TreeRoot:
             entries = [Entry(organization, True) for organization in readable]
             return self.landings.pages.landing_page(target.base, entries, landing, tree)
 
-        return await self.sender.send(request, await self.landings.page(request, token, grant, tree, page))
+        return await self.sender.send(request, await self.landings.page(request, token, decision.grant, tree, page))
 
 
 @dataclass(frozen=True, slots=True)
 class OrganizationListing:
-    """An organization: the datasets ``grant`` may read there."""
+    """An organization: the datasets the decision's grant may read there."""
 
     listings: Listings
     pages: Pages
     sender: Sender
 
-    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, decision: Decision) -> Answer:
         await self.listings.check_organization(target.organization)
         check_placed(target)
-        entries = await self.listings.dataset_entries(grant, target.organization)
+        entries = await self.listings.dataset_entries(decision.grant, target.organization)
         return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
 
 
@@ -99,8 +98,8 @@ class InDataset:
     sender: Sender
     pages: Pages
 
-    async def answer(self, target: DataTarget, request: Request, token: Token | None, grant: Grant | None) -> Answer:
-        dataset = await self.datasets.served(target.organization, target.dataset, grant)
+    async def answer(self, target: DataTarget, request: Request, token: Token | None, decision: Decision) -> Answer:
+        dataset = await self.datasets.served(decision)
         view = await self.datasets.view_off_loop(dataset, target.tree)
         links = self.pages.links(request, token)
         return await self.sender.send(request, await self.resource(target, view, request, links))

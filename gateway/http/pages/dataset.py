@@ -7,7 +7,7 @@ from html import escape
 
 from gateway_storage.geometry import Vec3, mag_name
 
-from ...sources.catalog import Dataset
+from ...sources.dataset import Dataset
 from .links import LinkForm
 from .listing import Entry, breadcrumbs, listing_items, token_note
 from .markup import other_link, page_head, path_of, resource, text

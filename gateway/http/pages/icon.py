@@ -10,7 +10,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from ...zarr.resource import Resource, bytes_resource
+from ...resources import Resource, bytes_resource
 
 EDGE = 32  # pixels a side
 ICON = "image/x-icon"

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from ...sources.catalog import BrokenDataset, Dataset
+from ...sources.dataset import BrokenDataset, Dataset
 from .dataset import viewer_layers, viewer_note_markup
 from .links import PLAIN, LinkForm
 from .listing import Entry, listing_items, token_note

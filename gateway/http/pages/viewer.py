@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from ... import extras
-from ...zarr.resource import Resource, bytes_resource
+from ...resources import Resource, bytes_resource
 from ..messages import Answer, HttpError, Receive
 from ..urls import VIEWER_PREFIX
 from .links import LinkForm
