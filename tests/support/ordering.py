@@ -47,6 +47,8 @@ KNOWN_SECONDS = {
     "test_proxy_cache.py": 30,
     "test_share_links.py": 60,  # two gateways, three clients, nginx
     "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
+    "test_mapping_viewer.py": 60,  # Neuroglancer in Chromium draws a mapped layer three times
+    "test_mapping_files_follow.py": 25,  # mapping files added and removed under a running gateway
     "test_mesh_segments.py": 40,
     "test_store_contract.py": 20,  # moto; the contract over every store and each view of one (local and S3)
     "test_data_stamp.py": 25,
