@@ -10,8 +10,10 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
+from gateway_storage.faults import Unsupported
 
-class MissingExtraError(ImportError):
+
+class MissingExtraError(Unsupported, ImportError):
     """A feature was asked for whose extra is not installed; the message says what to install."""
 
 

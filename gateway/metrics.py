@@ -170,9 +170,6 @@ class RequestStats:
         IN_FLIGHT.set(self.in_flight)
 
 
-STATS = RequestStats()  # this process's tally, like the metrics themselves
-
-
 def exposition() -> tuple[bytes, str]:
     """The text exposition of every process's metrics (all workers' in multiprocess mode)."""
     if os.environ.get(MULTIPROC_ENV):

@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from gateway_storage import ByteLRU, FileChangedError, FileSource
+from gateway_storage.faults import Absent, TooLarge
 from gateway_storage.geometry import Vec3
 
 from .metrics import count_preview
@@ -44,11 +45,11 @@ LOW_PERCENTILE, HIGH_PERCENTILE = 1.0, 99.0
 _RENDERING_VERSION = "preview-1"  # part of every cache key and ETag: bump it when the rendering changes
 
 
-class NoPreviewError(LookupError):
+class NoPreviewError(Absent, LookupError):
     """The layer has no mag to read or an empty bounding box: there is nothing to show."""
 
 
-class PreviewTooLarge(ValueError):
+class PreviewTooLarge(TooLarge, ValueError):
     """Every slice a preview could read decodes more, or touches more chunks, than one preview may: a 413."""
 
 

@@ -4,13 +4,20 @@ Every one of them means "the store could not give these bytes now", never "the d
 callers must not turn them into zeros.
 """
 
+from typing import ClassVar
 
-class StorageError(Exception):
+from .faults import Broken, Unavailable
+
+
+class StorageError(Broken):
     """Base class: a file or object that cannot be read correctly from its store."""
 
 
-class FileChangedError(StorageError):
+class FileChangedError(Unavailable, StorageError):
     """The file was replaced or rewritten while it was being read; retry."""
+
+    said: ClassVar[str | None] = "the data file is being rewritten; retry"
+    counted_as: ClassVar[str | None] = "changed"
 
 
 class FileUnsettledError(FileChangedError):
@@ -20,6 +27,9 @@ class FileUnsettledError(FileChangedError):
     write call is still copying bytes into it, so such a file is not served until it has been quiet
     for the store's settle time. ``retry_after`` is how many seconds that is from now.
     """
+
+    said = "the data file was written moments ago and may still be being written; retry"
+    counted_as = None  # not counted, nor logged: every read of a fresh file would be
 
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
@@ -40,8 +50,12 @@ class OversizedListingError(OversizedFileError):
     planted tree of any size costs at most the bound in lookups."""
 
 
-class StoreUnavailableError(StorageError, OSError):
+class StoreUnavailableError(Unavailable, StorageError, OSError):
     """The store did not answer (timeout, connection refused, 5xx after retries): try again later."""
+
+    prefix = "the store did not answer: "
+    retry_seconds = 2
+    counted_as = "unavailable"
 
 
 class OutsideRootError(StorageError, PermissionError):

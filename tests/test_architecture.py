@@ -3,6 +3,7 @@ sources -> formats -> the storage kernel, nothing lower importing anything highe
 and no import cycle between modules, type-only imports (under ``if TYPE_CHECKING``) included."""
 
 import ast
+import builtins
 import functools
 from pathlib import Path
 
@@ -119,8 +120,9 @@ def test_the_settings_are_a_leaf() -> None:
 @pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("gateway.shard_formats")))
 def test_the_shard_formats_stand_alone(module: str) -> None:
     """Each shard format is bytes in, facts out: sources, the Zarr protocol and the meshes use it, it uses none
-    of them (nor the kernel: it reads no store)."""
-    assert not _outside(module, ("gateway.shard_formats",)), f"{module} imports {_outside(module, ())}"
+    of them (nor the kernel: it reads no store; only the kinds of fault its errors subclass, the bottom of all)."""
+    allowed = ("gateway.shard_formats", "gateway_storage.faults")
+    assert not _outside(module, allowed), f"{module} imports {_outside(module, allowed)}"
 
 
 def test_the_leaf_checks_see_a_planted_import(tmp_path: Path) -> None:
@@ -364,3 +366,155 @@ def test_the_pages_use_only_what_they_render(module: str) -> None:
 
 def test_proxy_trust_is_a_leaf() -> None:
     assert graph()["gateway.http.origin"] == set(), "origin.py decides from headers and settings alone"
+
+
+# One error map, by kind: every exception class of the project subclasses a kind of gateway_storage/faults.py (the
+# leaf at the bottom of the order), and the map (gateway/http/errors.py) answers kinds, never the classes below them.
+FAULTS = "gateway_storage.faults"
+ERROR_MAP = "gateway.http.errors"
+BUILTIN_EXCEPTIONS = {
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+}
+
+
+def exception_classes(paths: dict[str, Path]) -> dict[str, tuple[str, list[str]]]:
+    """Every class of ``paths`` by name, with its module and the names of its bases (the last dotted part); a
+    name that two modules give a class holds the bases of both."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for module, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base).rpartition(".")[2] for base in node.bases]
+                earlier = found.get(node.name, (module, []))
+                found[node.name] = (earlier[0], earlier[1] + bases)
+    return found
+
+
+def ancestors(name: str, classes: dict[str, tuple[str, list[str]]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for base in classes.get(todo.pop(), ("", []))[1]:
+            if base not in seen:
+                seen.add(base)
+                todo.append(base)
+    return seen
+
+
+def kinds() -> set[str]:
+    from gateway_storage.faults import KINDS
+
+    return {kind.__name__ for kind in KINDS}
+
+
+def unkinded(classes: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """The exception classes outside the faults module that subclass no kind."""
+    return sorted(
+        f"{module}.{name}"
+        for name, (module, _) in classes.items()
+        if module != FAULTS
+        and ancestors(name, classes) & BUILTIN_EXCEPTIONS
+        and not ancestors(name, classes) & (kinds() | {"HttpError"})
+        and name != "HttpError"  # the HTTP layer's own answer: a Fault whose status is its own
+    )
+
+
+def test_every_exception_class_subclasses_a_kind() -> None:
+    classes = exception_classes(modules())
+    assert not unkinded(classes), f"exception classes of no kind (gateway_storage/faults.py): {unkinded(classes)}"
+    counted = [n for n, (m, _) in classes.items() if m != FAULTS and ancestors(n, classes) & BUILTIN_EXCEPTIONS]
+    assert len(counted) > 40  # the check sees the classes it looks for
+
+
+def test_the_kind_check_sees_a_planted_exception(tmp_path: Path) -> None:
+    planted = tmp_path / "bad.py"
+    planted.write_text(
+        "class Base(LookupError):\n    pass\n\n\nclass Gone(Base):\n    pass\n\n\nclass Fine(Absent):\n    pass\n"
+    )
+    assert unkinded(exception_classes({"gateway.bad": planted})) == ["gateway.bad.Base", "gateway.bad.Gone"]
+
+
+def test_the_error_map_imports_no_exception_but_the_kinds() -> None:
+    """The map answers kinds: of the exception classes it imports, only the kinds and HttpError (the HTTP layer's
+    own answer, with its status); no module of fault classes but the faults module."""
+    classes = exception_classes(modules())
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(modules()[ERROR_MAP].read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    exceptions = {name for name in imported if name in classes and ancestors(name, classes) & BUILTIN_EXCEPTIONS}
+    assert exceptions - {"HttpError"} <= kinds() | {"Fault"}, sorted(exceptions - kinds())
+    assert {"Absent", "Broken"} <= exceptions  # the check sees what it looks for
+    assert FAULTS in graph()[ERROR_MAP]
+    assert layer_of(FAULTS) == 0 and not _outside(FAULTS, ()), "the faults module imports nothing of the project"
+
+
+# The URL table (gateway/http/urls.py) is the one list of the places the gateway answers: the routes and the metric
+# labels are made from it, and the deployment's proxies name only its places (or the credential prefixes in front
+# of them): a place renamed there and not here, or added here and routed nowhere, is caught.
+CREDENTIAL_PREFIXES = ("/t", "/s")
+
+
+def proxy_paths() -> set[str]:
+    """The paths the shipped proxies name: nginx's exact and prefix locations, its sign-in regex, the Ingress's."""
+    import re
+
+    import yaml
+
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    found = {m.rstrip("/") or "/" for m in re.findall(r"^\s*location (?:=|\^~) (\S+) \{", conf, re.MULTILINE)}
+    for alternatives in re.findall(r"^\s*location ~ \^/\(([a-z|]+)\)\$ \{", conf, re.MULTILINE):
+        found |= {f"/{name}" for name in alternatives.split("|")}
+    ingress = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "ingress.yaml").read_text())
+    found |= {path["path"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]}
+    return found
+
+
+def test_the_proxies_name_only_places_of_the_url_table() -> None:
+    from gateway.http.urls import PLACES
+
+    places = {place.path for place in PLACES}
+    named = proxy_paths()
+    assert {"/auth", "/login", "/neuroglancer", "/data", "/"} <= named  # the check reads what it looks for
+    assert not named - places - set(CREDENTIAL_PREFIXES), f"not in the URL table: {sorted(named - places)}"
+
+
+# One dispatcher, no hidden state: no layer of the edge hands another a request's state through the ASGI scope (each
+# reads what it needs from the request itself), and the app's request tally is the app's, not the process's.
+def scope_writes(path: Path) -> list[str]:
+    """The keys ``path`` stores into a mapping named ``scope`` (``scope[KEY] = ...``, ``scope.setdefault(KEY...``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id == "scope":
+                found.append(f"line {target.lineno}: scope[{ast.unparse(target.slice)}]")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("setdefault", "update")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "scope"
+        ):
+            found.append(f"line {node.lineno}: scope.{node.func.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "gateway").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_layer_smuggles_state_in_the_scope(path: Path) -> None:
+    assert not scope_writes(path), f"{path.relative_to(ROOT)} writes into the scope: {scope_writes(path)}"
+
+
+def test_the_scope_check_sees_a_planted_write(tmp_path: Path) -> None:
+    planted = tmp_path / "bad.py"
+    planted.write_text("def f(scope):\n    scope['gateway.exchange'] = 1\n    scope.setdefault('x', 2)\n")
+    assert len(scope_writes(planted)) == 2
+
+
+def test_the_request_tally_is_the_apps() -> None:
+    from gateway import metrics
+
+    tallies = [name for name, value in vars(metrics).items() if isinstance(value, metrics.RequestStats)]
+    assert not tallies, f"process-global request tallies in gateway/metrics.py: {tallies}"

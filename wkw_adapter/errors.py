@@ -6,8 +6,10 @@ file changed, truncated, outside the root, a store that does not answer) are
 the storage kernel's errors (:mod:`gateway_storage.errors`).
 """
 
+from gateway_storage.faults import Broken
 
-class WkwError(Exception):
+
+class WkwError(Broken):
     """Base class: a WKW file or directory that cannot be read correctly."""
 
 

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from gateway_storage.faults import Unavailable
+
 from .outputs import BlockOutputs
 from .tasks import Block, BlockMissing, BlockTask
 
@@ -35,7 +37,7 @@ DASK_LOG_LEVEL = logging.CRITICAL + 1
 Say = Callable[[str], None]
 
 
-class RunFailed(Exception):
+class RunFailed(Unavailable):
     """The run cannot go on or cannot finish; the message is one line (or the list of failed blocks)."""
 
 
@@ -53,7 +55,7 @@ class ClusterUnavailable(RunFailed):
     """The dask scheduler cannot be reached, or went away: run again to resume."""
 
 
-class BlockError(Exception):
+class BlockError(Unavailable):
     """One block's failure as it travels back from a worker: its key and the reason, plain text."""
 
     def __init__(self, key: str, reason: str) -> None:

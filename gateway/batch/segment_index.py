@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from gateway_storage import Store, open_store
+from gateway_storage.faults import Absent
 
 from ..meshes.build import BLOCK_CUBES, assemble_parts, box_cubes, box_memory_bytes, check_indexable, index_boxes
 from ..meshes.index import IndexPart, data_stamp, index_cubes
@@ -22,7 +23,7 @@ SOURCE_CACHE_BYTES = 128 << 20  # the source formats' metadata cache of each pro
 OPENED_LAYERS = 4  # layers (at a data version) each worker process keeps open between blocks
 
 
-class DatasetNotFound(LookupError):
+class DatasetNotFound(Absent, LookupError):
     """No servable dataset of that name under the data root; the message says why."""
 
 

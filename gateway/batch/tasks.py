@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway_storage.faults import Absent
 from gateway_storage.geometry import Vec3
 
 
-class BlockMissing(LookupError):
+class BlockMissing(Absent, LookupError):
     """The output of a block that failed in this run, asked for by a ``finish`` that goes on without it: a task
     whose result can stand without some blocks (a mesh set: their fragments are left out) catches it and lists
     the block; one whose result cannot lets it end the run."""

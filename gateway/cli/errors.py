@@ -1,7 +1,9 @@
 """The answer to a user's mistake on the command line."""
 
+from gateway_storage.faults import Invalid
 
-class CommandError(Exception):
+
+class CommandError(Invalid):
     """A mistake in what the user asked for: printed as one line, exit status ``status`` (see
     :func:`gateway.cli.main`)."""
 

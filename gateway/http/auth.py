@@ -39,6 +39,8 @@ from urllib.parse import unquote_to_bytes
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from gateway_storage.faults import Malformed
+
 from .filestamp import Stamp, file_stamp
 from .messages import HttpError, Request, WayIn
 from .share import ShareLinks
@@ -61,7 +63,7 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join([str(loc[0]), *(["<token>"] if len(loc) > 1 else []), *map(str, loc[2:])])
 
 
-class TokensFileError(ValueError):
+class TokensFileError(Malformed, ValueError):
     """The tokens file cannot be used; the message names the problem."""
 
 

@@ -19,32 +19,25 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway_storage import FileChangedError, FileUnsettledError, StorageError, StoreUnavailableError
-from wkw_adapter import WkwError
-
-from ..extras import MissingExtraError
-from ..meshes.errors import (
-    MeshInputError,
-    MeshNotFound,
-    MeshTooLarge,
-    MeshTooSlow,
-    SegmentIndexRequired,
-    StoredMeshesRequired,
+from gateway_storage.faults import (
+    Abandoned,
+    Absent,
+    Broken,
+    Conflict,
+    Fault,
+    Invalid,
+    Malformed,
+    TooLarge,
+    Unavailable,
+    Unsupported,
 )
-from ..meshes.index import SegmentIndexCorrupt
+
 from ..metrics import count_storage_error
-from ..previews import NoPreviewError, PreviewTooLarge
 from ..resources import JSON
-from ..sources.dataset import DatasetUnusable
-from ..sources.mag import ChunkNotFound
-from ..zarr.keys import MalformedKey
-from ..zarr.trees import NodeNotFound
-from .budget import OverBudget
-from .messages import Answer, ClientGone, HttpError, WayIn, raw_headers
+from .messages import Answer, HttpError, WayIn, raw_headers
 from .pages.links import LinkForm
 from .pages.markup import HTML
 from .pages.refusal import refusal_page
-from .ranges import PositionTooLong, TooManyRanges
 
 log = logging.getLogger("gateway")
 __all__ = [
@@ -72,47 +65,50 @@ class ErrorRule:
     logged: bool = False
 
 
-# Looked up along the exception's class hierarchy, most specific first.
+INTERNAL = "internal error; it has been logged"  # the whole message of a fault the asker is told nothing of
+# The one table: each kind of fault (gateway_storage.faults) and its answer. How a fault is told (its words,
+# Retry-After, the storage-error label) are the kind's class attributes, which a class below it may change; a
+# counted storage fault is logged too.
 RULES: dict[type[BaseException], ErrorRule] = {
-    NodeNotFound: ErrorRule(404),
-    NoPreviewError: ErrorRule(404),
-    ChunkNotFound: ErrorRule(404),
-    ClientGone: ErrorRule(499),  # nginx's "client closed request": logged as such, sent to nobody
-    MalformedKey: ErrorRule(400),
-    DatasetUnusable: ErrorRule(409),  # bad properties: listed with the reason, served by nobody
-    TooManyRanges: ErrorRule(400),
-    PositionTooLong: ErrorRule(400),
-    MeshNotFound: ErrorRule(404),
-    MeshInputError: ErrorRule(400),
-    SegmentIndexRequired: ErrorRule(409),
-    StoredMeshesRequired: ErrorRule(409),
-    MeshTooLarge: ErrorRule(413),
-    MeshTooSlow: ErrorRule(503, retry_after="10"),
-    PreviewTooLarge: ErrorRule(413),
-    OverBudget: ErrorRule(413),  # what a request would build is more than the worker's whole memory budget
-    MissingExtraError: ErrorRule(501, logged=True),  # a feature whose extra is not installed (meshes)
-    SegmentIndexCorrupt: ErrorRule(500, prefix="segment index fault: ", storage_error="fault", logged=True),
-    FileUnsettledError: ErrorRule(  # not logged: every read of a fresh file would be
-        503, "the data file was written moments ago and may still be being written; retry", retry_after="1"
-    ),
-    FileChangedError: ErrorRule(
-        503, "the data file is being rewritten; retry", retry_after="1", storage_error="changed", logged=True
-    ),
-    StoreUnavailableError: ErrorRule(
-        503, prefix="the store did not answer: ", retry_after="2", storage_error="unavailable", logged=True
-    ),
-    StorageError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),  # outside the root too
-    WkwError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),
-    OSError: ErrorRule(500, prefix="storage fault: ", storage_error="fault", logged=True),
-    Exception: ErrorRule(500, "internal error; it has been logged", logged=True),
+    Absent: ErrorRule(404),
+    Invalid: ErrorRule(400),
+    Conflict: ErrorRule(409),  # e.g. bad properties: listed with the reason, served by nobody
+    TooLarge: ErrorRule(413),
+    Unavailable: ErrorRule(503),
+    Unsupported: ErrorRule(501, logged=True),  # a feature whose extra is not installed (meshes)
+    Abandoned: ErrorRule(499),  # nginx's "client closed request": logged as such, sent to nobody
+    Broken: ErrorRule(500),
+    Malformed: ErrorRule(500, INTERNAL, logged=True),
+    Exception: ErrorRule(500, INTERNAL, logged=True),
 }
+AS_KIND: dict[type[BaseException], type[Fault]] = {OSError: Broken}  # Python's own exceptions that are a kind
 
 
 def rule_for(exc: BaseException) -> ErrorRule:
-    for cls in type(exc).__mro__:
-        rule = RULES.get(cls)
-        if rule is not None:
+    """The answer to ``exc``: its kind's rule (the first kind along its class hierarchy), told as its class says."""
+    cls = type(exc)
+    rule = _RULES_OF.get(cls)
+    if rule is None:
+        rule = _RULES_OF[cls] = _rule_of(cls)
+    return rule
+
+
+_RULES_OF: dict[type[BaseException], ErrorRule] = {}  # by class, as found: as many as there are classes
+
+
+def _rule_of(cls: type[BaseException]) -> ErrorRule:
+    for base in cls.__mro__:
+        kind = AS_KIND.get(base, base)
+        rule = RULES.get(kind)
+        if rule is None:
+            continue
+        told = cls if issubclass(cls, Fault) else kind
+        if not issubclass(told, Fault):
             return rule
+        retry = None if told.retry_seconds is None else str(told.retry_seconds)
+        counted = told.counted_as
+        message = rule.message or told.said
+        return ErrorRule(rule.status, message, told.prefix, retry, counted, rule.logged or counted is not None)
     return RULES[Exception]
 
 

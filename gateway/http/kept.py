@@ -14,10 +14,11 @@ doubt, and on any fault, the request goes on to dispatch, which decides and answ
 """
 
 from .answers import AnswerCache, KeptTarget
-from .edge import READS, exchange_of, request_of
+from .edge import request_of
 from .handlers.access import Authorizer
 from .handlers.sender import Sender
-from .messages import Answer, App, Exchange, Receive, Scope, Send
+from .messages import Answer, App, Receive, Scope, Send
+from .urls import READS
 
 
 class KeptAnswers:
@@ -34,17 +35,16 @@ class KeptAnswers:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in READS:
-            exchange = exchange_of(scope)
-            target = self.targets.get(exchange.path)
+            target = self.targets.get(scope["path"])
             if target is not None:
-                answer = await self._kept(scope, receive, exchange, target)
+                answer = await self._kept(scope, receive, target)
                 if answer is not None:
                     self.answers.hits += 1
                     await answer.send(send)
                     return
         await self.app(scope, receive, send)
 
-    async def _kept(self, scope: Scope, receive: Receive, exchange: Exchange, target: KeptTarget) -> Answer | None:
+    async def _kept(self, scope: Scope, receive: Receive, target: KeptTarget) -> Answer | None:
         """The answer the full path would give, if it is the kept one and may be given without file work."""
         organization, name = target.key.names[:2]
         if self.catalog.fresh(organization, name) is not target.dataset:
@@ -55,7 +55,6 @@ class KeptAnswers:
             resource = self.answers.fresh(target.key)
             if resource is None:
                 return None
-            exchange.route = target.route
             return await self.sender.send(request, resource)
         except Exception:  # a refusal or a fault: the full path meets it again, and answers it by the error map
             return None

@@ -11,6 +11,8 @@ from urllib.parse import parse_qs
 
 import anyio
 
+from gateway_storage.faults import Abandoned, Fault
+
 # The ASGI interface (asgiref's specification) as the edge types it: no framework is needed for four aliases.
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -35,11 +37,11 @@ def without_path_token(path: str) -> str:
     return path[:cut] + (REDACTED_PATH_TOKEN if lowered[cut + 1] == "t" else REDACTED_SHARE_LINK)
 
 
-class ClientGone(Exception):
+class ClientGone(Abandoned):
     """The client disconnected before its answer was ready: the work it waited for was skipped."""
 
 
-class HttpError(Exception):
+class HttpError(Fault):
     """An answer other than success decided by the HTTP layer itself, with a message for the JSON body.
 
     Defined here, beside the plain request and answer, so that deciding one (:mod:`gateway.http.auth`,
@@ -61,59 +63,44 @@ class WayIn(enum.Enum):
     SHARE_LINK = "share link"  # a share key is configured: /s/{capability}/
 
 
-class ResponseAborted(Exception):
+class ResponseAborted(Abandoned):
     """A streamed body failed after its first byte: the server must drop the connection, so the
     client sees a short body (an error), never a complete-looking one."""
 
 
-@dataclass(slots=True)
-class Exchange:
-    """What the edge's middleware and the handlers share about one request: its log line and metric label."""
+def logged_path(path: str, token: bytes | None, link: bytes | None, link_id: str) -> str:
+    """A path as log lines and messages show it: whatever may be a token after a ``/t/`` as ``***``.
 
-    method: str
-    path: str  # as routed: below a path token
-    path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
-    path_link: bytes | None = None  # the capability of a /s/{capability}/ path; ``path`` is then the path below it
-    link_id: str = ""  # that link's id, as log lines show it (never its capability)
-    route: str = "other"  # the metric label, set by the handler as soon as it knows the kind of resource
-    status: int = 0  # the answer's status once its head is sent (0 before): an error after it cannot be answered
-
-    @property
-    def logged_path(self) -> str:
-        """The path as log lines and messages show it: whatever may be a token after a ``/t/`` as ``***``.
-
-        The one place they take it from: the path below a ``/t/{token}/`` the routes read is shown after
-        ``/t/***``, and any other path is cut after a ``/t/`` it holds, however it was spelt.
-        """
-        below = without_path_token(self.path)
-        if self.path_link is not None:
-            return f"{SHARE_PREFIX}{self.link_id}{below}"
-        return below if self.path_token is None else REDACTED_PATH_TOKEN + below
-
-    @property
-    def context(self) -> str:
-        """What a log line says about the request: method and path, never the query nor a path's token."""
-        return f"{self.method} {self.logged_path}"
+    The one place they take it from: the path below a ``/t/{token}/`` the routes read is shown after ``/t/***``,
+    below a share link after ``/s/{its id}``, and any other path is cut after a ``/t/`` it holds, however spelt.
+    """
+    below = without_path_token(path)
+    if link is not None:
+        return f"{SHARE_PREFIX}{link_id}{below}"
+    return below if token is None else REDACTED_PATH_TOKEN + below
 
 
 @dataclass(slots=True)
 class Request:
     method: str
-    path: str
+    path: str  # as routed: below a path token or share link
     headers: dict[bytes, bytes]  # lower-case names; a repeated header keeps its last value
     query_string: bytes
-    exchange: Exchange
     receive: Receive | None = None  # the ASGI channel that says when the client disconnects
     header_list: "RawHeaders" = field(default_factory=list)  # every line as received, repeats included
     client: str = ""  # the peer's address: a proxy's when one is in front
+    path_token: bytes | None = None  # the token of a /t/{token}/ path; ``path`` is then the path below it
+    path_link: bytes | None = None  # the capability of a /s/{capability}/ path; ``path`` is then the path below it
+    link_id: str = ""  # that link's id, as log lines show it (never its capability)
 
     @property
-    def path_token(self) -> bytes | None:
-        return self.exchange.path_token
+    def logged_path(self) -> str:
+        return logged_path(self.path, self.path_token, self.path_link, self.link_id)
 
     @property
     def context(self) -> str:
-        return self.exchange.context
+        """What a log line says about the request: method and path, never the query nor a path's token."""
+        return f"{self.method} {self.logged_path}"
 
     def header(self, name: bytes) -> str | None:
         value = self.headers.get(name)

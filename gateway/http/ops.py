@@ -36,7 +36,7 @@ from ..zarr.trees import NodeNotFound
 from .errors import HiddenRoots, HttpError, json_error
 from .handlers.access import Authorizer
 from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, Answer, Request, raw_headers
-from .urls import access_names, request_path, split_path_token, split_share_link
+from .urls import OPS_PATHS, access_names, request_path, split_path_token, split_share_link
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
@@ -69,8 +69,10 @@ class Ops:
         roots: HiddenRoots,
         access: Authorizer,
         caches_by_name: Callable[[], dict[str, CacheCounts]],
+        stats: metrics.RequestStats,
     ) -> None:
         self.settings = settings
+        self.stats = stats  # the app's tally of its requests, flushed at every scrape
         self.storage = storage
         self.roots = roots
         self.access = access
@@ -78,7 +80,8 @@ class Ops:
         self.watch = metrics.CacheWatch(caches_by_name)
 
     def routes(self) -> dict[str, Callable[[Request], Awaitable[Answer]]]:
-        return {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": self.metrics, "/auth": self.auth}
+        handlers = (self.healthz, self.readyz, self.metrics, self.auth)
+        return dict(zip(OPS_PATHS, handlers, strict=True))
 
     # --- endpoints ----------------------------------------------------------------------------
 
@@ -119,7 +122,7 @@ class Ops:
         return "the data root did not answer within 5 s"
 
     async def metrics(self, request: Request) -> Answer:
-        metrics.STATS.flush()
+        self.stats.flush()
         metrics.PROBE.flush()
         self.watch.sync()
         body, content_type = metrics.exposition()

@@ -2,21 +2,23 @@
 
 import re
 
+from gateway_storage.faults import Invalid
+
 MAX_RANGES = 64
 # Longer than any object's position needs (2**64 has 20 digits); past Python's limit on converting digits.
 MAX_POSITION_DIGITS = 20
 _SPEC = re.compile(r"^(?:(\d+)-(\d*)|-(\d+))$")
 
 
-class TooManyRanges(ValueError):
+class TooManyRanges(Invalid, ValueError):
     """More ranges than any client needs; refused rather than served."""
 
 
-class PositionTooLong(ValueError):
+class PositionTooLong(Invalid, ValueError):
     """A position written with more digits than any object needs (leading zeros included): 400."""
 
 
-class Unsatisfiable(ValueError):
+class Unsatisfiable(Invalid, ValueError):
     """No range lies within the object: 416."""
 
 

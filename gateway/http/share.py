@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway_storage.faults import Malformed
+
 from .filestamp import file_stamp
 from .messages import HttpError
 
@@ -50,7 +52,7 @@ _B64 = re.compile(r"[A-Za-z0-9_-]+")
 UNREADABLE_ID = "***"
 
 
-class ShareKeyError(ValueError):
+class ShareKeyError(Malformed, ValueError):
     """The signing key cannot be used; the message names the problem."""
 
 

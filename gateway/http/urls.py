@@ -12,10 +12,15 @@ says why, and anything deeper than an array is a chunk key.
 """
 
 import enum
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote, unquote_to_bytes
 
+from gateway_storage.faults import Fault
+
 from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
+from ..precomputed.tree import TREES as PRECOMPUTED_TREES
 from ..sources.paths import is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, HttpError
@@ -29,6 +34,9 @@ LOGIN_PATHS = ("/login", "/callback", "/logout")  # sign-in with OpenID Connect 
 CALLBACK_PATH = LOGIN_PATHS[1]  # where the issuer sends the browser back to
 TOKEN_PREFIX = "/t/"  # /t/{token}/data/... : a token in the path, outside /data/ so that no tree name clashes
 SHARE_ROUTE = "/share/"  # POST /share/{organization}/{dataset}: a new share link (gateway.http.handlers.share)
+INDEX = "/"
+OPS_PATHS = ("/healthz", "/readyz", "/metrics", "/auth")  # gateway.http.ops
+READS = ("GET", "HEAD")  # the methods every place takes; POST only at SHARE_ROUTE
 # What a /t/{token}/ or /s/{capability}/ prefix may stand in front of.
 _BELOW_PATH_CREDENTIAL = (DATA_PREFIX, PREVIEW_PREFIX, VIEWER_PREFIX + "/", SHARE_ROUTE)
 
@@ -97,12 +105,22 @@ _LEVELS = tuple(Level)
 _FILES = {name: tuple(_files(tree, level) for level in _LEVELS) for name, tree in TREE_ROUTES.items()}
 
 
+CACHED_PATH_CHARS = 512  # a longer path is parsed on every call: the cache holds only short strings
+PARSED_PATHS = 4096  # paths whose targets are kept: far more than the requests a worker has in flight
+
+
 def parse_data_path(path: str) -> DataTarget:
     """The target of a path below ``/data/``; :class:`NodeNotFound` or a 400 when it names none.
 
     A metadata name where it does not belong is a 404 too, but only once the nodes above it are
     known to exist, so that the message names the nearest level that does (``misplaced``).
+    A request's path is parsed once: its handler and the request log's label (:class:`RouteLabels`) read the
+    same target, kept for the most recent paths.
     """
+    return _parsed(path) if len(path) <= CACHED_PATH_CHARS else _parse_data_path(path)
+
+
+def _parse_data_path(path: str) -> DataTarget:
     tree_name, _, rest = path[len(DATA_PREFIX) :].partition("/")
     tree = TREE_ROUTES.get(tree_name)
     if tree is None:
@@ -121,6 +139,9 @@ def parse_data_path(path: str) -> DataTarget:
             why = tree.misplaced(segment, _LEVEL_NAMES.get(level, level.name.lower()), files)
             return DataTarget(tree, tree_name, level, tuple(segments[:depth]), misplaced=why)
     return DataTarget(tree, tree_name, _LEVELS[len(segments)], tuple(segments))
+
+
+_parsed = functools.lru_cache(maxsize=PARSED_PATHS)(_parse_data_path)
 
 
 def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[str]) -> DataTarget:
@@ -250,3 +271,87 @@ def _split(prefix: str, redacted: str, raw_path: str, path: str) -> tuple[bytes 
     if not raw_path.startswith(prefix) or not slash or not (start_page or below.startswith(_BELOW_PATH_CREDENTIAL)):
         return None, redacted
     return unquote_to_bytes(segment.encode("latin-1")), below
+
+
+# --- the URL table ------------------------------------------------------------------------------------------
+
+
+def takes(method: str, path: str) -> bool:
+    """Whether ``method`` is one a place may take (else a 405, on every path alike, before routing)."""
+    return method in READS or (method == "POST" and path.startswith(SHARE_ROUTE))
+
+
+OTHER = "other"  # the metric label of a request no place takes: a 404, a 405
+PREFLIGHT = "preflight"  # ... and of every OPTIONS, a CORS preflight
+
+
+def _data_label(path: str) -> str:
+    try:
+        return parse_data_path(path).route
+    except Fault:  # the routes answer it with a 4xx; its label says nothing of the path
+        return OTHER
+
+
+def _precomputed_label(path: str) -> str:
+    try:
+        return parse_precomputed_path(path).route
+    except Fault:
+        return OTHER
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A place of the URL space: an exact path, or (``below``) a prefix with the path itself and everything below it,
+    with the metric label of its requests: the same for all, or the kind of target its parser finds (chunk,
+    metadata, listing)."""
+
+    path: str
+    label: Callable[[str], str]  # of the path
+    below: bool = False
+
+
+def _always(label: str) -> Callable[[str], str]:
+    return lambda path: label
+
+
+# The one table of the places the gateway answers, in the order they are routed (the chunk routes first: the most
+# asked). The composition root gives each place it serves a handler, Starlette routes them, the request log labels
+# by them, and /auth decides on the names that access_names parses from the same paths.
+PLACES: tuple[Place, ...] = (
+    *(Place(f"{DATA_PREFIX}{name}", _data_label, below=True) for name in TREE_ROUTES),
+    *(Place(f"{DATA_PREFIX}{name}", _precomputed_label, below=True) for name in PRECOMPUTED_TREES),
+    Place(MESH_PREFIX.rstrip("/"), _always("mesh"), below=True),
+    Place(PREVIEW_PREFIX.rstrip("/"), _always("preview"), below=True),
+    Place(DATA_PREFIX.rstrip("/"), _data_label, below=True),  # what no tree takes: its parser names the trees
+    Place(VIEWER_PREFIX, _always("viewer"), below=True),
+    Place(SHARE_ROUTE.rstrip("/"), _always("share"), below=True),
+    Place(INDEX, _always("index")),
+    Place(FAVICON, _always("favicon")),
+    *(Place(path, _always(path.strip("/"))) for path in OPS_PATHS),
+    *(Place(path, _always("login")) for path in LOGIN_PATHS),
+)
+assert PRECOMPUTED_PREFIX.startswith(DATA_PREFIX) and all(f"{DATA_PREFIX}{n}" != MESH_PREFIX for n in TREE_ROUTES)
+
+
+class RouteLabels:
+    """The metric label of a request, from the places served: bounded (a kind of resource, never a path)."""
+
+    def __init__(self, places: Iterable[Place]) -> None:
+        served = list(places)
+        self.exact = {place.path: place.label for place in served}
+        self.prefixes = tuple((place.path + "/", place.label) for place in served if place.below)
+
+    def of(self, method: str, path: str) -> str:
+        """The label of ``method`` on ``path`` (the path the routes read: below a path token)."""
+        if method not in READS:
+            if method == "OPTIONS":
+                return PREFLIGHT
+            if not takes(method, path):
+                return OTHER
+        label = self.exact.get(path)
+        if label is None:
+            for prefix, below in self.prefixes:
+                if path.startswith(prefix):
+                    return below(path)
+            return OTHER
+        return label(path)

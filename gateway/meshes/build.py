@@ -8,6 +8,7 @@ both give the same bytes.
 
 from collections.abc import Iterator
 
+from gateway_storage.faults import Unavailable
 from gateway_storage.geometry import Vec3
 
 from .errors import MeshTooLarge
@@ -19,7 +20,7 @@ from .surfaces import read_window, window_of
 BLOCK_CUBES = 2  # level-0 cubes per edge of a box (128^3 voxels): see box_memory_bytes for what one holds
 
 
-class DataChangedWhileIndexing(RuntimeError):
+class DataChangedWhileIndexing(Unavailable, RuntimeError):
     """The layer's files changed during the build: the index would describe no version of the data."""
 
 

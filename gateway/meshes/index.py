@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway_storage.faults import Broken
 from gateway_storage.geometry import Vec3
 
 from ..settings import STAMP_FILES
@@ -35,8 +36,10 @@ SCAN_VOXELS = 64 << 20
 MAX_INDEX_BYTES = 1 << 30
 
 
-class SegmentIndexCorrupt(OSError):
+class SegmentIndexCorrupt(Broken, OSError):
     """An index file that cannot be read as one: a storage fault (500), never a wrong answer."""
+
+    prefix = "segment index fault: "
 
 
 @dataclass(frozen=True, slots=True)

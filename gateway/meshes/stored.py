@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import FileIdentity, Store
+from gateway_storage.faults import Unavailable
 from gateway_storage.geometry import Vec3
 
 from ..shard_formats.neuroglancer_sharded import ShardChunk, ShardError, Sharding, sharding_document
@@ -67,7 +68,7 @@ class MeshSetCorrupt(ShardError):
     """A stored mesh set whose files are not of its format, or not those its stamp lists: a storage fault."""
 
 
-class MeshSetBlockFailed(RuntimeError):
+class MeshSetBlockFailed(Unavailable, RuntimeError):
     """A block of a mesh set could not be made; the message names the block and the reason."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from gateway_storage.faults import Broken
+
 SHARDED_TYPE = "neuroglancer_uint64_sharded_v1"
 SHARD_INDEX_ENTRY_BYTES = 16  # per minishard: start and end of its index, uint64 little-endian
 MINISHARD_ENTRY_BYTES = 24  # per key: key, start and size, each a delta-coded uint64 little-endian
@@ -29,7 +31,7 @@ TARGET_KEYS_PER_MINISHARD = (1 << 15) // MINISHARD_ENTRY_BYTES
 GZIP_LEVEL = 6
 
 
-class ShardError(OSError):
+class ShardError(Broken, OSError):
     """A shard whose index cannot be right: a storage fault, answered 5xx."""
 
 

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 
+from gateway_storage.faults import Broken
+
 EMPTY = 2**64 - 1
 _PAIR_BYTES = 16
 _CHECKSUM_BYTES = 4
 
 
-class ShardIndexError(OSError):
+class ShardIndexError(Broken, OSError):
     """A stored shard index that cannot be right: a storage fault, answered 5xx."""
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway_storage import Store
+from gateway_storage.faults import Broken
 
 _FETCHES = ThreadPoolExecutor(8, thread_name_prefix="chunk-fetch")  # chunk reads from object storage, in parallel
 Item = TypeVar("Item")
@@ -39,7 +40,7 @@ def blosc_length(data: bytes) -> int | None:
     return int.from_bytes(data[12:16], "little")
 
 
-class ChunkDecodeError(OSError):
+class ChunkDecodeError(Broken, OSError):
     """Stored chunks that tensorstore cannot decode: the bytes are wrong (a storage fault, never absent data).
 
     Tensorstore only decodes here, from memory: store faults were raised by the store before it ran.

@@ -13,6 +13,8 @@ import json
 import math
 from typing import Any
 
+from gateway_storage.faults import Malformed
+
 MAX_DEPTH = 64  # webknossos-libs and Zarr writers nest a few levels; 64 leaves room for user metadata
 # The most bytes any metadata document of the data root may hold (datasource-properties.json, .zarray, zarr.json,
 # attributes.json, info): real ones hold kilobytes; a larger file is refused on its size, before it is read.
@@ -22,7 +24,7 @@ MAX_DOCUMENT_BYTES = 4 << 20
 MAX_DOCUMENT_VALUES = 200_000
 
 
-class DocumentError(ValueError):
+class DocumentError(Malformed, ValueError):
     """A file that is not a JSON document the gateway accepts; the message says why."""
 
 

@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import AnchoredStore, FileIdentity, FileSource, Store
+from gateway_storage.faults import Absent, Malformed
 from gateway_storage.geometry import Box, Vec3
 from gateway_storage.identity import ListedFile
 
 from .properties import BoundingBox
 
 
-class ChunkNotFound(LookupError):
+class ChunkNotFound(Absent, LookupError):
     """A chunk or shard that is absent by design (outside the bounding box, past the grid, not stored): a 404."""
 
 
-class SourceError(ValueError):
+class SourceError(Malformed, ValueError):
     """A mag the gateway cannot serve (its metadata is wrong or unsupported); the message is the reason shown."""
 
 

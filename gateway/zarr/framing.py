@@ -13,6 +13,7 @@ from collections.abc import Hashable
 
 import lz4.block
 
+from gateway_storage.faults import Malformed
 from wkw_adapter import BlockDecodeError
 
 from ..sources.mag import StoredEncoding
@@ -21,7 +22,7 @@ from .blosc import LZ4_PREFIX_SIZE, MEMCPY_PREFIX_SIZE, lz4_bound, lz4_chunk_pre
 Stored = bytes | memoryview  # stored bytes as read, or a view of them in a longer read (no copy)
 
 
-class UnknownEncoding(TypeError):
+class UnknownEncoding(Malformed, TypeError):
     """Stored bytes of an encoding the Zarr layer has no framing for: a programming error, never raw bytes."""
 
 

@@ -1,9 +1,11 @@
 """Parsing chunk keys of both trees into grid indices."""
 
+from gateway_storage.faults import Invalid
+
 _MAX_DIGITS = 18  # anything longer is past every grid this gateway serves
 
 
-class MalformedKey(ValueError):
+class MalformedKey(Invalid, ValueError):
     """A chunk key that is malformed (400), as opposed to one past the grid (404)."""
 
 

@@ -21,7 +21,7 @@ class Authorizer:
     def token(self, request: Request, original: tuple[bytes, bytes | None, bytes | None] | None = None) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here. ``original``:
         the query, path token and share link of the URI the proxy's ``/auth`` checks, in place of the request's."""
-        own = (request.query_string, request.path_token, request.exchange.path_link)
+        own = (request.query_string, request.path_token, request.path_link)
         query, path_token, path_link = original or own
         return self.access.read(request, query, path_token, path_link)
 

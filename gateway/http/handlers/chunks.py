@@ -40,7 +40,7 @@ class Chunks:
             kept = await self._made(node, index, request)
             if not self.answers.keep(place, kept):
                 return kept
-        self.answers.targets.remember(request.exchange.path, KeptTarget(place, dataset, target.route))
+        self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
 
     async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:

@@ -32,7 +32,7 @@ def link_prefix(request: Request) -> str:
 
     Only a page the link was checked for is rendered, so the capability is of URL-safe characters.
     """
-    link = request.exchange.path_link
+    link = request.path_link
     return "" if link is None else SHARE_PREFIX + link.decode("latin-1")
 
 
@@ -114,7 +114,7 @@ class Pages:
         """The dataset's listing with a card per layer (preview, facts, viewer link) and client snippets."""
         base, _ = self._origin(request)
         viewer = viewer_url(self.neuroglancer_url, self.own_viewer, links)
-        under_link = request.exchange.path_link is not None
+        under_link = request.path_link is not None
         page = build_dataset_page(
             view.dataset,
             tree,
