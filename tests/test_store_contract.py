@@ -4,7 +4,8 @@ In the manner of zarr-python's ``StoreTests``: :class:`StoreContract` states the
 and each store subclasses it with fixtures that make a store over a fresh root and write files into
 it the store's own way (a local directory; a bucket prefix on moto's real S3 server). A store that
 can be unreachable (a network service) also subclasses :class:`UnreachableStoreContract`. New stores
-(GCS, Azure, HTTPS) are new subclasses here.
+(GCS, Azure, HTTPS) are new subclasses here. Every view of a store (a :class:`WrapperStore`) runs the
+contract over a local directory and over S3 too.
 """
 
 import shutil
@@ -30,43 +31,31 @@ class TestLocalStore(LocalStoreContract):
 
 # --- the views of a store: each a WrapperStore that must still be the store it wraps ----------------------
 
+VIEWS: dict[str, Callable[[Store], Store]] = {
+    "wrapper": WrapperStore,  # the generic wrapper itself, changing nothing
+    "anchored": lambda inner: AnchoredStore(inner, inner.root),  # a mag's view: here the root, below which all lies
+    "watched": lambda inner: WatchedStore(inner, Observed()),  # the catalog's recorder of what a load looks at
+}
 
-class WrappedLocalStore(LocalStoreContract):
-    """A local directory seen through a wrapper: the whole contract holds through it (``wrap`` makes the view)."""
 
-    wrap: Callable[[Store], Store]
+@pytest.fixture(params=sorted(VIEWS))
+def view(request: pytest.FixtureRequest) -> Callable[[Store], Store]:
+    return VIEWS[request.param]
+
+
+class TestViewsOfLocalStore(LocalStoreContract):
+    """A local directory seen through each view: the whole contract holds through it."""
 
     @pytest.fixture
-    def store(self, tmp_path: Path) -> Store:
+    def store(self, tmp_path: Path, view: Callable[[Store], Store]) -> Store:
+        self.view = view
         (tmp_path / "root").mkdir()
-        return type(self).wrap(LocalStore(str(tmp_path / "root")))
+        return view(LocalStore(str(tmp_path / "root")))
 
     def replica(self, store: Store) -> Store:
         copy = Path(store.root).parent / f"replica-{uuid.uuid4().hex}"
         shutil.copytree(store.root, copy, symlinks=True)
-        return type(self).wrap(LocalStore(str(copy)))
-
-
-class TestWrapperStore(WrappedLocalStore):
-    """The generic wrapper itself, changing nothing."""
-
-    wrap = WrapperStore
-
-
-class TestAnchoredStore(WrappedLocalStore):
-    """A store seen from a directory that must be there (a mag's): here the root, which every path lies below."""
-
-    @staticmethod
-    def wrap(inner: Store) -> Store:
-        return AnchoredStore(inner, inner.root)
-
-
-class TestWatchedStore(WrappedLocalStore):
-    """The catalog's recorder of what a load looks at."""
-
-    @staticmethod
-    def wrap(inner: Store) -> Store:
-        return WatchedStore(inner, Observed())
+        return self.view(LocalStore(str(copy)))
 
 
 # --- S3, on moto's real server -----------------------------------------------------------------------
@@ -124,3 +113,21 @@ class TestS3Store(UnreachableStoreContract):
         """What start-up messages name: moto for one store, the closed port for the other (read at opening)."""
         assert store.endpoint() == self.client.meta.endpoint_url
         assert unreachable.endpoint() != store.endpoint() and unreachable.endpoint() is not None
+
+
+class TestViewsOfS3Store(TestS3Store):
+    """A bucket prefix seen through each view, reachable or not."""
+
+    @pytest.fixture
+    def store(self, moto: Moto, view: Callable[[Store], Store]) -> Store:
+        self.client = moto.client()
+        self.view = view
+        return view(S3Store(f"s3://{BUCKET}/{uuid.uuid4().hex}/root"))
+
+    def replica(self, store: Store) -> Store:
+        return self.view(super().replica(store))
+
+    @pytest.fixture
+    def unreachable(self, moto: Moto, view: Callable[[Store], Store]) -> Iterator[Store]:
+        with environment({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}):  # nothing listens there
+            yield view(S3Store(f"s3://{BUCKET}/root", timeout=1.0, max_attempts=1))

@@ -65,7 +65,7 @@ from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
 from .pages.icon import favicon
-from .pages.listing import Entry
+from .pages.listing import Entry, page_bytes
 from .pages.viewer import NeuroglancerClient
 from .share import Revocations, ShareKey, ShareLinks
 from .urls import (
@@ -189,7 +189,8 @@ class Shared:
             )
         chunk_threads = anyio.CapacityLimiter(settings.threads)
         options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
-        datasets = Datasets(data.catalog, options, data.shards, chunk_threads)
+        memory = MemoryBudget(settings.chunk_memory_bytes)  # what every request builds; kept answers count too
+        datasets = Datasets(data.catalog, options, data.shards, chunk_threads, memory)
         origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
         sign_in = _sign_in(settings, origin)
         links = share_links(settings)
@@ -199,12 +200,11 @@ class Shared:
         note = root_note(data.store) if store_kind(settings.root) is None else None  # a store away must not delay
         share_most = None if links is None else settings.share_max_seconds
         pages = Pages(origin, settings.neuroglancer_url, viewer is not None, not access.open, share_most, note)
-        memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
-        # where no change is reported, a look at a kept answer's files holds for the settle time (README, "Kept
-        # answers and late data")
+        # Kept answers: where no change is reported, a look at a kept answer's files holds for the settle time
+        # (README, "Kept answers and late data")
         answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
         sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
-        listings = Listings(datasets, roots)
+        listings = Listings(datasets, roots, memory)
         return cls(
             roots,
             origin,
@@ -261,7 +261,7 @@ def handlers_by_place(settings: Settings, data: Data, shared: Shared, ops: Ops) 
         Level.ARRAY: ArrayLevel(datasets, sender, pages, chunks),
     }
     trees = TreeHandler(access, levels)
-    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_page, _listing_bytes)
     precomputed_trees = PrecomputedHandler(
         access, datasets, listings, precomputed, sender, shared.chunk_threads, shared.memory, pages
     )
@@ -383,3 +383,8 @@ def create_app_from_env() -> Starlette:
 def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
     """A listing page of the precomputed tree, rendered as every tree's listings are."""
     return listing(base, [Entry(*row) for row in rows])
+
+
+def _listing_bytes(rows: list[ListingRow]) -> int:
+    """What :func:`_listing_page` holds while it renders ``rows``."""
+    return page_bytes([Entry(*row) for row in rows])

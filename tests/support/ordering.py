@@ -30,6 +30,7 @@ KNOWN_SECONDS = {
     "test_batch_selection.py": 75,  # the batch CLI four times, a dask LocalCluster once
     "test_own_viewer.py": 90,
     "test_precomputed_tree.py": 80,
+    "test_fuzz_catalog_bounds.py": 110,  # generated properties files; segment lists, documents, listings in a budget
     "test_fuzz_read_bounds.py": 80,  # damaged layers, metadata multipliers and mesh chunk shapes through gateways
     "test_mappings.py": 70,  # mapped layers read by four clients, bad mapping files, meshes of agglomerates
     "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
@@ -46,7 +47,10 @@ KNOWN_SECONDS = {
     "test_proxy_cache.py": 30,
     "test_share_links.py": 60,  # two gateways, three clients, nginx
     "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
+    "test_mapping_viewer.py": 60,  # Neuroglancer in Chromium draws a mapped layer three times
+    "test_mapping_files_follow.py": 25,  # mapping files added and removed under a running gateway
     "test_mesh_segments.py": 40,
+    "test_store_contract.py": 20,  # moto; the contract over every store and each view of one (local and S3)
     "test_data_stamp.py": 25,
     "test_data_safety.py": 25,
     "test_chunk_rewrites.py": 25,

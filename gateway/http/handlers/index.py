@@ -7,7 +7,7 @@ from ...resources import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
 from ..messages import Answer, Request
-from ..pages.landing import HOME_TREE, Landing
+from ..pages.landing import HOME_TREE, Landing, landing_bytes
 from ..pages.listing import Entry
 from .access import Authorizer
 from .listings import Listings, Readable
@@ -39,14 +39,18 @@ class Landings:
         render: Callable[[Readable, Landing], Resource],
     ) -> Resource:
         """``render`` of the readable datasets and their cards; the datasets are listed and the page rendered in
-        catalog threads, the data stamps waited for on the event loop in between (as the dataset page does)."""
-        readable = await self.listings.readable(grant, lambda found: found)
-        largest = await self.largest.of_all(dataset for datasets in readable.values() for dataset in datasets)
+        catalog threads, the data stamps waited for on the event loop in between (as the dataset page does), while
+        the page's cost (from the names and the index files' sizes) is held of the worker's memory budget."""
+        readable = await self.listings.readable(grant, lambda found: found)  # loaded: the catalog's, not the page's
+        datasets = [dataset for found in readable.values() for dataset in found]
+        names = [*readable, *(dataset.name for dataset in datasets)]
+        async with self.listings.memory.hold(landing_bytes(names) + await self.largest.need(datasets), "this page"):
+            largest = await self.largest.of_all(datasets)
 
-        def rendered() -> Resource:
-            return render(readable, self.pages.landing(request, token, tree, readable, largest))
+            def rendered() -> Resource:
+                return render(readable, self.pages.landing(request, token, tree, readable, largest))
 
-        return await self.listings.datasets.call(rendered)
+            return await self.listings.datasets.call(rendered)
 
 
 @dataclass(frozen=True, slots=True)
