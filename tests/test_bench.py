@@ -23,7 +23,16 @@ SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from benchmark.config import CASES, HTTP_SERVERS, KEYSETS, PEER_COMPARED, ZIPF_CASES, ZIPF_KEYSETS  # noqa: E402
+from benchmark.config import (  # noqa: E402
+    CASES,
+    HTTP_SERVERS,
+    KEYSETS,
+    MAPPED_CASES,
+    MAPPED_KEYSETS,
+    PEER_COMPARED,
+    ZIPF_CASES,
+    ZIPF_KEYSETS,
+)
 from benchmark.report import README_END, README_START  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -79,6 +88,14 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     for row in zipf_rows:
         assert not row[2].startswith("failed"), row
         assert float(row[2].replace(",", "")) > 0 and row[6] != "—", row
+    # A mapped layer against its labels on the same keys: every row, with its ratio to the labels' row.
+    mapped_rows = _table_rows(markdown, skip=2)
+    expected_mapped = [(c.name, MAPPED_KEYSETS[c.keyset].label) for c in MAPPED_CASES]
+    assert [(row[0], row[1]) for row in mapped_rows] == expected_mapped
+    for row in mapped_rows:
+        assert not row[2].startswith("failed"), row
+        assert float(row[2].replace(",", "")) > 0 and row[6] != "—", row
+    assert "| u32 labels 64³: agglomerates, made each time ≥ 0.5 x labels |" in markdown
     # The peers on the same keys: the gateway's ratio to xpublish and to Tiled on each row they serve.
     peer_rows = _table_rows(markdown, header="| chunks | gateway row |")
     assert [row[1] for row in peer_rows] == list(PEER_COMPARED.values())

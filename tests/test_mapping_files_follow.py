@@ -55,7 +55,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gateway(root: Path, server_factory: Callable[..., Server]) -> Server:
-    return server_factory(root)
+    return server_factory(root, settle_seconds=1)  # the default: a mapping file still being written is held back
 
 
 def layers(server: Server) -> set[str]:

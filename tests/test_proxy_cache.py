@@ -536,9 +536,10 @@ def test_the_kubernetes_proxy_runs_the_compose_templates_in_front_of_the_gateway
         f"{gateways['spec']['ports'][0]['port']};"
     )
     proxy_service = _named(cached_overlay, "Service", "zarr-gateway-proxy")
-    ingress = _named(cached_overlay, "Ingress", "zarr-gateway")
-    backends = {path["backend"]["service"]["name"] for path in ingress["spec"]["rules"][0]["http"]["paths"]}
-    assert backends == {proxy_service["metadata"]["name"]}, "every routed path goes through the proxy"
+    for name in ("zarr-gateway", "zarr-gateway-open"):  # the data paths, and sign-in, the viewer and the favicon
+        ingress = _named(cached_overlay, "Ingress", name)
+        backends = {path["backend"]["service"]["name"] for path in ingress["spec"]["rules"][0]["http"]["paths"]}
+        assert backends == {proxy_service["metadata"]["name"]}, f"every path {name} routes goes through the proxy"
     pod = _named(cached_overlay, "Deployment", "zarr-gateway-proxy")["spec"]["template"]["spec"]
     [container] = pod["containers"]
     mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
@@ -616,3 +617,61 @@ def test_checkov_fails_no_check_on_the_kubernetes_proxy_but_those_its_doc_accept
     accepted = _accepted_checks()
     assert all(accepted.values()), "every accepted check needs its reason"
     assert failed == set(accepted), f"failed {sorted(failed)}, accepted {sorted(accepted)}"
+
+
+# --- a mapped layer follows its mapping file ------------------------------------------------------------------
+
+
+@pytest.fixture
+def mapped(tmp_path: Path, tokens: Path, server_factory: Callable[..., Server]) -> tuple[Path, Server]:
+    """A segmentation layer with an agglomerate file that the test rewrites, and a gateway over it."""
+    import h5py
+
+    root = tmp_path / "root"
+    layer = {**layer_entry("cells", "wkw", (EDGE, EDGE, EDGE)), "category": "segmentation", "elementClass": "uint32"}
+    write_properties(root / ORG / "mapped", [layer])
+    labels = np.random.default_rng(5).integers(0, 500, size=(1, EDGE, EDGE, EDGE), dtype=np.uint32)
+    header = wkw.Header(np.uint32, block_type=wkw.Header.BLOCK_TYPE_RAW, file_len=EDGE // 32)
+    with wkw.Dataset.create(str(root / ORG / "mapped" / "cells" / "1"), header) as dataset:
+        dataset.write((0, 0, 0), labels)
+    path = root / ORG / "mapped" / "cells" / "agglomerates" / "proofread.hdf5"
+    path.parent.mkdir()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=np.arange(500, dtype=np.uint64) // 10)
+    return path, server_factory(root, tokens_file=tokens)
+
+
+def test_a_rewritten_mapping_shows_through_the_proxy_with_its_etag(mapped: tuple[Path, Server], tmp_path: Path) -> None:
+    """Proofreading rewrites the agglomerate file in place: through the proxy (the shipped window) the mapped
+    chunk and its ETag become the gateway's new ones within the window, and never go back."""
+    import h5py
+
+    path, server = mapped
+    proxy = proxy_for(server, tmp_path / "nginx", PROXY_ANSWER_CACHE_TIME="1s")
+    marks = Marks(proxy, server, "mapped")
+    chunk = f"/data/zarr/{ORG}/mapped/cells__proofread/1/0.1.0.1"
+    try:
+        old = marks.get(chunk)
+        assert old.status_code == 200 and marks.get(chunk).headers["ETag"] == old.headers["ETag"]
+        with h5py.File(path, "w") as f:  # in place, as proofreading tools write it: every segment joined
+            f.create_dataset("segment_to_agglomerate", data=np.full(500, 7, dtype=np.uint64))
+        new = requests.get(f"{server.url}{chunk}", headers={"X-Auth-Token": TOKEN}, timeout=30)
+        assert new.status_code == 200 and new.content != old.content and new.headers["ETag"] != old.headers["ETag"]
+        seen: list[requests.Response] = []
+
+        def shows() -> bool:
+            answer = marks.get(chunk)
+            assert answer.status_code == 200, answer.text
+            seen.append(answer)
+            return answer.content == new.content
+
+        assert wait_until(shows, timeout=WAIT_SECONDS, interval=0.1), "the rewrite never showed through the proxy"
+        for _ in range(15):  # past the next revalidation: still the new chunk, never the old one again
+            shows()
+            time.sleep(0.1)
+        switched = next(i for i, answer in enumerate(seen) if answer.content == new.content)
+        assert all((a.content, a.headers["ETag"]) == (old.content, old.headers["ETag"]) for a in seen[:switched])
+        assert all((a.content, a.headers["ETag"]) == (new.content, new.headers["ETag"]) for a in seen[switched:])
+        assert "EXPIRED" in marks.verdicts(), "the change was found by revalidating the cached answer"
+    finally:
+        proxy.stop()

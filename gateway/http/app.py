@@ -25,7 +25,6 @@ from ..metrics import RequestStats
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
 from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
-from ..resources import Resource
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
@@ -45,7 +44,7 @@ from .handlers.datasets import Datasets
 from .handlers.index import IndexHandler, Landings
 from .handlers.listings import Listings
 from .handlers.meshes import MeshHandler
-from .handlers.pages import Pages, listing
+from .handlers.pages import Pages
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
 from .handlers.segments import LargestSegments
@@ -261,7 +260,7 @@ def handlers_by_place(settings: Settings, data: Data, shared: Shared, ops: Ops) 
         Level.ARRAY: ArrayLevel(datasets, sender, pages, chunks),
     }
     trees = TreeHandler(access, levels)
-    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_page, _listing_bytes)
+    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_bytes)
     precomputed_trees = PrecomputedHandler(
         access, datasets, listings, precomputed, sender, shared.chunk_threads, shared.memory, pages
     )
@@ -380,11 +379,7 @@ def create_app_from_env() -> Starlette:
     return create_app(settings)
 
 
-def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
-    """A listing page of the precomputed tree, rendered as every tree's listings are."""
-    return listing(base, [Entry(*row) for row in rows])
-
-
 def _listing_bytes(rows: list[ListingRow]) -> int:
-    """What :func:`_listing_page` holds while it renders ``rows``."""
+    """What a listing page of the precomputed tree holds while it renders ``rows`` (in the request's credential
+    form, :class:`~gateway.http.handlers.precomputed.PrecomputedHandler`)."""
     return page_bytes([Entry(*row) for row in rows])

@@ -124,24 +124,25 @@ class PrecomputedTree:
         meshes: MeshService,
         meters_per_unit: Callable[[str], float],
         chunk_edge: int,
-        render_listing: RenderListing,
         listing_bytes: Callable[[list[ListingRow]], int],
     ) -> None:
         self.meshes = meshes
         self.meters_per_unit = meters_per_unit
         self.chunk_edge = chunk_edge
-        self.render_listing = render_listing
         self.listing_bytes = listing_bytes  # what a listing of rows holds while it is rendered
         self.compresses = has_compressed_segmentation()
         self._volumes: dict[tuple[str, str, str, bool], Volume] = {}
 
     # --- the one entry point ------------------------------------------------------------------
 
-    def answer(self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str) -> Found:
-        """What ``target`` (a dataset or below, its dataset found and the access decided) answers."""
+    def answer(
+        self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str, render_listing: RenderListing
+    ) -> Found:
+        """What ``target`` (a dataset or below, its dataset found and the access decided) answers; a listing is
+        rendered by ``render_listing``, the request's own (its links keep the page's credential form)."""
         rows = self._listed(dataset, target)
         if rows is not None:
-            return Found(self.render_listing(target.base, rows))
+            return Found(render_listing(target.base, rows))
         volume = self.volume(dataset, target.names[2], target.raw_only)
         below = target.below
         mesh_file = self._mesh_name(target)

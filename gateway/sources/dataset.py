@@ -5,6 +5,7 @@ authorization) reads these and needs neither the loader nor the catalog's reload
 """
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,23 +81,36 @@ class BrokenDataset:
         return []  # it serves no layer, mapped or not
 
 
+# The mapping folders of a dataset in an object store are listed again this often at most (a listing is a request
+# there); on a local disk whenever its properties file is looked at.
+REMOTE_MAPPINGS_SECONDS = 10.0
+
+
 @dataclass
 class MappingFolder:
     """The mappings a load found beside one segmentation layer. A mapping added or removed is a layer added or
     removed without an edit of the properties file, so they are looked up again whenever that file is checked
     (a few stats and listings per segmentation layer); so is what each mapping that could not be opened looked
-    up (a Zarr group caught before its array's metadata was written), to be served as soon as it can be."""
+    up (a Zarr group caught before its array's metadata was written), to be served as soon as it can be. In an
+    object store, where each look is a request, at most every REMOTE_MAPPINGS_SECONDS."""
 
     directory: str  # the layer's
     found: tuple[Found, ...]
     unsettled: bool = False  # one was still being written: it is no layer yet, and looked at again
     refused: list[Observed] = field(default_factory=list)
+    looked_at: float = field(default_factory=time.monotonic)
 
     def moved(self, mappings: Mappings, store: Store) -> bool:
-        if self.unsettled or any(observed.changed(store) for observed in self.refused):
+        if self.unsettled:
             return True
+        now = time.monotonic()
+        if not store.is_local and now < self.looked_at + REMOTE_MAPPINGS_SECONDS:
+            return False
+        self.looked_at = now
         try:
-            return tuple(mappings.find(self.directory)) != self.found
+            return any(observed.changed(store) for observed in self.refused) or (
+                tuple(mappings.find(self.directory)) != self.found
+            )
         except (OSError, StorageError, ValueError):
             return True  # the load says what is wrong
 

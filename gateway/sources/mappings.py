@@ -19,7 +19,7 @@ import json
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,13 +171,30 @@ def _checked_dtype(dtype: np.dtype, where: str) -> np.dtype:
     return np.dtype(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
 
 
-def _runs(pieces: np.ndarray) -> Iterator[tuple[int, int]]:
-    """Runs of consecutive piece numbers (sorted, distinct) as ``(first, last + 1)``: each read at once."""
+RUN_BYTES = 2 << 20  # consecutive pieces are read at once up to this many bytes (or one piece)
+
+
+def _runs(pieces: np.ndarray, most: int) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive piece numbers (sorted, distinct) as ``(first, last + 1)``, each of ``most`` pieces
+    at most: each read at once."""
     if pieces.size == 0:
         return
     breaks = np.flatnonzero(np.diff(pieces) != 1) + 1
     for run in np.split(pieces, breaks):
-        yield int(run[0]), int(run[-1]) + 1
+        for start in range(int(run[0]), int(run[-1]) + 1, most):
+            yield start, min(start + most, int(run[-1]) + 1)
+
+
+def _gathered(wanted: np.ndarray, piece_entries: int, piece_of: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The entries at ``wanted`` (sorted), each from its piece (``piece_of(number)``): a slice of ``wanted``
+    per piece, so that many pieces cost what their entries do."""
+    numbers_of = wanted // piece_entries
+    result = np.empty(wanted.shape, dtype=np.uint64)
+    numbers, starts = np.unique(numbers_of, return_index=True)
+    ends = [*starts[1:].tolist(), wanted.size]
+    for number, start, end in zip(numbers.tolist(), starts.tolist(), ends, strict=True):
+        result[start:end] = piece_of(number)[(wanted[start:end] - number * piece_entries).astype(np.intp)]
+    return result
 
 
 # --- HDF5 -----------------------------------------------------------------------------------------------
@@ -223,6 +240,8 @@ class _Opened:
     dataset: Any  # h5py.Dataset
     entries: int
     piece: int  # entries per piece
+    dtype: np.dtype  # of its entries, as served (little-endian)
+    offset: int | None  # of a contiguous array's bytes in the file: read there at once, without h5py
 
 
 class Hdf5Mapping(Mapping):
@@ -232,7 +251,7 @@ class Hdf5Mapping(Mapping):
         super().__init__(store, found, pieces)
         MAPPINGS.require(f"the HDF5 mapping {found.name!r}")
         self._opened = self._open(self._identity(found.path, through))
-        self.dtype = self._opened.dataset.dtype
+        self.dtype = self._opened.dtype
 
     def _open(self, identity: FileIdentity) -> _Opened:
         """Open one version, checked before any of its array is read: signature, dataset, shape, type, and that
@@ -273,7 +292,7 @@ class Hdf5Mapping(Mapping):
     def _checked(self, dataset: Any, identity: FileIdentity, where: str) -> _Opened:
         if dataset.ndim != 1:
             raise SourceError(f"{where}: {ARRAY} has shape {dataset.shape}, not one dimension")
-        _checked_dtype(dataset.dtype, f"{where}: {ARRAY}")
+        dtype = _checked_dtype(dataset.dtype, f"{where}: {ARRAY}")
         entries = int(dataset.shape[0])
         if entries > MAX_ENTRIES:
             raise SourceError(f"{where}: {ARRAY} declares {entries} entries, more than {MAX_ENTRIES}")
@@ -287,7 +306,7 @@ class Hdf5Mapping(Mapping):
                     f"{where}: {ARRAY} declares {declared} bytes that the file of {identity.size} bytes does not "
                     "hold (a truncated or sparse file)"
                 )
-            return _Opened(identity, dataset, entries, PIECE_ENTRIES)
+            return _Opened(identity, dataset, entries, PIECE_ENTRIES, dtype, offset)
         piece = int(dataset.chunks[0])
         check_chunk_bytes((piece,), dataset.dtype.itemsize, f"a stored chunk of {ARRAY}")
         if piece * dataset.dtype.itemsize > MAX_PIECE_BYTES:
@@ -299,7 +318,7 @@ class Hdf5Mapping(Mapping):
                 f"{where}: {ARRAY} stores {stored} of its {expected} chunks (a sparse file: missing entries would "
                 "read as agglomerate 0)"
             )
-        return _Opened(identity, dataset, entries, piece)
+        return _Opened(identity, dataset, entries, piece, dtype, None)
 
     def _current(self) -> _Opened:
         identity = self._identity(self.path)
@@ -311,9 +330,9 @@ class Hdf5Mapping(Mapping):
                         fresh = self._open(identity)
                     except SourceError as exc:
                         raise MappingUnreadable(str(exc)) from None
-                    if fresh.dataset.dtype != self.dtype:
+                    if fresh.dtype != self.dtype:
                         raise MappingUnreadable(
-                            f"agglomerate file {self.key} now holds {fresh.dataset.dtype}, not {self.dtype}"
+                            f"agglomerate file {self.key} now holds {fresh.dtype}, not {self.dtype}"
                         )
                     self._opened = fresh
                 opened = self._opened
@@ -333,26 +352,31 @@ class Hdf5Mapping(Mapping):
                 missing.append(number)
             else:
                 found[number] = piece
-        for start, stop in _runs(np.asarray(missing, dtype=np.int64)):
-            first, last = start * opened.piece, min(stop * opened.piece, opened.entries)
-            try:
-                values = np.asarray(opened.dataset[first:last], dtype=np.uint64)
-            except (StorageError, OversizedFileError):
-                raise
-            except Exception as exc:
-                raise MappingUnreadable(f"agglomerate file {self.key} cannot be read: {exc}") from None
+        most = max(1, RUN_BYTES // (opened.piece * self.dtype.itemsize))
+        for start, stop in _runs(np.asarray(missing, dtype=np.int64), most):
+            values = self._read(opened, start * opened.piece, min(stop * opened.piece, opened.entries))
             for number in range(start, stop):
                 piece = values[(number - start) * opened.piece : (number - start + 1) * opened.piece]
                 found[number] = piece
                 self.pieces.put((self.key, opened.identity.version, number), piece, piece.nbytes)
         if wanted.size:
-            numbers_of = wanted // opened.piece
-            result = np.empty(wanted.shape, dtype=np.uint64)
-            for number, piece in found.items():
-                at = numbers_of == number
-                result[at] = piece[(wanted[at] - number * opened.piece).astype(np.int64)]
-            out[inside] = result
+            out[inside] = _gathered(wanted, opened.piece, found.__getitem__)
         return out, [(self.path, opened.identity)]
+
+    def _read(self, opened: _Opened, first: int, last: int) -> np.ndarray:
+        """Entries ``first`` to ``last`` as uint64: a contiguous array's bytes in one read of the store (h5py's
+        reads through a file object cost several times as much), a chunked one's through h5py."""
+        dtype = opened.dataset.dtype
+        if opened.offset is not None:
+            at, size = opened.offset + first * dtype.itemsize, (last - first) * dtype.itemsize
+            data = self.store.read(self.path, at, size, opened.identity, limit=MAX_PIECE_BYTES * 4)
+            return np.frombuffer(data, dtype=dtype).astype(np.uint64)
+        try:
+            return np.asarray(opened.dataset[first:last], dtype=np.uint64)
+        except (StorageError, OversizedFileError):
+            raise
+        except Exception as exc:
+            raise MappingUnreadable(f"agglomerate file {self.key} cannot be read: {exc}") from None
 
     def listed(self, limit: int) -> list[ListedFile]:
         return [ListedFile(self.key, self._identity(self.path))]
@@ -450,9 +474,8 @@ class ZarrVector:
         if metadata != self.metadata_identity:
             raise MappingUnreadable(f"agglomerate group {self.key}: its metadata changed since the layer was loaded")
         files: dict[str, FileIdentity | None] = {self.metadata_path: metadata}
-        numbers_of = wanted // self.piece
-        result = np.empty(wanted.shape, dtype=np.uint64)
-        for number in np.unique(numbers_of).tolist():
+
+        def piece_of(number: int) -> np.ndarray:
             path = self._file_of(number)
             if path not in files:
                 files[path] = self.store.identity(path)
@@ -462,8 +485,9 @@ class ZarrVector:
             if piece is None:
                 piece = self._read_piece(number, path, identity)
                 self.pieces.put(key, piece, piece.nbytes)
-            at = numbers_of == number
-            result[at] = piece[(wanted[at] - number * self.piece).astype(np.int64)]
+            return piece
+
+        result = _gathered(wanted, self.piece, piece_of)
         return result, list(files.items())
 
     def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:

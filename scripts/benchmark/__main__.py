@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __doc__ as package_doc
-from .config import CASES, FULL, REPO, SHORT, ZIPF_CASES, Case, Mode, Result, log
+from .config import CASES, FULL, MAPPED_CASES, MAPPED_KEYSETS, REPO, SHORT, ZIPF_CASES, Case, Mode, Result, log
 from .dataset import build_dataset
 from .keys import chunk_sequences, write_paths, zipf_sequences
 from .load import h2load_binary, wrk_binary
@@ -87,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         stop_all([*gateways.values(), *(target.server for target in peers.values())])
         gateways = {}
-        for case in [*CASES, *ZIPF_CASES]:
+        for case in [*CASES, *MAPPED_CASES, *ZIPF_CASES]:
             run.fail(case, f"preparing the key sets failed: {type(exc).__name__}: {exc}")
     if gateways:
         try:
             run_groups(run, sequences, gateways, peers)
+            run_groups(run, sequences, gateways, {}, MAPPED_CASES, MAPPED_KEYSETS)
         finally:
             stop_all(gateways.values())
         run_zipf(run, zipf_sequences(mode))

@@ -1,4 +1,5 @@
-"""The benchmark's WKW dataset: LZ4HC uint8 and raw uint16 layers of a large virtual extent.
+"""The benchmark's WKW dataset: LZ4HC uint8 and raw uint16 layers of a large virtual extent, and a segmentation
+with an agglomerate mapping (the mapped rows).
 
 Only the files that requests touch exist. The voxels have EM-like statistics so that LZ4HC blocks
 compress as real data does; a stamp lets a later run reuse a dataset of the same parameters.
@@ -23,7 +24,20 @@ from gateway.sample import smooth_lattice_grid
 from gateway_storage.geometry import Vec3, mag_name
 from wkw_adapter import BlockType, WkwHeader, compress_block, morton_decode, write_mag
 
-from .config import BLOCK, DATA_CUBE, DATA_ORIGIN, DATA_VERSION, DATASET, EXTENT, ORG, SEED, Mode, log
+from .config import (
+    BLOCK,
+    DATA_CUBE,
+    DATA_ORIGIN,
+    DATA_VERSION,
+    DATASET,
+    EXTENT,
+    MAPPING,
+    ORG,
+    SEED,
+    SEGMENTATION,
+    Mode,
+    log,
+)
 
 
 class _Smooth:
@@ -94,6 +108,54 @@ def _shifted(blocks: dict[Vec3, bytes], corner: Vec3) -> Callable[[Vec3], bytes]
         return blocks[(corner[0] + position[0], corner[1] + position[1], corner[2] + position[2])]
 
     return block_at
+
+
+REGION = 64  # the ids of one region of the labels lie in a window of the id space ...
+WINDOW = 20_000  # ... this wide, spread over the whole mapping
+SEGMENT_BLOCK = 8  # labels come in blocks of this edge, one id each
+PER_AGGLOMERATE = 50  # consecutive segments joined into one agglomerate
+
+
+def segmentation_labels(box: Vec3, entries: int) -> np.ndarray:
+    """Labels of ``box`` voxels (uint32) for a mapping of ``entries`` entries: ids in 8³ blocks, those of each 64³
+    region in a window of WINDOW ids at a random place in the mapping, as a blockwise watershed numbers
+    supervoxels."""
+    rng = np.random.default_rng(SEED + 43)
+    blocks = tuple(s // SEGMENT_BLOCK for s in box)
+    regions = tuple(s // REGION for s in box)
+    bases = rng.integers(1, max(2, entries - WINDOW), size=regions, dtype=np.int64)
+    per = REGION // SEGMENT_BLOCK
+    base = np.repeat(np.repeat(np.repeat(bases, per, 0), per, 1), per, 2)
+    ids = (base + rng.integers(0, WINDOW, size=blocks)).astype(np.uint32)
+    return np.repeat(np.repeat(np.repeat(ids, SEGMENT_BLOCK, 0), SEGMENT_BLOCK, 1), SEGMENT_BLOCK, 2)
+
+
+def agglomerate_of(segments: np.ndarray) -> np.ndarray:
+    """The agglomerate file's entries at ``segments``: PER_AGGLOMERATE consecutive segments each, 0 stays 0."""
+    wide = segments.astype(np.uint64)
+    return np.where(wide == 0, np.uint64(0), wide // np.uint64(PER_AGGLOMERATE) + np.uint64(1))
+
+
+def write_agglomerate_file(path: Path, entries: int) -> None:
+    """An HDF5 agglomerate file of ``entries`` entries (contiguous uint64, as webKnossos writes it), written in
+    pieces (10⁸ entries are 800 MB)."""
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        table = f.create_dataset("segment_to_agglomerate", shape=(entries,), dtype=np.uint64)
+        step = 1 << 22
+        for start in range(0, entries, step):
+            stop = min(entries, start + step)
+            table[start:stop] = agglomerate_of(np.arange(start, stop, dtype=np.uint64))
+
+
+def _write_segmentation(dataset_dir: Path, mode: Mode) -> None:
+    """The labels (WKW, LZ4HC) and their agglomerate file of ``mode.seg_entries`` entries."""
+    header = WkwHeader.create(np.dtype(np.uint32), 1, BlockType.LZ4HC, block_len=BLOCK, file_len=8)
+    layer = dataset_dir / SEGMENTATION
+    write_mag(str(layer / "1"), header, segmentation_labels(mode.seg_box, mode.seg_entries)[None], DATA_ORIGIN)
+    write_agglomerate_file(layer / "agglomerates" / f"{MAPPING}.hdf5", mode.seg_entries)
 
 
 def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
@@ -185,6 +247,8 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
     u16_header = WkwHeader.create(np.dtype(np.uint16), 1, BlockType.RAW, block_len=BLOCK, file_len=mode.u16_file_len)
     write_mag(str(dataset_dir / "color16" / "1"), u16_header, data16[None], DATA_ORIGIN)
     del voxels, data16
+    log(f"writing {mode.seg_box} labels and an agglomerate file of {mode.seg_entries:,} entries")
+    _write_segmentation(dataset_dir, mode)
 
     box = {"topLeft": [0, 0, 0], "width": EXTENT[0], "height": EXTENT[1], "depth": EXTENT[2]}
 
@@ -206,6 +270,7 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
             layer("color", "uint8", [(1, 1, 1), mode.ts_mag]),
             layer("color16", "uint16", [(1, 1, 1)]),
             layer("many", "uint8", [(1, 1, 1)]),
+            {**layer(SEGMENTATION, "uint32", [(1, 1, 1)]), "category": "segmentation"},
         ],
         "version": 1,
     }
@@ -218,8 +283,9 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
         "min_block_kib": float(np.min(sizes) / 1024),
         "max_block_kib": float(np.max(sizes) / 1024),
         "many_files": many_files,
+        "agglomerate_entries": mode.seg_entries,
         "disk_bytes": disk,
-        "virtual_bytes": EXTENT[0] * EXTENT[1] * EXTENT[2] * 4,  # two uint8 layers and one uint16 layer at mag 1
+        "virtual_bytes": EXTENT[0] * EXTENT[1] * EXTENT[2] * 8,  # 2 x uint8, uint16 and uint32 layers at mag 1
         "seconds": round(time.monotonic() - started, 1),
     }
     stamp_path.write_text(json.dumps({"stamp": stamp, "facts": facts}))

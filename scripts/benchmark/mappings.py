@@ -31,27 +31,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import REPO
+from .config import MAPPING, REPO, SEGMENTATION
+from .dataset import agglomerate_of, segmentation_labels, write_agglomerate_file
 from .processes import Client, Server, clean_env, free_port, status_kib
 
-ORG, DATASET, LAYER, MAPPING = "bench", "mapped", "segmentation", "agglomerate_view"
+ORG, DATASET, LAYER = "bench", "mapped", SEGMENTATION
 SHAPE = (512, 512, 128)
-REGION = 64  # ids of one 64^3 region lie in a window of the id space
-WINDOW = 20_000
 
 
 def write_dataset(root: Path, entries: int) -> int:
-    """The labels and the agglomerate file; returns an agglomerate id that is present."""
-    import h5py
+    """The labels (those of scripts/bench's mapped rows) and the agglomerate file; returns an agglomerate id that
+    is present."""
     import wkw
 
-    rng = np.random.default_rng(43)
-    blocks = tuple(s // 8 for s in SHAPE)
-    regions = tuple(s // REGION for s in SHAPE)
-    bases = rng.integers(1, max(2, entries - WINDOW), size=regions, dtype=np.int64)
-    base = np.repeat(np.repeat(np.repeat(bases, REGION // 8, 0), REGION // 8, 1), REGION // 8, 2)
-    ids = (base + rng.integers(0, WINDOW, size=blocks)).astype(np.uint32)
-    labels = np.repeat(np.repeat(np.repeat(ids, 8, 0), 8, 1), 8, 2)
+    labels = segmentation_labels(SHAPE, entries)
     layer = root / ORG / DATASET / LAYER
     header = wkw.Header(np.uint32, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=4)
     with wkw.Dataset.create(str(layer / "1"), header) as ds:
@@ -71,17 +64,8 @@ def write_dataset(root: Path, entries: int) -> int:
         ],
     }
     (root / ORG / DATASET / "datasource-properties.json").write_text(json.dumps(properties))
-    (layer / "agglomerates").mkdir()
-    with h5py.File(layer / "agglomerates" / f"{MAPPING}.hdf5", "w") as f:
-        table = f.create_dataset("segment_to_agglomerate", shape=(entries,), dtype=np.uint64)
-        step = 10_000_000
-        for start in range(0, entries, step):
-            stop = min(entries, start + step)
-            values = np.arange(start, stop, dtype=np.uint64) // np.uint64(50) + np.uint64(1)  # 50 segments each
-            if start == 0:
-                values[0] = 0
-            table[start:stop] = values
-    return int(labels[SHAPE[0] // 2, SHAPE[1] // 2, SHAPE[2] // 2]) // 50 + 1
+    write_agglomerate_file(layer / "agglomerates" / f"{MAPPING}.hdf5", entries)
+    return int(agglomerate_of(labels[SHAPE[0] // 2, SHAPE[1] // 2, SHAPE[2] // 2]))
 
 
 def start(root: Path, logs: Path, edge: int, kept: bool) -> Server:

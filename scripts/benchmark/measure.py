@@ -12,7 +12,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .config import CASES, DATA_ORIGIN, DATASET, FLOOR_KINDS, KEYSET_EDGES, KEYSETS, ORG, PROFILED, SCRIPTS, Case, log
+from .config import (
+    CASES,
+    DATA_ORIGIN,
+    DATASET,
+    FLOOR_KINDS,
+    KEYSET_EDGES,
+    KEYSETS,
+    ORG,
+    PROFILED,
+    SCRIPTS,
+    Case,
+    KeySet,
+    log,
+)
 from .keys import Request, chunk_index, write_paths
 from .load import load_round, run_wrk, summarize
 from .nginx import start_nginx, start_proxy
@@ -46,7 +59,7 @@ class Target:
 
 def _launch(run: Run, case: Case, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server]) -> Target:
     keyset = case.keyset
-    paths = run.paths(keyset)
+    paths = run.paths(case.paths or keyset)
     if case.kind == "gateway":
         gateway = gateways[(case.config, case.http)]
         return Target(gateway, paths, [gateway], started=False)
@@ -142,11 +155,12 @@ def _start_group(
     sequences: dict[str, list[Request]],
     gateways: dict[GatewayKey, Server],
     early: dict[Case, Target],
+    cases: list[Case],
 ) -> dict[Case, Target]:
     """The servers of one key set, launched together (those launched early are taken), then each checked;
     a case that fails is recorded."""
     launched: dict[Case, Target] = {}
-    for case in (c for c in CASES if c.keyset == keyset):
+    for case in (c for c in cases if c.keyset == keyset):
         if case.kind in PEERS:
             if case in early:
                 launched[case] = early[case]
@@ -168,15 +182,20 @@ def _start_group(
 
 
 def run_groups(
-    run: Run, sequences: dict[str, list[Request]], gateways: dict[GatewayKey, Server], peers: dict[Case, Target]
+    run: Run,
+    sequences: dict[str, list[Request]],
+    gateways: dict[GatewayKey, Server],
+    peers: dict[Case, Target],
+    cases: list[Case] = CASES,
+    keysets: dict[str, KeySet] = KEYSETS,
 ) -> None:
     """Per key set: its servers all up at once, the cases measured in interleaved rounds.
 
     Interleaving spreads the noise of a shared machine over every case alike, so the ratios within
     a group hold better than those of back-to-back runs would; each figure is a median over rounds.
     """
-    for keyset in KEYSETS:
-        targets = _start_group(run, keyset, sequences, gateways, peers)
+    for keyset in keysets:
+        targets = _start_group(run, keyset, sequences, gateways, peers, cases)
         log(f"[{keyset}] {len(targets)} cases ready")
         rounds: dict[Case, list[dict[str, Any]]] = {case: [] for case in targets}
         broken: dict[Case, str] = {}

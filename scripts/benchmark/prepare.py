@@ -18,7 +18,24 @@ import numpy as np
 from gateway_storage import LocalStore
 from wkw_adapter import WkwFileCache, WkwMag
 
-from .config import BLOCK, CASES, DATA_CUBE, DATA_ORIGIN, DATASET, ORG, READY, TOKEN, V2, V3, config_token, log
+from .config import (
+    BLOCK,
+    CASES,
+    DATA_CUBE,
+    DATA_ORIGIN,
+    DATASET,
+    MAPPED_CONFIGS,
+    MAPPED_EDGES,
+    ORG,
+    READY,
+    SEGMENTATION,
+    TOKEN,
+    V2,
+    V3,
+    config_token,
+    log,
+)
+from .dataset import agglomerate_of
 from .keys import Request, chunk_index, write_paths
 from .processes import Client, Server, start_gateway, stop_all
 from .run import Run
@@ -45,6 +62,23 @@ def _check_chunks(run: Run, layer: str, requests: list[Request], bodies: list[by
         expected = mag.read_region((x * edge, y * edge, z * edge), (edge, edge, edge))
         if not np.array_equal(decode_blosc(body, expected.dtype, edge), expected):
             raise RuntimeError(f"the gateway's chunk {path} does not hold the voxels of the WKW data")
+
+
+def _check_mapped(run: Run, gateways: dict[GatewayKey, Server], sequences: dict[str, list[Request]]) -> None:
+    """A sample of the mapped rows' chunks, from every gateway that serves them, against the labels read by the
+    adapter with the agglomerate file's entries applied (and the labels' own chunks against the labels)."""
+    mag = WkwMag(str(run.root / ORG / DATASET / SEGMENTATION / "1"), WkwFileCache(LocalStore()))
+    for keyset, edge in MAPPED_EDGES.items():
+        for config in MAPPED_CONFIGS[keyset]:
+            client = gateways[(config, "uvicorn")].client
+            for prefix in ("seg", "map"):
+                requests = sequences[f"{prefix}-{edge}"]
+                for path, _ in requests[:: max(1, len(requests) // 6)]:
+                    x, y, z = chunk_index(path)
+                    labels = mag.read_region((x * edge, y * edge, z * edge), (edge, edge, edge))
+                    expected = agglomerate_of(labels) if prefix == "map" else labels
+                    if not np.array_equal(decode_blosc(client.get_ok(path), expected.dtype, edge), expected):
+                        raise RuntimeError(f"the {config} gateway's {path} does not hold the voxels it should")
 
 
 def _fetch_to_static(run: Run, client: Client, keyset: str, requests: list[Request]) -> list[bytes]:
@@ -221,6 +255,7 @@ def prepare_key_sets(run: Run, gateways: dict[GatewayKey, Server], sequences: di
     for config, keyset, edge in (("edge64", "u8-64", 64), ("edge128", "u8-128", 128)):
         bodies = _fetch_to_static(run, gateways[(config, "uvicorn")].client, keyset, sequences[keyset])
         _check_chunks(run, "color", sequences[keyset], bodies, edge)
+    _check_mapped(run, gateways, sequences)
     # Every other gateway serves the same bytes as the reference one for the same keys.
     same_bytes = {
         "main": ("u8-32", "u16-32", "shard"),

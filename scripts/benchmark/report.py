@@ -19,16 +19,21 @@ from .config import (
     EXTENT,
     HTTP_SERVERS,
     KEYSETS,
+    MAPPED,
+    MAPPED_CASES,
+    MAPPED_KEYSETS,
     PEER_COMPARED,
     PEER_KINDS,
     REFERENCE_SERVER,
     REPO,
+    SEGMENTATION,
     THREADS,
     WEBKNOSSOS_REFERENCE,
     ZIPF_CASES,
     ZIPF_KEYSETS,
     Result,
     _on,
+    mapped_case_name,
     zipf_case_name,
 )
 from .load import wrk_binary
@@ -141,6 +146,16 @@ def targets(run: Run) -> list[tuple[str, str, bool | None]]:
     met = None if proxy is None else proxy >= 0.8
     rows.append((f"through the proxy ≥ 0.8 x direct ({REFERENCE_SERVER})", _fmt(proxy, ".2f") + " x", met))
     rows += _zipf_and_peer_targets(run)
+    for keyset, chunks in MAPPED_KEYSETS.items():
+        for kept, goal in ((False, 0.5), (True, 0.9)):  # the issue's targets: half the throughput made, equal kept
+            value = _mapped_ratio(run, keyset, kept)
+            rows.append(
+                (
+                    f"{chunks.label}: agglomerates{', answers kept' if kept else ', made each time'} ≥ {goal} x labels",
+                    _fmt(value, ".2f") + " x",
+                    None if value is None else value >= goal,
+                )
+            )
     ts_info = run.extras.get("tensorstore", {})
     if "ratio" in ts_info:
         rows.append(
@@ -215,6 +230,41 @@ def _zipf_markdown(run: Run) -> list[str]:
             f"{_fmt(_ratio(r, base), '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
         )
     lines += ["", *(f"- {c.name} [{ZIPF_KEYSETS[c.keyset].label}]: {c.note}." for c in ZIPF_CASES if c.note)]
+    return lines
+
+
+def _mapped_ratio(run: Run, keyset: str, kept: bool) -> float | None:
+    """The agglomerates' requests per second over the labels' on the same keys, in the same rounds."""
+    return _ratio(
+        run.results.get((mapped_case_name(MAPPED, kept), keyset)),
+        run.results.get((mapped_case_name(SEGMENTATION, kept), keyset)),
+    )
+
+
+def _mapped_markdown(run: Run) -> list[str]:
+    """The mapped rows: a segmentation and its agglomerate mapping on the same keys, interleaved in rounds."""
+    lines = [
+        "",
+        f"A mapped layer: `{MAPPED}` (the labels with an agglomerate file of "
+        f"{run.mode.seg_entries:,} entries applied) against the labels on the same keys, one group per chunk size, "
+        "the rows of a group interleaved in rounds.",
+        "",
+        "| case | chunks | req/s | MB/s | p50 ms | p99 ms | x labels | server CPU µs/req | peak RSS/worker MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in MAPPED_CASES:
+        r = run.results.get((case.name, case.keyset))
+        label = MAPPED_KEYSETS[case.keyset].label
+        if r is None or r.error:
+            lines.append(f"| {case.name} | {label} | failed: {'not run' if r is None else r.error} | | | | | | |")
+            continue
+        kept = case.config.startswith("kept")
+        ratio = _mapped_ratio(run, case.keyset, kept) if case.paths.startswith("map") else 1.0
+        lines.append(
+            f"| {case.name} | {label} | {r.req_s:,.0f} | {r.mb_s:,.1f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+            f"{_fmt(ratio, '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
+        )
+    lines += ["", *(f"- {c.name} [{MAPPED_KEYSETS[c.keyset].label}]: {c.note}." for c in MAPPED_CASES if c.note)]
     return lines
 
 
@@ -344,6 +394,7 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
             "scratch store') for a chunk that is all fill value, as most of a virtual extent is."
         )
     lines += _zipf_markdown(run)
+    lines += _mapped_markdown(run)
     lines += _peer_markdown(run)
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for label, measured, met in targets(run):

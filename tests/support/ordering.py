@@ -39,14 +39,16 @@ KNOWN_SECONDS = {
     "test_mesh_viewer.py": 70,
     "test_browser_path.py": 65,  # Chromium clicking through pages, nginx in front, webknossos-libs, index-segments
     "test_oidc_browser.py": 65,  # signs in through a real OpenID provider in Chromium, then Neuroglancer draws
-    "test_oidc.py": 55,  # a real OpenID provider (oidc-provider, node), restarted to rotate its keys and go away
+    "test_oidc.py": 110,  # a real OpenID provider (node), restarted; CloudVolume over the TLS proxy; a signed-in walk
     "test_kubernetes.py": 50,
     "test_hostile_data.py": 75,  # stalled readers of a virtual shard on both servers
     "test_deploy.py": 60,  # nginx in front of two gateways, a slow head held to the proxy's header timeout
     "test_servers.py": 45,
     "test_proxy_cache.py": 30,
-    "test_share_links.py": 60,  # two gateways, three clients, nginx
+    "test_share_links.py": 90,  # two gateways, three clients, nginx, a walk of every link in four credential forms
     "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
+    "test_mapping_viewer.py": 60,  # Neuroglancer in Chromium draws a mapped layer three times
+    "test_mapping_files_follow.py": 25,  # mapping files added and removed under a running gateway
     "test_mesh_segments.py": 40,
     "test_store_contract.py": 20,  # moto; the contract over every store and each view of one (local and S3)
     "test_data_stamp.py": 25,

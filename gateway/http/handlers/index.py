@@ -3,20 +3,24 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...precomputed.tree import TREES as PRECOMPUTED_TREES
 from ...resources import Resource
 from ...zarr.trees import TREES
 from ..auth import Grant, Token
-from ..messages import Answer, Request
+from ..messages import Answer, Request, raw_headers
 from ..pages.landing import HOME_TREE, Landing, landing_bytes
 from ..pages.listing import Entry
+from ..pages.markup import path_of
+from ..urls import DATA_PREFIX
 from .access import Authorizer
 from .listings import Listings, Readable
 from .pages import Pages
 from .segments import LargestSegments
 from .sender import Sender
+from .share import DEFAULT_TREE
 
-# The trees ``/`` lists.
-HOME_TREES = tuple(TREES)
+# The trees ``/`` lists: the Zarr trees and the precomputed ones (which no page links to otherwise).
+HOME_TREES = (*TREES, *PRECOMPUTED_TREES)
 TOKEN_FORMS = "?token=... at the end of its address, or /t/.../ in front of its path (the form a viewer needs)"
 NO_TOKEN_NOTE = f"Open this page with a token to see the datasets it may read: {TOKEN_FORMS}."
 SIGN_IN_NOTE = f"Sign in at /login, or open this page with a token to see your datasets: {TOKEN_FORMS}."
@@ -61,6 +65,12 @@ class IndexHandler:
     landings: Landings
     sender: Sender
 
+    def _to_shared(self, request: Request, token: Token | None, names: tuple[str, str]) -> Answer:
+        """The start page of a share link (``/s/{capability}/``, the link checked): a redirect to its dataset's page,
+        below the link, so that a link cut back to its prefix, or a page's way back to the start, leads on."""
+        page = self.landings.pages.links(request, token).href(f"{DATA_PREFIX}{DEFAULT_TREE}/{path_of(*names)}/")
+        return Answer(302, raw_headers({"Location": page, "Cache-Control": "no-store"}))
+
     @property
     def _note(self) -> str:
         return NO_TOKEN_NOTE if self.access.access.identities is None else SIGN_IN_NOTE
@@ -73,6 +83,8 @@ class IndexHandler:
             landing = Landing({}, note=self._note)
             return await self.sender.send(request, pages.landing_page("/", entries, landing, "zarr-gateway"))
         decision = await self.access.authorize(token, ())
+        if decision.grant is not None and decision.grant.shared is not None:
+            return self._to_shared(request, token, decision.grant.shared)
         resource = await self.landings.page(
             request,
             token,

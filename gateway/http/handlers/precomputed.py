@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import anyio
 
 from ...meshes.formats import PROPERTIES_DIRECTORY
-from ...precomputed.tree import INFO, MESH_DIRECTORY, PrecomputedTree, parse_precomputed_path
+from ...precomputed.tree import INFO, MESH_DIRECTORY, ListingRow, PrecomputedTree, parse_precomputed_path
 from ...resources import Resource
 from ..budget import MemoryBudget
 from ..messages import Answer, Request
@@ -59,9 +59,13 @@ class PrecomputedHandler:
         if target.route != "chunk":  # a 413 for the worst case at once; held: what it will read, from stats
             self.memory.check(need, what)
             need = await anyio.to_thread.run_sync(self.tree.reading_bytes, dataset, target, limiter=self.chunk_threads)
+
+        def listing_page(base: str, rows: list[ListingRow]) -> Resource:  # a layer's, scale's or mesh directory's
+            return page([Entry(*row) for row in rows])  # in the page's credential form, as the listings above
+
         async with self.memory.hold(need, what):
             found = await anyio.to_thread.run_sync(
-                self.tree.answer, dataset, target, accept, limiter=self.chunk_threads
+                self.tree.answer, dataset, target, accept, listing_page, limiter=self.chunk_threads
             )
         answer = await self.sender.send(request, found.resource)
         answer.headers += found.headers
