@@ -246,6 +246,26 @@ def test_the_401_page_names_a_share_link_as_a_way_in(pair: list[Server], proxy: 
     assert expired.status_code == 401 and "has expired" in expired.text and "share link" in expired.text
 
 
+def test_error_pages_below_a_link_lead_back_below_it_unless_the_link_is_refused(pair: list[Server]) -> None:
+    """A browser's 404 or 403 below a link leads to the link's start (its dataset's page); a 401 for the link
+    itself (expired, forged) leads to the gateway's start page, never back to the link it refused."""
+    capability = capability_of(made_link(pair[0])["link"])
+    html = {"Accept": "text/html"}
+
+    def start_links(path: str, status: int) -> list[str]:
+        answer = requests.get(pair[0].url + path, headers=html, timeout=30)
+        assert answer.status_code == status and answer.headers["content-type"].startswith("text/html"), answer.text
+        return [part.split('"', 1)[0] for part in answer.text.split('class="start" href = "')[1:]]
+
+    below = f"/s/{capability}"
+    assert start_links(f"{below}/data/zarr3/{NAMES}/no_such_layer/", 404) == [f"{below}/"]
+    assert start_links(f"{below}/data/zarr3/other_org/theirs/", 403) == [f"{below}/"]
+    _, expired = key().issue(ORGANIZATION, DATASET, 60, now=time.time() - 3600)
+    assert start_links(f"/s/{expired}/data/zarr3/{NAMES}/", 401) == ["/"]
+    assert start_links(f"/s/{_tampered(capability, 5, 'A' * 43)}/data/zarr3/{NAMES}/", 401) == ["/"]
+    assert requests.get(pair[0].url + f"{below}/", headers=html, timeout=120).status_code == 200
+
+
 # --- refused -----------------------------------------------------------------------------------------------
 
 

@@ -148,6 +148,7 @@ class Browser:
 
     path: str  # as log lines show it: no token
     links: LinkForm
+    refused: LinkForm  # the links of a 401's page: the gateway's own, without the credential it refused
 
 
 def prefers_html(accept: bytes | None) -> bool:
@@ -189,7 +190,7 @@ def refusal(
     a 401's with the ways in beside tokens that the gateway takes."""
     if browser is None:
         return json_error(status, message, headers)
-    page = refusal_page(status, message, browser.path, browser.links, ways_in)
+    page = refusal_page(status, message, browser.path, browser.refused if status == 401 else browser.links, ways_in)
     return Answer(status, raw_headers({**(headers or {}), "Vary": "Accept"}), page, HTML)
 
 

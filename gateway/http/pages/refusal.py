@@ -47,16 +47,15 @@ def refusal_page(
     status: int, message: str, path: str, links: LinkForm, ways_in: frozenset[WayIn] = frozenset()
 ) -> bytes:
     """The page of an error answer: ``message`` as the JSON body would say it, ``path`` the request's (as logs
-    show it, no token in it), ``links`` the form the page's links keep; a 401 lists every way in, ``ways_in``
-    those beside tokens that the gateway takes."""
+    show it, no token in it), ``links`` the form the page's links keep (a 401's: none that carries the refused
+    credential); a 401 lists every way in, ``ways_in`` those beside tokens that the gateway takes."""
     title = TITLES.get(status, SERVER_TITLE if status >= 500 else "This request cannot be answered")
     steps = ""
     if status == 401:
         steps = f'<ul class="sign-in">{"".join(f"<li>{way}</li>" for way in ways_in_to(path, links, ways_in))}</ul>\n'
     elif status in NEXT_STEPS or status >= 500:
         steps = f"<p>{escape(NEXT_STEPS.get(status, SERVER_STEP))}</p>\n"
-    home = links if status != 401 else LinkForm(links.root_path)  # a refused credential is not carried on
-    start = other_link(home.href("/"), "the start page", "start")
+    start = other_link(links.href("/"), "the start page", "start")
     return (
         page_head(escape(f"{status} {title}"))
         + f"<h1>{escape(title)}<small>{status} &middot; {text(path)}</small></h1>\n"
