@@ -84,6 +84,14 @@ class TextFormatter(logging.Formatter):
         return "\n".join("    " + one_line(line) for line in stack_info.splitlines())
 
 
+def json_string(text: str) -> str:
+    """``json.dumps(text)``, in a quarter of its time for the plain text of nearly every access line (printable
+    ASCII, neither quote nor backslash: nothing to escape)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    return json.dumps(text)
+
+
 class AccessLog:
     """Access lines, one per request: written in batches, without logging's per-record machinery.
 
@@ -113,8 +121,8 @@ class AccessLog:
         stamp = self._time(time.time())
         if self.log_format == "json":
             line = (
-                f'{{"request_id": {json.dumps(request_id)}, "method": {json.dumps(method)}, '
-                f'"path": {json.dumps(path)}, "status": {status}, "bytes": {sent}, "ms": {ms:.3f}, '
+                f'{{"request_id": {json_string(request_id)}, "method": {json_string(method)}, '
+                f'"path": {json_string(path)}, "status": {status}, "bytes": {sent}, "ms": {ms:.3f}, '
                 f'"time": "{stamp}", "level": "INFO", '
                 '"logger": "gateway.access"}'
             )

@@ -331,6 +331,26 @@ def test_the_budget_holds(tmp_path: Path, serve: Callable[..., Server]) -> None:
     assert held(server) <= BUDGET
 
 
+def test_kept_answers_count_against_the_worker_s_memory_budget(tmp_path: Path, serve: Callable[..., Server]) -> None:
+    """The answers kept are bounded by ``chunk_memory_bytes`` too, the one budget of what a worker builds, when it
+    is far below ``answer_cache_bytes``: many distinct chunks never keep more than it, and those kept are given."""
+    write_dataset(tmp_path, first_versions())
+    server = serve(tmp_path, answer_cache_bytes=64 * BUDGET, chunk_memory_bytes=BUDGET)
+    urls = all_chunk_urls(server, "lz4_u8")
+    sent = 0
+    for number, url in enumerate(urls, 1):
+        response = requests.get(url)
+        assert response.status_code == 200, response.text[:300]
+        sent += len(response.content)
+        if number % 8 == 0:
+            assert 0 < held(server) <= BUDGET, (number, held(server))
+    assert sent > 2 * BUDGET  # the cache's own bound would have kept them all
+    assert BUDGET / 4 < held(server) <= BUDGET
+    before = scrape(server)
+    requests.get(urls[-1])  # the most recent: kept
+    assert counted(server, before) == (1, 0)
+
+
 def test_a_matching_if_none_match_is_a_304_from_the_cache(tmp_path: Path, serve: Callable[..., Server]) -> None:
     """A revalidation of a kept answer is a hit: the 304 is given without making the chunk again."""
     write_dataset(tmp_path, first_versions())

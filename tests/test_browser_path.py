@@ -215,6 +215,7 @@ def test_the_401_page_says_how_to_use_a_token(gateway: Server) -> None:
     assert f"/t/YOUR_TOKEN{path}" in text  # the path form a viewer needs
     assert "X-Auth-Token" in text
     assert parsed(answer.text).hrefs == ["/"], "the start page, without the refused credential"
+    assert "/login" not in text and "share link" not in text, "no sign-in or links on a gateway without them"
 
 
 def test_error_page_links_keep_the_page_s_credential_form(gateway: Server) -> None:

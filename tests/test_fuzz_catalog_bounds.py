@@ -14,7 +14,14 @@ is refused with the reason that names the bound, one within every bound and with
 served; and ``/healthz``, polled throughout, keeps answering (no stall of seconds: the latency bound itself
 is measured by ``tests/test_catalog_load.py``, alone on the machine).
 
-One gateway; 40 examples (about 30 s on a loaded 2-core machine).
+What requests build from metadata and side files (issue 40, item 1): a generated segment list (a labels file
+of a few names, or 8 MiB under its byte cap), the consolidated documents of a dataset of up to ``MAX_LAYERS``
+layers and the listings of 40,000 organizations, through a gateway of a 12 MiB ``chunk_memory_bytes``: each is
+costed before it is made, refused (413, the reason naming the setting) past the whole budget and served within
+it, with the worker's peak memory within the budget and ``/healthz`` answering.
+
+Two gateways; 40 examples of properties files (about 30 s on a loaded 2-core machine), 8 of what requests
+build (about 60 s).
 """
 
 import itertools
@@ -37,10 +44,18 @@ from support.measure import PeakRss, bytes_read
 from support.polling import Poller
 from support.servers import Server, assert_no_unexpected_errors
 
+from gateway.http.pages.dataset import LAYER_CARD_BYTES
 from gateway.meshes.index import MAX_INDEX_BYTES
-from gateway.meshes.segments import MAX_LABELS, MAX_LABELS_BYTES, PAGE_INDEX_BYTES
+from gateway.meshes.segments import (
+    LABELS_HELD_PER_BYTE,
+    LISTED_SEGMENT_BYTES,
+    MAX_LABELS,
+    MAX_LABELS_BYTES,
+    PAGE_INDEX_BYTES,
+)
 from gateway.sources.documents import MAX_DEPTH
 from gateway.sources.loader import MAX_LAYERS, MAX_MAGS, MAX_PROPERTIES_BYTES
+from gateway.zarr.trees import DOCUMENT_ARRAY_BYTES, DOCUMENT_BYTES
 
 pytestmark = pytest.mark.slow  # hundreds of generated cases
 
@@ -376,3 +391,108 @@ def test_derived_files_a_page_reads_are_bounded_before_parsing_and_their_failure
         assert listed == (labels in ("named", "long name under the byte bound")), (labels, answer.text[:300])
     _assert_answering(health)
     assert_no_unexpected_errors(served)
+
+
+# --- what requests build from metadata and side files, charged to the one memory budget (issue 40, item 1) ------
+
+BUDGETED = 12 << 20  # chunk_memory_bytes of the gateway below: a few MiB per request fit, tens do not
+BUDGETED_RSS = BUDGETED + (48 << 20)  # the budget, and what a worker's allocator keeps of earlier examples
+MANY_ORGANIZATIONS = 40_000  # a listing of them holds about 16 MiB while it is made: past the whole budget
+SHAPES = ["segment list", "document", "page index"]
+# an index file beside a segmentation (an archive of one array of this many ids), which its dataset page reads
+INDEX_IDS = st.sampled_from([1000, 2_000_000])
+# a labels file of (entries, name length), parsed for a segment list: a few KiB, or 8 MiB (72 MiB parsed)
+LABEL_FILES = st.sampled_from([(10, 8), (20_000, 8), (MAX_LABELS, 24)])
+# a dataset of this many layers, whose consolidated metadata documents describe every one (16 KiB each)
+LAYER_COUNTS = st.sampled_from([1, 100, MAX_LAYERS])
+
+
+@pytest.fixture(scope="module")
+def budgeted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz-catalog-budget")
+    for n in range(MANY_ORGANIZATIONS):
+        (root / f"empty{n}").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def budgeted(budgeted_root: Path, server_factory: Callable[..., Server]) -> Server:
+    return server_factory(budgeted_root, chunk_memory_bytes=BUDGETED)
+
+
+def _labelled_segmentation(root: Path, organization: str, entries: int, name_length: int) -> int:
+    """A small segmentation of many segments (scanned on demand) and a labels file; the labels file's size."""
+    dataset = root / organization / "ds"
+    layer = {**cube_layer("seg", "wkw", EDGE), "category": "segmentation", "elementClass": "uint32"}
+    _write(root, organization, "ds", [{**layer, "largestSegmentId": EDGE**3}])
+    with wkw.Dataset.create(str(dataset / "seg" / "1"), wkw.Header(np.uint32, block_len=EDGE, file_len=1)) as ds:
+        ds.write((0, 0, 0), np.arange(1, EDGE**3 + 1, dtype=np.uint32).reshape((EDGE,) * 3))
+    labels = dataset / "seg.segment-labels.json"
+    labels.write_text(json.dumps({str(i): f"{i:0{name_length}d}" for i in range(1, entries + 1)}))
+    return labels.stat().st_size
+
+
+def _shared_mag(root: Path) -> str:
+    """The one WKW mag every layer of a many-layer dataset reads, relative to such a dataset."""
+    shared = root.joinpath(*SHARED)
+    if not shared.exists():
+        header = wkw.Header(np.uint8, block_len=EDGE, file_len=1)
+        with wkw.Dataset.create(str(shared / "color" / "1"), header) as ds:
+            ds.write((0, 0, 0), np.full((EDGE,) * 3, 7, dtype=np.uint8))
+    return MAG_PATH
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(shape=st.sampled_from(SHAPES), data=st.data())
+def test_what_a_request_builds_from_metadata_and_side_files_is_charged_to_the_budget(
+    budgeted_root: Path, budgeted: Server, shape: str, data: st.DataObject
+) -> None:
+    """A generated segment list (a labels file of a few names, or 8 MiB under its byte cap), a dataset of 1 to
+    ``MAX_LAYERS`` layers (its consolidated documents in every tree, and its page), a dataset page whose
+    segmentation has an index file of 8 KB or 16 MB (read for its largest segments) and a listing of 40,000
+    organizations, through a gateway of a 12 MiB budget: each is costed before it is made, a 413 naming
+    ``chunk_memory_bytes`` where its cost is past the whole budget (which it was not, before: the lists were
+    charged nothing), served where it fits, the worker grows by no more than the budget allows, and ``/healthz``
+    keeps answering."""
+    organization = f"budgeted{next(_organizations)}"
+    urls: dict[str, bool] = {}  # url: whether its cost is past the whole budget
+    if shape == "segment list":
+        entries, name_length = data.draw(LABEL_FILES, label="labels")
+        labels_bytes = _labelled_segmentation(budgeted_root, organization, entries, name_length)
+        scan = EDGE**3 * 4 + EDGE**3 * LISTED_SEGMENT_BYTES  # the labels scanned, a segment each listed
+        assert labels_bytes <= MAX_LABELS_BYTES  # under its byte cap: read and parsed
+        past = scan + labels_bytes * (LABELS_HELD_PER_BYTE + 1) > BUDGETED
+        base = f"{budgeted.url}/data/{{}}/{organization}/ds/seg/"
+        urls |= {base.format(tree) + path: past for tree, path in SEGMENT_LISTS.items()}
+    elif shape == "page index":
+        _labelled_segmentation(budgeted_root, organization, 1, 8)
+        index = budgeted_root / organization / "ds" / "seg.segment-index.npz"
+        np.savez(index, ids=np.arange(data.draw(INDEX_IDS, label="ids"), dtype=np.uint64))
+        past = 2 * index.stat().st_size > BUDGETED  # the file read whole, and its array unpacked
+        urls[f"{budgeted.url}/data/zarr/{organization}/ds/"] = past
+    else:
+        mag, count = _shared_mag(budgeted_root), data.draw(LAYER_COUNTS, label="layers")
+        layers = [cube_layer(f"l{i}", "wkw", EDGE, [{"mag": [1, 1, 1], "path": mag}]) for i in range(count)]
+        _write(budgeted_root, organization, "ds", layers)
+        past = DOCUMENT_BYTES + count * DOCUMENT_ARRAY_BYTES > BUDGETED
+        urls |= {f"{budgeted.url}/data/{path.format(organization)}": past for path in CONSOLIDATED}
+        urls[f"{budgeted.url}/data/zarr/{organization}/ds/"] = count * LAYER_CARD_BYTES > BUDGETED  # its page
+    urls |= {f"{budgeted.url}{path}": True for path in ROOT_LISTINGS}  # 40,000 organizations
+    event(f"{shape}: {'past the budget' if past else 'fits'}")
+    with Poller(budgeted.url + "/healthz", 0.05) as health, requests.Session() as session, PeakRss(budgeted) as peak:
+        answers = {url: session.get(url, timeout=120) for url in urls}
+    for url, answer in answers.items():
+        _assert_answer(answer, url)
+        if urls[url]:
+            assert answer.status_code == 413, (url, answer.status_code, answer.text[:300])
+            assert "chunk_memory_bytes" in answer.json()["error"], (url, answer.text[:300])
+        else:
+            assert answer.status_code == 200, (url, answer.status_code, answer.text[:300])
+    assert peak.growth < BUDGETED_RSS, f"{shape} {sorted(urls)[0]}: the worker grew by {peak.growth >> 20} MiB"
+    _assert_answering(health)
+    assert_no_unexpected_errors(budgeted)
+
+
+SEGMENT_LISTS = {"meshes": "multires/segment_properties/info", "precomputed": "segment_properties/info"}
+CONSOLIDATED = ["zarr/{}/ds/.zmetadata", "zarr3/{}/ds/zarr.json", "xarray/{}/ds/zarr.json"]
+ROOT_LISTINGS = ["/data/zarr/", "/data/precomputed/", "/"]

@@ -78,10 +78,16 @@ def rendered(tree: Path) -> dict[str, list[dict[str, Any]]]:
     return {overlay: render(tree / "overlays" / overlay) for overlay in OVERLAYS}
 
 
-def the(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [doc for doc in docs if doc["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+def the(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind and name in (None, doc["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+CHECKED_INGRESS = "zarr-gateway"  # every path that reads data, each request checked by the gateways' /auth
+OPEN_INGRESS = "zarr-gateway-open"  # sign-in, the viewer's own files and the favicon: they read no data
+# What a browser's sign-in needs, and what the open Ingress must route (the gateway answers it, not the default).
+OPEN_ROUTES = ("/login", "/callback", "/logout", "/neuroglancer/v/gateway/", "/neuroglancer", "/favicon.ico")
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -339,10 +345,19 @@ def ingress_matches(ingress_path: dict[str, Any], request_path: str) -> bool:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_ingress_routes_data_but_no_internal_route(rendered: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     docs = rendered[overlay]
-    ingress = the(docs, "Ingress")
+    ingress = the(docs, "Ingress", CHECKED_INGRESS)
     service = the(docs, "Service")
-    paths = [path for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]]
-    assert "defaultBackend" not in ingress["spec"]
+    opened = the(docs, "Ingress", OPEN_INGRESS)
+    open_paths = [path for rule in opened["spec"]["rules"] for path in rule["http"]["paths"]]
+    paths = [path for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]] + open_paths
+    assert "defaultBackend" not in ingress["spec"] and "defaultBackend" not in opened["spec"]
+    assert [rule["host"] for rule in opened["spec"]["rules"]] == [rule["host"] for rule in ingress["spec"]["rules"]]
+    assert opened["spec"]["tls"] == ingress["spec"]["tls"]
+    assert not [key for key in opened["metadata"]["annotations"] if "auth" in key], "sign-in is reached unchecked"
+    for route in OPEN_ROUTES:
+        assert any(ingress_matches(path, route) for path in open_paths), f"{route} is not routed"
+    for data in ("/", "/data/zarr/o/d/.zgroup", "/t/x/data/", "/s/x/data/", "/preview/o/d/c.png", "/share/o/d"):
+        assert not any(ingress_matches(path, data) for path in open_paths), f"{data} is routed without a check"
     for route in INTERNAL_ROUTES:
         for variant in (route, route + "/", route + "/x"):
             assert not any(ingress_matches(path, variant) for path in paths), f"{variant} is routed"
@@ -352,6 +367,9 @@ def test_the_ingress_routes_data_but_no_internal_route(rendered: dict[str, list[
         "/data/zarr3/org/dataset/color/1/zarr.json",
         "/preview/org/dataset/color.png",  # the images of every dataset page
         "/t/token/data/zarr3/org/dataset/color/zarr.json",  # a token in the path, for viewers
+        "/s/s1.link/data/zarr3/org/dataset/",  # a share link
+        "/share/org/dataset",  # the dataset page's share form
+        *OPEN_ROUTES,
     ):
         assert any(ingress_matches(path, wanted) for path in paths), f"{wanted} is not routed"
     for path in paths:
@@ -365,7 +383,7 @@ def test_the_ingress_asks_the_gateways_auth_and_caches_per_token_and_dataset(
     rendered: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     docs = rendered[overlay]
-    annotations = the(docs, "Ingress")["metadata"]["annotations"]
+    annotations = the(docs, "Ingress", CHECKED_INGRESS)["metadata"]["annotations"]
     service = the(docs, "Service")
     prefix = "nginx.ingress.kubernetes.io/"
     auth = re.fullmatch(r"http://([^.]+)\.([^.]+)\.svc\.cluster\.local:(\d+)(/\S*)", annotations[prefix + "auth-url"])
@@ -684,7 +702,8 @@ def controller(
     """nginx configured from the rendered Ingress the way ingress-nginx turns its rules and auth annotations
     into locations (an auth subrequest location with the cache key and duration, one location per path,
     404 for any other path), in front of the pod; the Service's DNS name stands for the pod's address."""
-    ingress = the(rendered["shared-filesystem"], "Ingress")
+    ingress = the(rendered["shared-filesystem"], "Ingress", CHECKED_INGRESS)
+    [open_rule] = the(rendered["shared-filesystem"], "Ingress", OPEN_INGRESS)["spec"]["rules"]
     annotations = {
         k.removeprefix("nginx.ingress.kubernetes.io/"): v for k, v in ingress["metadata"]["annotations"].items()
     }
@@ -699,13 +718,15 @@ def controller(
             auth_url=filesystem_pod.url + auth_path,
         )
     ]
-    routed = f"auth_request /_external-auth;\n            proxy_pass {filesystem_pod.url};"
-    for path in rule["http"]["paths"]:
-        if path["pathType"] == "Exact":
-            matches = [f"= {path['path']}"]
-        else:
-            matches = [f"= {path['path']}", path["path"].rstrip("/") + "/"] if path["path"] != "/" else ["/"]
-        locations += [f"        location {match} {{\n            {routed}\n        }}\n" for match in matches]
+    checked = f"auth_request /_external-auth;\n            proxy_pass {filesystem_pod.url};"
+    unchecked = f"proxy_pass {filesystem_pod.url};"  # the open Ingress has no auth-url
+    for paths, routed in ((rule["http"]["paths"], checked), (open_rule["http"]["paths"], unchecked)):
+        for path in paths:
+            if path["pathType"] == "Exact":
+                matches = [f"= {path['path']}"]
+            else:
+                matches = [f"= {path['path']}", path["path"].rstrip("/") + "/"] if path["path"] != "/" else ["/"]
+            locations += [f"        location {match} {{\n            {routed}\n        }}\n" for match in matches]
     if not any(path["pathType"] == "Prefix" and path["path"] == "/" for path in rule["http"]["paths"]):
         locations.append("        location / {\n            return 404;\n        }\n")  # the default backend
     directory = tmp_path_factory.mktemp("controller")
@@ -755,6 +776,23 @@ def gateway_requests(pod: Pod, *paths: str) -> int:
         if line.startswith("{") and '"gateway.access"' in line:
             count += json.loads(line)["path"] in paths
     return count
+
+
+@pytest.mark.nginx
+def test_through_the_ingress_sign_in_the_viewer_and_the_favicon_reach_the_gateways(controller: Controller) -> None:
+    """The open Ingress's paths reach the gateway unchecked (no credential is needed to start a sign-in), and
+    answer as the gateway does: this pod has no issuer, so its sign-in paths are its own 404 (JSON that says
+    nothing is there), never the controller's default backend; every data path stays checked."""
+    for path in ("/login", "/callback", "/logout"):
+        answer = requests.get(controller.url + path, allow_redirects=False, timeout=10)
+        assert answer.status_code == 404 and "nothing at" in answer.json()["error"], (path, answer.text[:200])
+    icon = requests.get(controller.url + "/favicon.ico", timeout=10)
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/"), icon.headers
+    viewer = requests.get(controller.url + "/neuroglancer/v/gateway/", timeout=30)
+    assert viewer.status_code in (200, 404) and viewer.headers.get("x-request-id"), viewer.text[:200]
+    default = requests.get(controller.url + "/nothing", timeout=10)  # the default backend answers the rest
+    assert default.status_code == 404 and "x-request-id" not in default.headers
+    assert requests.get(controller.url + "/data/zarr/", timeout=10).status_code == 401
 
 
 @pytest.mark.nginx

@@ -24,6 +24,7 @@ from gateway.http.pages import viewer
 from gateway.sample import DATASET, ORGANIZATION
 
 TREES = ("zarr", "zarr3", "xarray")
+ROOT_TREES = (*TREES, "precomputed", "precomputed_raw")  # what the start page lists: the precomputed trees too
 
 
 class Landing(HTMLParser):
@@ -100,9 +101,10 @@ def open_sample(sample_root: Path, server_factory: Callable[..., Server]) -> Ser
 
 
 def test_fsspec_lists_exactly_the_trees_at_the_root(gateway: Server, open_sample: Server) -> None:
-    assert fsspec_children(open_sample, "/") == {f"data/{tree}" for tree in TREES}
+    trees = {f"data/{tree}" for tree in ROOT_TREES}
+    assert fsspec_children(open_sample, "/") == trees
     for headers in ({}, {"X-Auth-Token": TOKEN}):
-        assert fsspec_children(gateway, "/", headers) == {f"data/{tree}" for tree in TREES}
+        assert fsspec_children(gateway, "/", headers) == trees
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -124,7 +126,7 @@ def test_fsspec_lists_exactly_the_organizations_at_a_tree_root(
 def test_the_root_shows_the_datasets_the_token_may_read(gateway: Server) -> None:
     encoded = quote(TOKEN, safe="")
     page = landing(gateway, f"/?token={encoded}")
-    assert page.children == [f"/data/{tree}/?token={encoded}" for tree in TREES]  # the page's credential form
+    assert page.children == [f"/data/{tree}/?token={encoded}" for tree in ROOT_TREES]  # the page's credential form
     assert list(page.organizations) == [ORG]  # not other_org
     cards = page.organizations[ORG]
     assert cards["broken_dataset"]["unusable"] and not cards["broken_dataset"]["links"]
@@ -148,7 +150,7 @@ def test_the_root_shows_the_datasets_the_token_may_read(gateway: Server) -> None
 
 def test_the_root_without_a_token_shows_the_trees_and_says_how_to_see_more(gateway: Server) -> None:
     page = landing(gateway, "/")
-    assert page.children == [f"/data/{tree}/" for tree in TREES]
+    assert page.children == [f"/data/{tree}/" for tree in ROOT_TREES]
     assert page.organizations == {}
     assert any("token" in note for note in page.notes), page.notes
     assert requests.get(gateway.url + "/", headers={"X-Auth-Token": "not-a-token"}, timeout=30).status_code == 401

@@ -64,7 +64,7 @@ def test_kept_answers_count_against_the_budget_and_give_way_to_work(tmp_path: Pa
     for n in range(8):
         key, answer = _answer(store, tmp_path / f"f{n}", LIMIT // 8)
         answers.keep(key, answer)
-    assert 0 < answers.size_bytes <= LIMIT  # the last ones found no room beside the others
+    assert 0 < answers.size_bytes <= LIMIT  # the least recently used gave way to the last ones
 
     async def main() -> None:
         async with budget.hold(LIMIT // 2):

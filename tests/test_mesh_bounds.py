@@ -21,13 +21,20 @@ import numpy as np
 import pytest
 import requests
 import wkw
+from anyio import CapacityLimiter
 from support.measure import PeakRss, bytes_read, cpu_seconds
 from support.servers import Server, assert_no_unexpected_errors, assert_reason
 
 from gateway.meshes.budget import MAX_BOX_SURFACE, MAX_TRIANGLES, MeshBudget, surface_faces
 from gateway.meshes.errors import MeshTooLarge, MeshTooSlow
-from gateway.meshes.surfaces import SURFACE_BYTES
+from gateway.meshes.segments import index_place
+from gateway.meshes.service import MeshService
+from gateway.meshes.surfaces import BOX_SURFACE_BYTES, SURFACE_BYTES
 from gateway.previews import MAX_CHUNKS, MAX_DECODED_BYTES
+from gateway.sources.catalog import Catalog
+from gateway.sources.dataset import Dataset
+from gateway.sources.registry import SourceFormats
+from gateway_storage import LocalStore
 
 pytestmark = pytest.mark.serial  # CPU seconds of refusals and chunk latency while meshing: measured alone
 
@@ -109,11 +116,13 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_wkw(bombs / "checker2" / "1", checkerboard(CHECKER, cell=2))
     write_wkw(bombs / "blobs" / "1", blobs(BLOBS))
     write_wkw(bombs / "color" / "1", np.random.default_rng(1).integers(0, 255, (256, 256, 64), dtype=np.uint8))
+    write_wkw(bombs / "sparse" / "1", blobs((128, 128, 128)))  # one file of a layer of eight: the rest absent
     layers = [
         wkw_layer("checker", (CHECKER,) * 3, "segmentation"),
         wkw_layer("checker2", (CHECKER,) * 3, "segmentation"),
         wkw_layer("blobs", BLOBS, "segmentation"),
         wkw_layer("color", (256, 256, 64), "color"),
+        wkw_layer("sparse", (256, 256, 256), "segmentation"),
     ]
     # A layer of 1-voxel chunks, 1024 x 1024 of them in its middle slice, a few hundred stored (uncompressed).
     ones = zarr_layer("ones", (1024, 1024, 1), (1, 1, 1), None)
@@ -267,7 +276,6 @@ def test_a_mesh_request_is_costed_against_the_memory_budget_before_any_work(
     reason before any scan or meshing (in either tree), within it concurrent requests wait their turn."""
     small = server_factory(root, mesh_threads=2, chunk_memory_bytes=32 << 20)
     paths = [
-        f"{MESHES}/blobs/legacy/1:0:1_1_1",
         f"{MESHES}/blobs/multires/1.index",
         f"{MESHES}/blobs/multires/1",
         f"/data/precomputed/{ORG}/bombs/blobs/mesh/1.index",
@@ -280,6 +288,8 @@ def test_a_mesh_request_is_costed_against_the_memory_budget_before_any_work(
     need = int(refused[0].json()["error"].split("would hold ")[1].split(" bytes")[0])
     assert SURFACE_BYTES < need < SURFACE_BYTES + (128 << 20), need  # this layer's windows, not the read bound
     assert get(small, f"/data/zarr/{ORG}/bombs/color/1/0.0.0.0").status_code == 200  # chunks within it: served
+    # a legacy fragment meshes one box: it holds what one box makes, not the whole surface bound
+    assert get(small, f"{MESHES}/blobs/legacy/1:0:1_1_1").status_code == 200
     one_at_a_time = server_factory(root, mesh_threads=2, chunk_memory_bytes=need + need // 2)
     answers: dict[str, int] = {}
     fragments = [f"{MESHES}/blobs/legacy/1:0:{x}_{y}_1" for x in range(2) for y in range(2)]
@@ -293,6 +303,32 @@ def test_a_mesh_request_is_costed_against_the_memory_budget_before_any_work(
         thread.join()
     assert answers == dict.fromkeys(fragments, 200), "each waited for the budget rather than being refused"
     assert_no_unexpected_errors(one_at_a_time)
+
+
+def test_a_mesh_request_holds_the_surface_of_the_boxes_that_hold_data_not_the_whole_bound(
+    root: Path, server_factory: Callable[..., Server]
+) -> None:
+    """Under a budget below the most surface one request makes (``SURFACE_BYTES``, 144 MiB), legacy fragments
+    are served, where the layer holds data and where it does not (each was a 413, charged the whole bound);
+    what each holds is its window and the surface of its box where a stored file lies in the window
+    (``BOX_SURFACE_BYTES``), none where none does, from a stat of the files and the metadata."""
+    budgeted = server_factory(root, mesh_threads=2, chunk_memory_bytes=48 << 20)
+    fragments = [f"{MESHES}/blobs/legacy/1:0:1_1_1", f"{MESHES}/sparse/legacy/1:0:3_3_3"]
+    for path in fragments:
+        answer = get(budgeted, path)
+        assert answer.status_code == 200, (path, answer.text[:300])
+    assert_no_unexpected_errors(budgeted)
+    # what each holds, asked of the mesh service the gateway runs over the same files
+    catalog = Catalog(LocalStore(str(root)), SourceFormats(LocalStore(str(root)), 1 << 24))
+    dataset = catalog.dataset(ORG, "bombs")
+    assert isinstance(dataset, Dataset)
+    meshes = MeshService(LocalStore(str(root)), index_place(LocalStore(str(root)), None), 1 << 24, CapacityLimiter(1))
+    held, empty = (meshes.file_bytes(dataset, layer, "legacy", "1:0:" + cube) for layer, cube in FRAGMENTS)
+    assert held - empty == BOX_SURFACE_BYTES, (held, empty)  # the same window, and one box's surface where data lies
+    assert empty < BOX_SURFACE_BYTES < SURFACE_BYTES
+
+
+FRAGMENTS = [("sparse", "0_0_0"), ("sparse", "3_3_3")]  # a cube of the layer's one file, and one far from it
 
 
 def test_the_budget_stops_at_its_time_and_its_totals() -> None:

@@ -255,6 +255,48 @@ def test_sign_in_sets_a_login_cookie_that_reads_pages_and_data(signin: Server) -
     assert checked.status_code == 204
 
 
+def test_the_401_page_offers_sign_in_first(signin: Server, tmp_path: Path) -> None:
+    """With an issuer, a browser refused for want of a credential is offered the sign-in, back to this very page,
+    beside a token in each form (no share link: this gateway has no key); through the proxy too."""
+    from support.proxy import address, start_proxy
+
+    proxy = start_proxy(tmp_path / "nginx", [address(signin)])
+    try:
+        for base in (signin.url, proxy.url):
+            page = requests.get(base + DATASET + "/", headers={"Accept": "text/html"}, timeout=30)
+            assert page.status_code == 401 and page.headers["content-type"].startswith("text/html"), page.text[:300]
+            ways = html.unescape(page.text.split('<ul class="sign-in">', 1)[1].split("</ul>", 1)[0])
+            login = f'<a class="login" href = "/login?next={DATASET}/">Sign in</a>'
+            assert ways.startswith(f"<li>{login}"), ways
+            assert f"{DATASET}/?token=YOUR_TOKEN" in ways and f"/t/YOUR_TOKEN{DATASET}/" in ways, ways
+            assert "share link" not in ways
+        followed = requests.get(signin.url + f"/login?next={DATASET}/", allow_redirects=False, timeout=30)
+        assert followed.status_code == 303 and followed.headers["location"].startswith(signin.url.split(":")[0])
+    finally:
+        proxy.stop()
+
+
+def test_every_link_a_signed_in_browser_reaches_opens_with_the_cookie_alone(signin: Server) -> None:
+    """From the start page, every page, listing (the precomputed tree's too), file, preview and viewer address a
+    signed-in browser can click answers with the login cookie the browser sends, and none carries a token."""
+    from support.crawl import walk
+
+    session = sign_in(signin, "ada")
+    seen = walk(session, signin.url, ["/"])
+    assert not seen.failures(), seen.failures()
+    carrying = [address for address in seen.statuses if "token=" in address or "/t/" in address or "/s/" in address]
+    assert not carrying, carrying
+    reached = {address.split("/data/", 1)[-1] for address in seen.statuses}
+    deep = {
+        f"precomputed/{ORG}/wk_dataset/segmentation/mesh/",
+        f"precomputed/{ORG}/wk_dataset/color_u8/1/",
+        f"zarr3/{ORG}/wk_dataset/color_u8/1/zarr.json",
+        f"zarr/{ORG}/wk_dataset/segmentation/2-2-1/.zarray",
+    }
+    assert deep <= reached, sorted(reached)
+    assert "other_org" not in " ".join(reached), "the claims grant lab-a's datasets only"
+
+
 def test_the_landing_page_without_a_credential_says_where_to_sign_in(signin: Server) -> None:
     page = requests.get(signin.url + "/", timeout=10)
     assert page.status_code == 200 and "wk_dataset" not in page.text
@@ -420,6 +462,8 @@ def test_the_proxy_checks_and_caches_sign_in_credentials_apart(
         started = requests.get(proxy.url + "/login", allow_redirects=False, timeout=30)
         assert started.status_code == 303 and started.headers["Location"].startswith(provider.issuer)
         assert requests.get(proxy.url + "/logout", allow_redirects=False, timeout=10).status_code == 303
+        back = requests.get(proxy.url + "/callback", params={"code": "x", "state": "y"}, timeout=10)
+        assert back.status_code == 400 and "start again at /login" in error_of(back), back.text  # the gateway's
     finally:
         proxy.stop()
 
@@ -508,3 +552,76 @@ def test_without_sign_in_authorization_and_cookies_are_not_read(gateway: Server)
     alone = requests.get(gateway.url + CHUNK, headers=bearer("a.b.c"), timeout=10)
     assert alone.status_code == 401 and "/login" not in error_of(alone)
     assert requests.get(gateway.url + "/login", timeout=10).status_code == 404
+
+
+# CloudVolume's middleauth+https protocol (CloudFiles' CaveInterface) sends "Authorization: Bearer <token>" with
+# the token of its secrets file; it reads over https only, so it reads through the compose proxy's TLS listener.
+CLOUDVOLUME_READ = """
+import sys
+import numpy as np
+from cloudvolume import CloudVolume
+
+url, out = sys.argv[1], sys.argv[2]
+volume = CloudVolume(url, mip=0, fill_missing=False, progress=False, parallel=1, cache=False)
+np.save(out, np.asarray(volume[40:104, 30:94, 10:42]))
+"""
+
+
+@pytest.mark.nginx
+def test_cloudvolume_reads_the_precomputed_tree_with_a_bearer_token_over_middleauth(
+    signin: Server, provider: Provider, test_data: WrittenDataset, tmp_path: Path
+) -> None:
+    """``precomputed://middleauth+https://HOST/data/precomputed/...`` with the issuer's access token in
+    CloudVolume's ``{host}-cave-secret.json``: a cut-out voxel for voxel, the gateway asked nothing but the
+    precomputed tree (middleauth makes no requests of its own); without the secret the read is refused."""
+    import shutil
+    import subprocess
+    import sys
+
+    from support.https import make_certificate
+    from support.processes import free_port, wait_until
+    from support.proxy import address, start_proxy
+
+    certificate = make_certificate(tmp_path / "ca")
+    tls = tmp_path / "proxy-tls"
+    tls.mkdir()
+    shutil.copy(certificate.cert, tls / "tls.crt")
+    shutil.copy(certificate.key, tls / "tls.key")
+    port = free_port()
+    proxy = start_proxy(
+        tmp_path / "nginx",
+        [address(signin)],
+        PROXY_TLS="on",
+        PROXY_TLS_LISTEN=f"127.0.0.1:{port}",
+        PROXY_TLS_DIR=str(tls),
+    )
+    home = tmp_path / "home"  # CloudVolume's secrets: ~/.cloudvolume/secrets, or $CLOUD_VOLUME_DIR/secrets
+    secrets = home / ".cloudvolume" / "secrets"
+    secrets.mkdir(parents=True)
+    env = {**os.environ, "HOME": str(home), "REQUESTS_CA_BUNDLE": str(certificate.authority)}
+    env.pop("CLOUD_VOLUME_DIR", None)
+    url = f"precomputed://middleauth+https://127.0.0.1:{port}/data/precomputed/{ORG}/wk_dataset/color_u8"
+    out = tmp_path / "cutout.npy"
+
+    def read() -> "subprocess.CompletedProcess[str]":
+        command = [sys.executable, "-c", CLOUDVOLUME_READ, url, str(out)]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+    before = len(signin.access_lines())
+    try:
+        refused = read()
+        assert refused.returncode != 0 and "401" in refused.stderr, refused.stderr[-2000:]
+        (secrets / f"127.0.0.1:{port}-cave-secret.json").write_text(json.dumps({"token": provider.client_token()}))
+        done = read()
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        proxy.stop()
+    with wkw.Dataset.open(str(test_data.root / ORG / "wk_dataset" / "color_u8" / "1")) as stored:
+        truth = stored.read((40, 30, 10), (64, 64, 32))
+    cutout = np.load(out)
+    assert cutout.shape == (64, 64, 32, 1) and cutout.any()
+    np.testing.assert_array_equal(cutout[..., 0], truth[0])
+    info = f"/data/precomputed/{ORG}/wk_dataset/color_u8/info"
+    assert wait_until(lambda: info in [line["path"] for line in signin.access_lines()[before:]], 10)
+    asked = {line["path"] for line in signin.access_lines()[before:]}
+    assert all(path == "/auth" or path.startswith("/data/precomputed/") for path in asked), asked

@@ -536,9 +536,10 @@ def test_the_kubernetes_proxy_runs_the_compose_templates_in_front_of_the_gateway
         f"{gateways['spec']['ports'][0]['port']};"
     )
     proxy_service = _named(cached_overlay, "Service", "zarr-gateway-proxy")
-    ingress = _named(cached_overlay, "Ingress", "zarr-gateway")
-    backends = {path["backend"]["service"]["name"] for path in ingress["spec"]["rules"][0]["http"]["paths"]}
-    assert backends == {proxy_service["metadata"]["name"]}, "every routed path goes through the proxy"
+    for name in ("zarr-gateway", "zarr-gateway-open"):  # the data paths, and sign-in, the viewer and the favicon
+        ingress = _named(cached_overlay, "Ingress", name)
+        backends = {path["backend"]["service"]["name"] for path in ingress["spec"]["rules"][0]["http"]["paths"]}
+        assert backends == {proxy_service["metadata"]["name"]}, f"every path {name} routes goes through the proxy"
     pod = _named(cached_overlay, "Deployment", "zarr-gateway-proxy")["spec"]["template"]["spec"]
     [container] = pod["containers"]
     mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}

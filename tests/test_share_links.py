@@ -206,6 +206,46 @@ def test_the_pages_below_a_link_link_below_it_and_offer_no_form(pair: list[Serve
     assert preview.status_code == 200 and preview.content.startswith(b"\x89PNG")
 
 
+def test_a_links_bare_prefix_opens_its_dataset_page(pair: list[Server]) -> None:
+    """``/s/{capability}/``, a link cut back to its prefix (and every page's way back to the start below a link),
+    is the shared dataset's page, not a 404; a link that does not hold is refused there as everywhere."""
+    link = made_link(pair[1])["link"]
+    capability = capability_of(link)
+    bare = requests.get(f"{pair[0].url}/s/{capability}/", allow_redirects=False, timeout=30)
+    assert bare.status_code == 302, bare.text
+    assert bare.headers["location"] == f"/s/{capability}/data/zarr3/{NAMES}/"
+    assert bare.headers["cache-control"] == "no-store"
+    page = requests.get(f"{pair[0].url}/s/{capability}/", headers={"Accept": "text/html"}, timeout=120)
+    assert page.status_code == 200 and page.url == link.replace(pair[1].url, pair[0].url), page.url
+    assert 'class="share-form"' not in page.text and DATASET in page.text
+    start_links = [part.split('"', 1)[0] for part in page.text.split('class="up" href = "')[1:]]
+    assert f"/s/{capability}/" in start_links, start_links  # the breadcrumb back to the start stays below the link
+    _, expired = key().issue(ORGANIZATION, DATASET, 60, now=time.time() - 3600)
+    refused = requests.get(f"{pair[0].url}/s/{expired}/", allow_redirects=False, timeout=30)
+    assert refused.status_code == 401 and "has expired" in refused.json()["error"], refused.text
+    assert requests.get(f"{pair[0].url}/s/{capability}", allow_redirects=False, timeout=30).status_code == 404
+
+
+def test_the_401_page_names_a_share_link_as_a_way_in(pair: list[Server], proxy: Proxy) -> None:
+    """A browser without a credential learns every way in this gateway takes: a token in each form and a share
+    link; no sign-in, which it does not offer. The proxy's page is the gateway's."""
+    path = f"/data/zarr3/{NAMES}/color/"
+    for base in (pair[0].url, proxy.url):
+        page = requests.get(base + path, headers={"Accept": "text/html"}, timeout=30)
+        assert page.status_code == 401 and page.headers["content-type"].startswith("text/html"), page.text[:300]
+        text = unquote(page.text).replace("&#47;", "/")
+        ways = text.split('<ul class="sign-in">', 1)[1].split("</ul>", 1)[0]
+        assert f"{path}?token=YOUR_TOKEN" in ways and f"/t/YOUR_TOKEN{path}" in ways and "X-Auth-Token" in ways
+        assert "share link" in ways and "<code>/s/</code>" in ways, ways
+        assert "/login" not in text, ways
+    expired = requests.get(
+        f"{pair[0].url}/s/{key().issue(ORGANIZATION, DATASET, 60, now=time.time() - 3600)[1]}{path}",
+        headers={"Accept": "text/html"},
+        timeout=30,
+    )
+    assert expired.status_code == 401 and "has expired" in expired.text and "share link" in expired.text
+
+
 # --- refused -----------------------------------------------------------------------------------------------
 
 
@@ -397,6 +437,23 @@ def test_the_share_command_refuses_with_one_line(setup: Setup, arguments: list[s
     assert run.returncode == 1 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize(
+    "dataset", [f"{ORGANIZATION}/no_such_dataset", f"no_such_org/{DATASET}", f"{ORGANIZATION}/color", f"../{DATASET}"]
+)
+def test_the_share_command_refuses_a_dataset_that_does_not_exist(setup: Setup, dataset: str) -> None:
+    """A link to nothing would answer 404 to whoever it was sent to: exit status 2 (the argument names nothing),
+    one line that names the dataset, and nothing on standard output."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway", "share", dataset, "--expires", "600"],
+        env=setup.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2, (run.returncode, run.stderr)
+    assert run.stderr.strip() == f"zarr-gateway: there is no dataset {dataset!r} under the data root {setup.root}"
+    assert run.stdout == ""
+
+
 def test_making_a_link_needs_a_grant_of_the_dataset(pair: list[Server]) -> None:
     url = f"{pair[0].url}/share/{NAMES}"
     refusals = {
@@ -507,6 +564,8 @@ def test_the_proxy_passes_refuses_and_caches_links_as_the_gateways_decide(
     assert requests.get(f"{proxy.url}/s/{expired}{chunk}", timeout=30).status_code == 401
     two = requests.get(f"{proxy.url}/s/{capability}{chunk}", headers={"X-Auth-Token": TOKEN}, timeout=30)
     assert two.status_code == 400, two.text
+    bare = requests.get(f"{proxy.url}/s/{capability}/", timeout=120)  # the link's start: its dataset's page
+    assert bare.status_code == 200 and bare.url == f"{proxy.url}/s/{capability}/data/zarr3/{NAMES}/", bare.url
     viewer = requests.get(f"{proxy.url}/s/{capability}/neuroglancer/v/gateway/", timeout=30)
     assert viewer.status_code in (200, 404), viewer.text[:200]  # checked, and passed on (404 without the extra)
     form = requests.post(
@@ -522,3 +581,49 @@ def test_the_proxy_passes_refuses_and_caches_links_as_the_gateways_decide(
     assert wait_until(lambda: logged in [line["path"] for line in proxy.access_log()], 10), proxy.logs()[-3000:]
     logs = proxy.logs()
     assert capability not in logs and expired not in logs, logs[-3000:]
+
+
+# --- a browser's walk: every link from the start page, in each credential form ----------------------------------
+
+
+def _credential_forms(server: Server) -> dict[str, tuple[list[str], dict[str, str], Callable[[str], bool]]]:
+    """Per form: where a browser starts (the start page; below a link, which leads to the dataset's page, also the
+    precomputed tree the README gives CloudVolume, which no page of one tree links to), the header a script would
+    send (a browser sends none), and what every address reached must hold to keep the form (a viewer's own
+    address carries a token in its path)."""
+    capability = capability_of(made_link(server)["link"])
+    in_query, in_path, below_link = f"token={TOKEN}", f"/t/{TOKEN}/", f"/s/{capability}/"
+    return {
+        "query": (["/?" + in_query], {}, lambda address: in_query in address or address.startswith(in_path)),
+        "path": ([in_path], {}, lambda address: address.startswith(in_path)),
+        "share link": (
+            [below_link, f"{below_link}data/precomputed/"],
+            {},
+            lambda address: address.startswith(below_link),
+        ),
+        "header": (["/"], {"X-Auth-Token": TOKEN}, lambda address: TOKEN not in address and "/s/" not in address),
+    }
+
+
+@pytest.mark.parametrize("form", ["query", "path", "share link", "header"])
+def test_every_link_a_browser_reaches_from_the_start_page_opens(pair: list[Server], form: str) -> None:
+    """From the start page, every page, listing (the precomputed tree's layers, scales and mesh directories too),
+    metadata file, preview and viewer address a click reaches answers, in the start page's credential form."""
+    from support.crawl import walk
+
+    starts, headers, keeps = _credential_forms(pair[0])[form]
+    with requests.Session() as session:
+        seen = walk(session, pair[0].url, starts, headers=headers)
+    assert not seen.failures(), seen.failures()
+    lost = [address for address in seen.statuses if not keeps(address)]
+    assert not lost, lost
+    reached = {address.partition("?")[0].split("/data/", 1)[-1] for address in seen.statuses}
+    deep = {
+        f"precomputed/{NAMES}/segmentation/mesh/",
+        f"precomputed/{NAMES}/segmentation/1/",
+        f"precomputed/{NAMES}/color/info",
+        f"zarr3/{NAMES}/color/1/zarr.json",
+    }
+    if form != "share link":  # a link's start is its dataset's page in one tree
+        deep |= {f"zarr/{NAMES}/segmentation/2-2-1/.zarray", f"xarray/{NAMES}/2-2-1/"}
+    assert deep <= reached, sorted(reached)

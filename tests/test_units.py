@@ -17,10 +17,13 @@ import numcodecs
 import numpy as np
 import pytest
 import wkw
+from hypothesis import given
+from hypothesis import strategies as st
 from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
 from gateway.http.urls import TREE_ROUTES, Level, parse_data_path
+from gateway.logs import json_string
 from gateway.shard_formats.sharding_indexed import (
     EMPTY,
     ShardIndexError,
@@ -626,3 +629,13 @@ def test_list_settings_read_and_write_their_text_form(tmp_path: Path, name: str,
     assert isinstance(written, str)
     assert getattr(Settings.model_validate({"root": str(tmp_path), name: written}), name) == items
     assert getattr(Settings.model_validate({"root": str(tmp_path), name: json.dumps(list(items))}), name) == items
+
+
+# --- the access log's JSON strings ------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_the_access_logs_json_strings_are_json_dumps(text: str) -> None:
+    """The shortcut for plain text writes exactly what ``json.dumps`` writes, for any text a path may hold."""
+    assert json_string(text) == json.dumps(text)
+    assert json.loads(json_string(text)) == text

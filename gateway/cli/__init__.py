@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except CommandError as exc:
-        sys.exit(f"zarr-gateway: {exc}")
+        print(f"zarr-gateway: {exc}", file=sys.stderr)
+        sys.exit(exc.status)
 
 
 def _version() -> str:

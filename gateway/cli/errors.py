@@ -4,4 +4,14 @@ from gateway_storage.faults import Invalid
 
 
 class CommandError(Invalid):
-    """A mistake in what the user asked for: printed as one line, exit status 1 (see :func:`gateway.cli.main`)."""
+    """A mistake in what the user asked for: printed as one line, exit status ``status`` (see
+    :func:`gateway.cli.main`)."""
+
+    status = 1
+
+
+class NamesNothing(CommandError):
+    """An argument that names nothing the data root holds: exit status 2, as argparse answers a bad argument, so
+    a script tells "no such dataset" from a setting that is missing."""
+
+    status = 2

@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from .errors import CommandError
+from ..settings import Settings
+from .errors import CommandError, NamesNothing
 from .flags import add_setting_flags, settings_from
 
 
@@ -38,10 +39,26 @@ def share(args: argparse.Namespace) -> None:
         key = ShareKey.load(settings.share_key_file)
     except ShareKeyError as exc:
         raise CommandError(str(exc)) from None
+    if name not in _dataset_names(settings, organization):  # a link to nothing would only ever answer 404
+        raise NamesNothing(f"there is no dataset {args.dataset!r} under the data root {settings.root}")
     base = (args.base_url or settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
     claims, capability = key.issue(organization, name, args.expires)
     print(share_url(base, capability, args.tree, organization, name))
     print(f"id {claims.id}, expires {expiry_text(claims.expires)}", file=sys.stderr)
+
+
+def _dataset_names(settings: Settings, organization: str) -> list[str]:
+    """The datasets of ``organization`` as the served catalog lists them (a directory with a properties file)."""
+    from gateway_storage import StorageError, open_store, read_headers_file
+
+    from ..sources.discovery import dataset_names
+
+    headers = read_headers_file(str(settings.store_headers_file)) if settings.store_headers_file else {}
+    try:
+        store = open_store(settings.root, settings.extra_roots, remote_roots=settings.remote_roots, headers=headers)
+        return dataset_names(store, organization)
+    except (OSError, StorageError) as exc:  # a storage fault: say it, never "no such dataset"
+        raise CommandError(f"the data root {settings.root} cannot be listed: {exc}") from None
 
 
 def add_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -232,7 +232,7 @@ class AnswerCache:
         if body is None or versions is None:
             return False  # a reader (a virtual shard streams) or a body whose files are unknown
         size = len(body) + ENTRY_BYTES + FILE_BYTES * len(versions.files)
-        if size > self.largest or (self.budget is not None and not self.budget.can_keep(size)):
+        if size > self.largest or (self.budget is not None and not self.budget.make_room(size)):
             return False
         # Its files were read just now, but whether their changes are reported is not known yet: the first request
         # for it looks (in a thread), and watches their directories.

@@ -25,7 +25,6 @@ from ..metrics import RequestStats
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
 from ..precomputed.tree import ListingRow, PrecomputedTree
 from ..previews import Previews
-from ..resources import Resource
 from ..settings import Settings
 from ..sources.catalog import Catalog
 from ..sources.registry import SourceFormats
@@ -45,7 +44,7 @@ from .handlers.datasets import Datasets
 from .handlers.index import IndexHandler, Landings
 from .handlers.listings import Listings
 from .handlers.meshes import MeshHandler
-from .handlers.pages import Pages, listing
+from .handlers.pages import Pages
 from .handlers.precomputed import PrecomputedHandler
 from .handlers.previews import PreviewHandler
 from .handlers.segments import LargestSegments
@@ -65,7 +64,7 @@ from .messages import Answer, Request
 from .ops import Ops
 from .origin import PublicOrigin
 from .pages.icon import favicon
-from .pages.listing import Entry
+from .pages.listing import Entry, page_bytes
 from .pages.viewer import NeuroglancerClient
 from .share import Revocations, ShareKey, ShareLinks
 from .urls import (
@@ -189,7 +188,8 @@ class Shared:
             )
         chunk_threads = anyio.CapacityLimiter(settings.threads)
         options = ServeOptions(Codec(settings.codec), settings.chunk_edge, sharded=settings.v3_layout == "sharded")
-        datasets = Datasets(data.catalog, options, data.shards, chunk_threads)
+        memory = MemoryBudget(settings.chunk_memory_bytes)  # what every request builds; kept answers count too
+        datasets = Datasets(data.catalog, options, data.shards, chunk_threads, memory)
         origin = PublicOrigin(settings.public_url, settings.trusted_proxies)
         sign_in = _sign_in(settings, origin)
         links = share_links(settings)
@@ -199,12 +199,11 @@ class Shared:
         note = root_note(data.store) if store_kind(settings.root) is None else None  # a store away must not delay
         share_most = None if links is None else settings.share_max_seconds
         pages = Pages(origin, settings.neuroglancer_url, viewer is not None, not access.open, share_most, note)
-        memory = MemoryBudget(settings.chunk_memory_bytes)  # what chunks, previews and meshes build; kept answers
-        # where no change is reported, a look at a kept answer's files holds for the settle time (README, "Kept
-        # answers and late data")
+        # Kept answers: where no change is reported, a look at a kept answer's files holds for the settle time
+        # (README, "Kept answers and late data")
         answers = AnswerCache(settings.answer_cache_bytes, memory, settings.settle_seconds)
         sender = Sender(chunk_threads, settings.cache_control.encode("latin-1"))
-        listings = Listings(datasets, roots)
+        listings = Listings(datasets, roots, memory)
         return cls(
             roots,
             origin,
@@ -261,7 +260,7 @@ def handlers_by_place(settings: Settings, data: Data, shared: Shared, ops: Ops) 
         Level.ARRAY: ArrayLevel(datasets, sender, pages, chunks),
     }
     trees = TreeHandler(access, levels)
-    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_page)
+    precomputed = PrecomputedTree(data.meshes, meters_per_unit, settings.chunk_edge, _listing_bytes)
     precomputed_trees = PrecomputedHandler(
         access, datasets, listings, precomputed, sender, shared.chunk_threads, shared.memory, pages
     )
@@ -380,6 +379,7 @@ def create_app_from_env() -> Starlette:
     return create_app(settings)
 
 
-def _listing_page(base: str, rows: list[ListingRow]) -> Resource:
-    """A listing page of the precomputed tree, rendered as every tree's listings are."""
-    return listing(base, [Entry(*row) for row in rows])
+def _listing_bytes(rows: list[ListingRow]) -> int:
+    """What a listing page of the precomputed tree holds while it renders ``rows`` (in the request's credential
+    form, :class:`~gateway.http.handlers.precomputed.PrecomputedHandler`)."""
+    return page_bytes([Entry(*row) for row in rows])

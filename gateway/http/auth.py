@@ -42,7 +42,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 from gateway_storage.faults import Malformed
 
 from .filestamp import Stamp, file_stamp
-from .messages import HttpError, Request
+from .messages import HttpError, Request, WayIn
 from .share import ShareLinks
 
 log = logging.getLogger("gateway")
@@ -116,6 +116,7 @@ def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
 class Grant:
     patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
     holder: str = "the token"  # who holds it, as a refusal names it
+    shared: tuple[str, str] | None = None  # a share link's one dataset (organization, name): its start page
 
     @classmethod
     def of_link(cls, organization: str, dataset: str, link: str) -> "Grant":
@@ -129,7 +130,7 @@ class Grant:
 @functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker
 def _link_grant(organization: str, dataset: str, link: str) -> Grant:
     exact = (re.compile(re.escape(organization), re.DOTALL), re.compile(re.escape(dataset), re.DOTALL))
-    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)")
+    return Grant((exact,), f"the share link {link} (for {organization}/{dataset} only)", (organization, dataset))
 
 
 class Tokens:
@@ -449,6 +450,8 @@ class Access:
         self.links = links
         self.identities = identities
         self.decisions = Decisions(self.tokens) if self.tokens is not None else None
+        ways = ((WayIn.SIGN_IN, identities), (WayIn.SHARE_LINK, links))
+        self.ways_in = frozenset(way for way, taken in ways if taken is not None)  # beside tokens: a 401 says them
 
     @property
     def open(self) -> bool:
@@ -475,12 +478,18 @@ class Access:
         return self.identities
 
     async def grant(self, token: Token | None) -> Grant | None:
-        """The grant of ``token``: None when the gateway is open; 401 without a valid token."""
-        if token is None:
-            if self.tokens is None:
-                return None
-            raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
-        return await token.look_up(self)
+        """The grant of ``token``: None when the gateway is open; 401 without a valid token, which names the other
+        ways in this gateway takes (a person's page lists them)."""
+        try:
+            if token is None:
+                if self.tokens is None:
+                    return None
+                raise HttpError(401, f"a token is required: {HOW}{self._or_sign_in}")
+            return await token.look_up(self)
+        except HttpError as exc:
+            if exc.status == 401:
+                exc.ways_in = self.ways_in
+            raise
 
     def token_grant(self, value: str) -> Grant | None:
         if self.decisions is None:

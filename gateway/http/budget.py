@@ -42,10 +42,16 @@ class MemoryBudget:
         self.kept: Kept | None = None
         self._queue: deque[tuple[int, anyio.Event]] = deque()
 
-    def can_keep(self, nbytes: int) -> bool:
-        """Whether an answer of ``nbytes`` may be kept beside the work in flight and the answers kept."""
-        kept = 0 if self.kept is None else self.kept.size_bytes
-        return self.limit <= 0 or self.used + kept + nbytes <= self.limit
+    def make_room(self, nbytes: int) -> bool:
+        """Whether an answer of ``nbytes`` may be kept beside the work in flight; if so, the answers kept
+        already give way (least recently used first) until it fits beside them."""
+        if self.limit <= 0:
+            return True
+        if self.used + nbytes > self.limit:
+            return False
+        if self.kept is not None and self.kept.size_bytes > self.limit - self.used - nbytes:
+            self.kept.shrink_to(self.limit - self.used - nbytes)
+        return True
 
     def check(self, nbytes: int, what: str = "this chunk") -> None:
         """Refuse a need that no wait could grant; :class:`OverBudget` with the reason."""

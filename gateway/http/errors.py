@@ -34,7 +34,7 @@ from gateway_storage.faults import (
 
 from ..metrics import count_storage_error
 from ..resources import JSON
-from .messages import Answer, HttpError, raw_headers
+from .messages import Answer, HttpError, WayIn, raw_headers
 from .pages.links import LinkForm
 from .pages.markup import HTML
 from .pages.refusal import refusal_page
@@ -178,11 +178,18 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None)
     return Answer(status, raw_headers({**(headers or {}), "Vary": "Accept"}), body, JSON)
 
 
-def refusal(status: int, message: str, headers: dict[str, str] | None, browser: Browser | None) -> Answer:
-    """An error answer: JSON, or for a browser the page that says the same (:mod:`gateway.http.pages.refusal`)."""
+def refusal(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None,
+    browser: Browser | None,
+    ways_in: frozenset[WayIn] = frozenset(),
+) -> Answer:
+    """An error answer: JSON, or for a browser the page that says the same (:mod:`gateway.http.pages.refusal`),
+    a 401's with the ways in beside tokens that the gateway takes."""
     if browser is None:
         return json_error(status, message, headers)
-    page = refusal_page(status, message, browser.path, browser.links)
+    page = refusal_page(status, message, browser.path, browser.links, ways_in)
     return Answer(status, raw_headers({**(headers or {}), "Vary": "Accept"}), page, HTML)
 
 
@@ -192,7 +199,7 @@ def error_answer(
     """The answer to ``exc`` raised while serving ``context`` (method and path), counted and logged as mapped;
     its message names no location of ``roots``; a page when ``browser`` asked."""
     if isinstance(exc, HttpError):  # the HTTP layer's own decision: nothing to map
-        return refusal(exc.status, roots.relative(exc.message), exc.headers, browser)
+        return refusal(exc.status, roots.relative(exc.message), exc.headers, browser, exc.ways_in)
     rule = record(exc, context)
     message = rule.message if rule.message is not None else f"{rule.prefix}{exc}"
     headers = {"Retry-After": rule.retry_after} if rule.retry_after else None

@@ -3,6 +3,7 @@
 Cheaper than a framework's request and response classes on the chunk path (see :mod:`gateway.http.edge`).
 """
 
+import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -52,6 +53,14 @@ class HttpError(Fault):
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.ways_in: frozenset[WayIn] = frozenset()  # a 401's: the credentials beyond tokens this gateway takes
+
+
+class WayIn(enum.Enum):
+    """A credential a gateway may take beside tokens, as a refusal (401) tells a person who has none."""
+
+    SIGN_IN = "sign-in"  # an OpenID issuer is configured: /login
+    SHARE_LINK = "share link"  # a share key is configured: /s/{capability}/
 
 
 class ResponseAborted(Abandoned):

@@ -257,7 +257,8 @@ def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
 
 def split_share_link(raw_path: str, path: str) -> tuple[bytes | None, str]:
     """The capability of a ``/s/{capability}/...`` share link path and the path below it, as
-    :func:`split_path_token` cuts a token (and with the same refusals, ``/s/***`` for a path that names nothing)."""
+    :func:`split_path_token` cuts a token (and with the same refusals, ``/s/***`` for a path that names nothing).
+    The bare ``/s/{capability}/`` is the start page below the link, which leads to the shared dataset's page."""
     return _split(SHARE_PREFIX, REDACTED_SHARE_LINK, raw_path, path)
 
 
@@ -266,7 +267,7 @@ def _split(prefix: str, redacted: str, raw_path: str, path: str) -> tuple[bytes 
         return None, path
     segment, slash, rest = raw_path[len(prefix) :].partition("/")
     below = request_path("/" + rest)
-    start_page = below == "/" and prefix == TOKEN_PREFIX  # the start page, for pages opened below a token
+    start_page = below == "/"  # the start page of pages opened below a token; a link's: its dataset's page
     if not raw_path.startswith(prefix) or not slash or not (start_page or below.startswith(_BELOW_PATH_CREDENTIAL)):
         return None, redacted
     return unquote_to_bytes(segment.encode("latin-1")), below

@@ -37,7 +37,7 @@ from .layers import LayerMeshes
 from .names import parse_cube, parse_segment_id
 from .segments import Segments
 from .stored import ABSENT, SetState, StoredMeshes, StoredSegment, StoredSet
-from .surfaces import Surface, segment_surface, window_of
+from .surfaces import Surface, holds_surface, request_bytes, segment_surface, window_of
 
 # Voxels read to make one segment's multi-resolution mesh on demand (every level), the default of the
 # ``multires_voxels`` setting: beyond it a segment is served from a fresh stored mesh set, or gets on demand the
@@ -98,6 +98,32 @@ class MeshSource(ABC):
     def levels(self, grid: MeshGrid) -> list[Level]:
         """The levels of detail whose windows a request for one of its files may read (what it costs)."""
 
+    def most_bytes(self, grid: MeshGrid, name: str) -> int:
+        """The most a request for ``name`` may hold, from the metadata alone (the worst case, refused at once past
+        the whole budget): nothing for the ``info`` and the segment properties, which mesh nothing (their cost
+        follows their files' sizes: :meth:`file_bytes`)."""
+        return 0 if name in ("info", PROPERTIES_INFO) else self.own_most_bytes(grid, name)
+
+    @abstractmethod
+    def own_most_bytes(self, grid: MeshGrid, name: str) -> int:
+        """:meth:`most_bytes` of a file of its own."""
+
+    def file_bytes(self, work: MeshWork, name: str) -> int:
+        """What answering ``name`` holds at most, from sizes and metadata alone (stats, the index's directory,
+        whether the boxes meshed hold stored chunks): what it holds of the worker's memory budget. Blocking."""
+        if name == PROPERTIES_INFO:
+            return work.segments.properties_bytes(work.meshes)
+        try:
+            if name == "info":
+                return work.segments.index_bytes(work.meshes)[0]  # whether segments can be listed reads the index
+            return self.own_file_bytes(work, name)
+        except (MeshInputError, MeshNotFound):
+            return 0  # a name it cannot have: answered as such
+
+    @abstractmethod
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """:meth:`file_bytes` of a file of its own."""
+
     def file(self, work: MeshWork, name: str) -> Resource:
         """The file ``name`` below the source's directory; none without the meshes extra, so that no ``info``
         advertises a source whose fragments could not be made."""
@@ -123,6 +149,28 @@ class MultiresSource(MeshSource):
 
     def levels(self, grid: MeshGrid) -> list[Level]:
         return grid.levels
+
+    def own_most_bytes(self, grid: MeshGrid, name: str) -> int:
+        return request_bytes(self.levels(grid))  # every level, as many boxes as a segment may span
+
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """Nothing meshed for a segment of a fresh stored set; else the index, and unless the index held already
+        does not list the segment, every level's windows and the surface of each box that holds stored chunks
+        (all of them where the index is not held yet)."""
+        segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
+        if work.stored_set().fresh is not None:
+            return 0
+        held = work.segments.held(work.meshes)
+        if held is None:
+            return work.segments.index_bytes(work.meshes)[0] + request_bytes(self.levels(work.meshes.grid))
+        entry = held.lookup(segment)
+        if entry is None:
+            return 0
+        boxes = 0
+        for level in work.meshes.grid.levels:
+            positions = {(x >> level.lod, y >> level.lod, z >> level.lod) for x, y, z in entry.cubes}
+            boxes += sum(holds_surface(level.source, lo, hi) for p in positions for lo, hi in level.parts(p))
+        return request_bytes(self.levels(work.meshes.grid), boxes)
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment = layer_segment_id(work.meshes, name.removesuffix(".index"))
@@ -243,6 +291,21 @@ class LegacySource(MeshSource):
 
     def levels(self, grid: MeshGrid) -> list[Level]:
         return grid.levels[:1]  # its fragments are level-0 cubes
+
+    def own_most_bytes(self, grid: MeshGrid, name: str) -> int:
+        """A fragment meshes one box of level 0; the list of a segment's cubes meshes none."""
+        return request_bytes(self.levels(grid), 1) if name.partition(":")[2].startswith("0:") else 0
+
+    def own_file_bytes(self, work: MeshWork, name: str) -> int:
+        """A fragment: its cube's window, and its surface where the window holds stored chunks; the list of a
+        segment's cubes: the index."""
+        segment_text, _, rest = name.partition(":")
+        if not rest.startswith("0:"):
+            return work.segments.index_bytes(work.meshes)[0]
+        layer_segment_id(work.meshes, segment_text)
+        level = work.meshes.grid.levels[0]
+        lo, hi = level.box(parse_cube(rest[2:], name))
+        return request_bytes([level], int(holds_surface(level.source, lo, hi)))
 
     def own_file(self, work: MeshWork, name: str) -> Resource:
         segment_text, sep, rest = name.partition(":")

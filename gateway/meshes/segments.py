@@ -38,6 +38,12 @@ MAX_LISTED_SEGMENTS = 100_000  # segment properties list at most this many segme
 # for each listed segment (``MAX_LISTED_SEGMENTS``) at tens of bytes each. Both are checked before it is parsed.
 MAX_LABELS_BYTES = 8 << 20
 MAX_LABELS = 2 * MAX_LISTED_SEGMENTS
+# What making a layer's segment properties holds beside its index, counted against the worker's memory budget before
+# it is made: per listed segment, its id, voxels and members as Python objects and as JSON (222 bytes measured
+# for 100,000 segments with labels and member counts), and per byte of a labels file, the file parsed and its
+# ids and names as a dict (6.8 measured for 200,000 names).
+LISTED_SEGMENT_BYTES = 256
+LABELS_HELD_PER_BYTE = 8
 
 
 class IndexPlace(ABC):
@@ -154,6 +160,20 @@ class Segments:
         key = LargestKey(meshes.key, stamp, None if identity is None else identity.version, count)
         return self.cache.made(key, lambda: self._find_largest(meshes, stamp, identity, count), _list_bytes)
 
+    def largest_bytes(self, meshes: LayerMeshes, count: int) -> int:
+        """What :meth:`largest` holds, from sizes alone: nothing where they are found already or the index is
+        held; else the index file a page may read (:meth:`index_bytes`), none past ``PAGE_INDEX_BYTES``."""
+        identity = self._index_identity(meshes)
+        key = LargestKey(meshes.key, self.stamp(meshes), None if identity is None else identity.version, count)
+        if self.cache.get(key) is not None or self.held(meshes) is not None:
+            return 0
+        if identity is None or identity.size > PAGE_INDEX_BYTES:
+            return 0
+        try:
+            return self.index_bytes(meshes)[0]
+        except (SegmentIndexCorrupt, OSError, StorageError):
+            return 0  # refused without reading it: the page finds none, and remembers
+
     def _find_largest(self, meshes: LayerMeshes, stamp: str, identity: FileIdentity | None, count: int) -> list[int]:
         held: SegmentIndex | None = self.cache.get(SegmentsKey(meshes.key, stamp))
         if held is not None:
@@ -178,18 +198,57 @@ class Segments:
             return False
         return True
 
-    def properties(self, meshes: LayerMeshes) -> bytes:
-        """``segment_properties/info``: the segments (the largest ``MAX_LISTED_SEGMENTS``), voxels and labels."""
-        stamp = self.stamp(meshes)
+    def held(self, meshes: LayerMeshes) -> SegmentIndex | None:
+        """The layer's index of the data as it is now, if it is held already (nothing is read)."""
+        found: SegmentIndex | None = self.cache.get(SegmentsKey(meshes.key, self.stamp(meshes)))
+        return found
+
+    def index_bytes(self, meshes: LayerMeshes) -> tuple[int, int]:
+        """What reading the layer's segment index holds, and the segments it lists at most, from sizes alone: 0
+        for an index held already; the file and its arrays unpacked (from its zip directory, read in bounded
+        pieces); else the labels a scan of the finest mag reads (a layer too large to scan reads none)."""
+        held = self.held(meshes)
+        if held is not None:
+            return 0, len(held)
+        identity = self._index_identity(meshes)
+        if identity is not None and identity.size <= MAX_INDEX_BYTES:
+            path = self.place.location(meshes.dataset, meshes.name)
+            unpacked = check_archive(self.place.store, path, identity)
+            return identity.size + sum(unpacked.values()), unpacked.get("ids.npy", 0) // 8
+        voxels = meshes.grid.voxels if meshes.grid.voxels <= SCAN_VOXELS else 0
+        return voxels * meshes.grid.finest.dtype.itemsize, voxels
+
+    def properties_bytes(self, meshes: LayerMeshes) -> int:
+        """What making ``segment_properties/info`` holds, from sizes alone (stats and the index's directory),
+        before anything is read: the index (:meth:`index_bytes`), the labels file parsed and the listed segments
+        as objects and JSON (:data:`LISTED_SEGMENT_BYTES` each, their labels' text beside); 0 once it is made."""
+        key, labels = self._properties_key(meshes)
+        if self.cache.get(key) is not None:
+            return 0
+        index, segments = self.index_bytes(meshes)
+        listed = min(segments, MAX_LISTED_SEGMENTS)
+        labels_size = 0 if labels is None or labels.size > MAX_LABELS_BYTES else labels.size  # else never read
+        return index + labels_size * (LABELS_HELD_PER_BYTE + 1) + listed * LISTED_SEGMENT_BYTES
+
+    def _properties_key(self, meshes: LayerMeshes) -> tuple[PropertiesKey, FileIdentity | None]:
+        """The key of the layer's ``segment_properties/info`` now, and its labels file's identity."""
         index_identity = self._index_identity(meshes)
-        labels_path = self.storage.join(meshes.dataset.directory, f"{meshes.name}{LABELS_SUFFIX}")
-        labels_identity = self.storage.identity(labels_path)
+        labels_identity = self.storage.identity(self._labels_path(meshes))
         key = PropertiesKey(
             meshes.key,
-            stamp,
+            self.stamp(meshes),
             None if index_identity is None else index_identity.version,
             None if labels_identity is None else labels_identity.version,
         )
+        return key, labels_identity
+
+    def _labels_path(self, meshes: LayerMeshes) -> str:
+        return self.storage.join(meshes.dataset.directory, f"{meshes.name}{LABELS_SUFFIX}")
+
+    def properties(self, meshes: LayerMeshes) -> bytes:
+        """``segment_properties/info``: the segments (the largest ``MAX_LISTED_SEGMENTS``), voxels and labels."""
+        key, _ = self._properties_key(meshes)
+        stamp, labels_path = key.stamp, self._labels_path(meshes)
 
         def render() -> bytes:
             index = self._index_at(meshes, stamp)
@@ -263,10 +322,10 @@ class _StoredFile(io.RawIOBase):
         return len(data)
 
 
-def check_archive(store: Store, path: str, identity: FileIdentity) -> None:
+def check_archive(store: Store, path: str, identity: FileIdentity) -> dict[str, int]:
     """Refuse an index file that is not a zip archive whose members account for its size and unpack within
     ``MAX_INDEX_BYTES``, reading only its directory: a file of NULs, however large, is refused before it is
-    read. :class:`SegmentIndexCorrupt` with the reason."""
+    read. :class:`SegmentIndexCorrupt` with the reason; else the bytes each member unpacks to, by name."""
     where = f"segment index {store.relative(path)}"
     try:
         with zipfile.ZipFile(io.BufferedReader(_StoredFile(store, path, identity), 1 << 16)) as archive:
@@ -279,6 +338,7 @@ def check_archive(store: Store, path: str, identity: FileIdentity) -> None:
         raise SegmentIndexCorrupt(f"{where} unpacks to more than {MAX_INDEX_BYTES} bytes")
     if identity.size > stored + ARCHIVE_SLACK * max(1, len(members)):
         raise SegmentIndexCorrupt(f"{where} holds {identity.size} bytes, of which its members are {stored}")
+    return {member.filename: member.file_size for member in members}
 
 
 def _list_bytes(ids: list[int]) -> int:

@@ -23,11 +23,10 @@ from ..sources.dataset import Dataset
 from .budget import MeshBudget
 from .cache import MeshCache
 from .errors import MeshInputError, MeshNotFound, MeshTooLarge, SegmentIndexRequired
-from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshWork
+from .formats import MESH_SOURCES, MULTIRES_VOXELS, MeshSource, MeshWork
 from .layers import LayerMeshes, MeshLayers
 from .segments import IndexPlace, Segments
 from .stored import StoredMeshes
-from .surfaces import request_bytes
 
 log = logging.getLogger("gateway.meshes")
 Hold = Callable[[int], AbstractAsyncContextManager[None]]  # what a request holds of ``bytes`` while it is made
@@ -68,33 +67,48 @@ class MeshService:
     def layer(self, dataset: Dataset, name: str) -> LayerMeshes:
         return self.layers.layer(dataset, name)
 
-    def file(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
-        """The file ``name`` of mesh source ``kind`` (``multires`` or ``legacy``) of a layer. Blocking."""
+    def _work(self, dataset: Dataset, layer: str, kind: str, name: str) -> tuple[MeshSource, MeshWork]:
         source = MESH_SOURCES.get(kind)
         if source is None:
             raise MeshNotFound(f"no mesh source {kind!r}; there are {', '.join(MESH_SOURCES)}")
         meshes = self.layer(dataset, layer)
         budget = MeshBudget(f"{kind}/{name} of layer {layer!r}", self.mesh_seconds)
-        work = MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
+        return source, MeshWork(meshes, self.segments, self.cache, budget, self.stored, self.multires_voxels)
+
+    def file(self, dataset: Dataset, layer: str, kind: str, name: str) -> Resource:
+        """The file ``name`` of mesh source ``kind`` (``multires`` or ``legacy``) of a layer. Blocking."""
+        source, work = self._work(dataset, layer, kind, name)
         return source.file(work, name)
 
-    def working_bytes(self, dataset: Dataset, layer: str, kind: str) -> int:
-        """The most memory one request for a file of mesh source ``kind`` of ``layer`` holds
-        (:func:`~gateway.meshes.surfaces.request_bytes` of the levels it meshes), from the metadata alone; 0 for
-        a layer without meshes or an unknown source (answered as such in the request's thread)."""
+    def file_bytes(self, dataset: Dataset, layer: str, kind: str, name: str) -> int:
+        """What answering :meth:`file` holds at most (:meth:`MeshSource.file_bytes`: from sizes and metadata,
+        what is stored where it meshes; a segment list from its index and labels files' sizes); 0 for what is
+        answered as not found or not meshed. Blocking (stats), so in the request's thread."""
+        try:
+            source, work = self._work(dataset, layer, kind, name)
+            return source.file_bytes(work, name)
+        except (MeshInputError, MeshNotFound, SegmentIndexRequired, MeshTooLarge):
+            return 0  # answered as such when the file is asked for
+
+    def working_bytes(self, dataset: Dataset, layer: str, kind: str, name: str) -> int:
+        """The most memory one request for file ``name`` of mesh source ``kind`` of ``layer`` may hold
+        (:meth:`MeshSource.most_bytes`), from the metadata alone: the worst case, refused at once past the whole
+        budget; 0 for a layer without meshes or an unknown source (answered as such in the request's thread)."""
         source = MESH_SOURCES.get(kind)
         try:
-            return 0 if source is None else request_bytes(source.levels(self.layer(dataset, layer).grid))
+            return 0 if source is None else source.most_bytes(self.layer(dataset, layer).grid, name)
         except (MeshInputError, MeshNotFound):
             return 0
 
     async def answer(self, dataset: Dataset, layer: str, kind: str, name: str, hold: Hold = _hold_nothing) -> Resource:
         """:meth:`file`, in a thread of the mesh limiter, once the layer's data stamp is taken, holding
-        ``hold(working_bytes)`` while it runs: taken once the thread's turn has come, so that requests waiting
-        for a mesh thread hold none of what it stands for (the worker's memory budget)."""
+        ``hold(file_bytes)`` while it runs: sized and taken once the thread's turn has come, so that requests
+        waiting for a mesh thread hold none of what it stands for (the worker's memory budget)."""
         await self.ready(dataset, layer)
-        async with self.limiter, hold(self.working_bytes(dataset, layer, kind)):
-            return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self._running)
+        async with self.limiter:
+            need = await anyio.to_thread.run_sync(self.file_bytes, dataset, layer, kind, name, limiter=self._running)
+            async with hold(need):
+                return await anyio.to_thread.run_sync(self.file, dataset, layer, kind, name, limiter=self._running)
 
     async def ready(self, dataset: Dataset, layer: str) -> None:
         """Wait, holding no thread, until the data stamp of ``layer`` (if it is a segmentation with meshes) is
@@ -110,6 +124,15 @@ class MeshService:
         for name, layer in dataset.layers.items():
             if layer.properties.category == "segmentation" and layer.mags:
                 await self.ready(dataset, name)
+
+    def largest_bytes(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> int:
+        """What :meth:`largest_segments` holds at most, from sizes alone (:meth:`Segments.largest_bytes`); 0 where
+        it reads nothing. Blocking (stats)."""
+        try:
+            meshes = self.layer(dataset, layer)
+            return 0 if meshes.known_stamp() is None else self.segments.largest_bytes(meshes, count)
+        except (SegmentIndexRequired, MeshInputError, MeshNotFound, MeshTooLarge, OSError, StorageError, WkwError):
+            return 0  # answered as none
 
     def largest_segments(self, dataset: Dataset, layer: str, count: int = LARGEST_ON_PAGE) -> list[int]:
         """A few of the largest segments, for a viewer link: from a current index or a scan made already,

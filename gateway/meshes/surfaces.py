@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway_storage.geometry import Vec3
+from gateway_storage.geometry import Vec3, vec3
 
 from ..extras import MESHES
 from ..sources.mag import MagSource
@@ -73,20 +73,31 @@ def window_of(lo: Vec3, hi: Vec3) -> tuple[Vec3, Vec3]:
 # The most surface one request may make, as the marching cubes and the simplification hold it: vertices of
 # three float64 and faces of three uint32, each kept twice (made, then simplified or merged).
 SURFACE_BYTES = 2 * (MAX_VERTICES * 3 * 8 + MAX_TRIANGLES * 3 * 4)
+# The most surface one box makes: at most MAX_BOX_SURFACE voxel faces (at its mag, or its labels coarser), each
+# at most four triangles and four vertices of the marching cubes, kept twice as above (9 MiB).
+BOX_SURFACE_BYTES = 2 * 4 * MAX_BOX_SURFACE * (3 * 8 + 3 * 4)
 
 
-def request_bytes(levels: list[Level]) -> int:
-    """The most memory one mesh request that meshes ``levels`` of a layer holds at once, from its metadata alone
-    (what it counts against the worker's memory budget): the largest window a level reads (every stored chunk it
-    touches, whole, decoded; never past :data:`MAX_READ_DECODED_BYTES`, where the read is refused), its labels
-    and a mask of them, and the most surface a request may make."""
+def request_bytes(levels: list[Level], boxes: int | None = None) -> int:
+    """The most memory one mesh request that meshes ``levels`` of a layer holds at once (what it counts against
+    the worker's memory budget): the largest window a level reads (every stored chunk it touches, whole,
+    decoded; never past :data:`MAX_READ_DECODED_BYTES`, where the read is refused), its labels and a mask of
+    them, and the surface of the ``boxes`` it meshes that hold data (:data:`BOX_SURFACE_BYTES` each), never more
+    than the most a request may make (:data:`SURFACE_BYTES`, all of it where they are not known)."""
     most = 0
     for level in levels:
         edge = level.cube_voxels
         shape = (edge[0] + 1, edge[1] + 1, edge[2] + 1)
         decoded = min(level.source.decoded_bytes(shape), MAX_READ_DECODED_BYTES)
         most = max(most, decoded + 2 * level.read_voxels * level.source.dtype.itemsize)
-    return most + SURFACE_BYTES
+    return most + (SURFACE_BYTES if boxes is None else min(SURFACE_BYTES, boxes * BOX_SURFACE_BYTES))
+
+
+def holds_surface(source: MagSource, lo: Vec3, hi: Vec3) -> bool:
+    """Whether box ``[lo, hi)`` may hold a segment's surface: False only where the source knows nothing is
+    stored in its window and the fill value is no segment (a stat, or the shard index: no voxel is read)."""
+    window_lo, window_hi = window_of(lo, hi)
+    return source.fill_value != 0 or source.holds_data(vec3(max(0, v) for v in window_lo), window_hi)
 
 
 def read_window(source: MagSource, lo: Vec3, hi: Vec3) -> np.ndarray:

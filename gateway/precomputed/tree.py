@@ -42,6 +42,7 @@ VARY = (b"vary", b"Accept-Encoding")
 
 ListingRow = tuple[str, bool, str | None]  # name, is a directory, why it cannot be served
 RenderListing = Callable[[str, list[ListingRow]], Resource]
+INFO_BYTES = 64 << 10  # a volume's info while it is made: its scales as objects, JSON text and bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,43 +124,79 @@ class PrecomputedTree:
         meshes: MeshService,
         meters_per_unit: Callable[[str], float],
         chunk_edge: int,
-        render_listing: RenderListing,
+        listing_bytes: Callable[[list[ListingRow]], int],
     ) -> None:
         self.meshes = meshes
         self.meters_per_unit = meters_per_unit
         self.chunk_edge = chunk_edge
-        self.render_listing = render_listing
+        self.listing_bytes = listing_bytes  # what a listing of rows holds while it is rendered
         self.compresses = has_compressed_segmentation()
         self._volumes: dict[tuple[str, str, str, bool], Volume] = {}
 
     # --- the one entry point ------------------------------------------------------------------
 
-    def answer(self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str) -> Found:
-        """What ``target`` (a dataset or below, its dataset found and the access decided) answers."""
-        if len(target.names) == 2:
-            return Found(self.render_listing(target.base, self.layer_rows(dataset)))
+    def answer(
+        self, dataset: Dataset, target: PrecomputedTarget, accept_encoding: str, render_listing: RenderListing
+    ) -> Found:
+        """What ``target`` (a dataset or below, its dataset found and the access decided) answers; a listing is
+        rendered by ``render_listing``, the request's own (its links keep the page's credential form)."""
+        rows = self._listed(dataset, target)
+        if rows is not None:
+            return Found(render_listing(target.base, rows))
         volume = self.volume(dataset, target.names[2], target.raw_only)
         below = target.below
-        if not below:
-            return Found(self.render_listing(target.base, self._volume_rows(volume)))
-        first, rest = below[0], "/".join(below[1:])
-        if first == MESH_DIRECTORY:
-            if not rest:
-                return Found(self.render_listing(target.base, [(INFO, False, None)]))
-            return self._mesh_file(volume, rest)
-        if first == PROPERTIES_DIRECTORY:
-            if not rest:
-                return Found(self.render_listing(target.base, [(INFO, False, None)]))
-            return self._mesh_file(volume, PROPERTIES_INFO if rest == INFO else f"{PROPERTIES_DIRECTORY}/{rest}")
+        mesh_file = self._mesh_name(target)
+        if mesh_file is not None:
+            return self._mesh_file(volume, mesh_file)
         gzip = accepts_gzip(accept_encoding)
         if below == (INFO,):
             return _coded(bytes_resource(render_info(self._full_info(volume)), JSON), gzip)
-        served = volume.scale(first)
-        if len(below) == 1:
-            return Found(self.render_listing(target.base, []))  # chunks are not listed, as in the Zarr trees
+        served = volume.scale(below[0])
         if len(below) > 2:
-            raise MalformedKey(f"{rest!r} is not a chunk key: they are x0-x1_y0-y1_z0-z1, directly below the scale")
+            raise MalformedKey(
+                f"{'/'.join(below[1:])!r} is not a chunk key: they are x0-x1_y0-y1_z0-z1, directly below the scale"
+            )
         return _coded(self._chunk(served, below[1]), gzip)
+
+    def reading_bytes(self, dataset: Dataset, target: PrecomputedTarget) -> int:
+        """What answering ``target`` holds at most, from sizes and metadata: a listing its rows
+        (``listing_bytes``), a volume's ``info`` the document and the index it asks of the mesh service, a mesh
+        file or the segment properties what the mesh service says (:meth:`MeshService.file_bytes`), a chunk
+        :meth:`working_bytes`. Blocking (stats), so in a thread."""
+        rows = self._listed(dataset, target)
+        if rows is not None:
+            return self.listing_bytes(rows)
+        layer = target.names[2]
+        mesh_file = self._mesh_name(target)
+        if mesh_file is not None:
+            return self.meshes.file_bytes(dataset, layer, MESH_KIND, mesh_file)
+        if target.below == (INFO,):
+            return INFO_BYTES + self.meshes.file_bytes(dataset, layer, MESH_KIND, INFO)
+        return self.working_bytes(dataset, target)
+
+    def _listed(self, dataset: Dataset, target: PrecomputedTarget) -> list[ListingRow] | None:
+        """The rows of the listing ``target`` names, or None for a file."""
+        if len(target.names) == 2:
+            return self.layer_rows(dataset)
+        below = target.below
+        if not below:
+            return self._volume_rows(self.volume(dataset, target.names[2], target.raw_only))
+        if len(below) == 1 and below[0] in (MESH_DIRECTORY, PROPERTIES_DIRECTORY):
+            return [(INFO, False, None)]
+        if len(below) == 1 and below[0] != INFO:
+            self.volume(dataset, target.names[2], target.raw_only).scale(below[0])
+            return []  # chunks are not listed, as in the Zarr trees
+        return None
+
+    @staticmethod
+    def _mesh_name(target: PrecomputedTarget) -> str | None:
+        """The mesh service's name of a file below ``mesh/`` or ``segment_properties/``, or None."""
+        first, rest = target.below[0], "/".join(target.below[1:])
+        if first == MESH_DIRECTORY:
+            return rest
+        if first == PROPERTIES_DIRECTORY:
+            return PROPERTIES_INFO if rest == INFO else f"{PROPERTIES_DIRECTORY}/{rest}"
+        return None
 
     def working_bytes(self, dataset: Dataset, target: PrecomputedTarget) -> int:
         """The most memory answering ``target`` holds at once, from the metadata alone (0 but for a chunk or a mesh
@@ -168,7 +205,7 @@ class PrecomputedTree:
         if len(target.names) < 3 or len(target.below) != 2 or target.below[0] == PROPERTIES_DIRECTORY:
             return 0
         if target.below[0] == MESH_DIRECTORY:
-            return self.meshes.working_bytes(dataset, target.names[2], MESH_KIND)
+            return self.meshes.working_bytes(dataset, target.names[2], MESH_KIND, target.below[1])
         source = self.volume(dataset, target.names[2], target.raw_only).scale(target.below[0]).source
         edge = (self.chunk_edge,) * 3
         chunk = self.chunk_edge**3 * source.channels * source.dtype.itemsize

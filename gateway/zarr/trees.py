@@ -65,6 +65,13 @@ class ServeOptions:
     sharded: bool = False  # v3 layer trees only
 
 
+# What rendering a metadata document holds while it is made, counted against the worker's memory budget before
+# it is: the document around its arrays, and per array it describes (its attributes, multiscales entry and
+# codecs as Python objects, then as JSON text and bytes).
+DOCUMENT_BYTES = 16 << 10
+DOCUMENT_ARRAY_BYTES = 16 << 10
+
+
 @dataclass(slots=True)
 class DatasetView:
     """A dataset as one tree serves it. ``documents`` memoizes rendered metadata of this view."""
@@ -100,6 +107,20 @@ class DatasetView:
                 f"there are {', '.join(group.arrays)}" + (f" ({detail})" if detail else "")
             )
         return found
+
+    def document_bytes(self, key: tuple[str, ...]) -> int:
+        """What rendering the document ``key`` holds (:data:`DOCUMENT_ARRAY_BYTES` for each array it describes:
+        every array of the view at the dataset level, a group's at a group, one at an array), from the nodes
+        alone; 0 once it is rendered."""
+        if key in self.documents:
+            return 0
+        if len(key) == 1:
+            arrays = sum(len(group.arrays) for group in self.groups.values())
+        elif len(key) == 2 and key[0] in self.groups:
+            arrays = len(self.groups[key[0]].arrays)
+        else:
+            arrays = 1
+        return DOCUMENT_BYTES + arrays * DOCUMENT_ARRAY_BYTES
 
     def document(self, key: tuple[str, ...], make: Callable[[], Document]) -> Resource:
         """A metadata document as a JSON resource, rendered once per view (views are rebuilt on change)."""

@@ -30,6 +30,7 @@ KNOWN_SECONDS = {
     "test_batch_selection.py": 75,  # the batch CLI four times, a dask LocalCluster once
     "test_own_viewer.py": 90,
     "test_precomputed_tree.py": 80,
+    "test_fuzz_catalog_bounds.py": 110,  # generated properties files; segment lists, documents, listings in a budget
     "test_fuzz_read_bounds.py": 80,  # damaged layers, metadata multipliers and mesh chunk shapes through gateways
     "test_mappings.py": 70,  # mapped layers read by four clients, bad mapping files, meshes of agglomerates
     "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
@@ -38,13 +39,13 @@ KNOWN_SECONDS = {
     "test_mesh_viewer.py": 70,
     "test_browser_path.py": 65,  # Chromium clicking through pages, nginx in front, webknossos-libs, index-segments
     "test_oidc_browser.py": 65,  # signs in through a real OpenID provider in Chromium, then Neuroglancer draws
-    "test_oidc.py": 55,  # a real OpenID provider (oidc-provider, node), restarted to rotate its keys and go away
+    "test_oidc.py": 110,  # a real OpenID provider (node), restarted; CloudVolume over the TLS proxy; a signed-in walk
     "test_kubernetes.py": 50,
     "test_hostile_data.py": 75,  # stalled readers of a virtual shard on both servers
     "test_deploy.py": 60,  # nginx in front of two gateways, a slow head held to the proxy's header timeout
     "test_servers.py": 45,
     "test_proxy_cache.py": 30,
-    "test_share_links.py": 60,  # two gateways, three clients, nginx
+    "test_share_links.py": 90,  # two gateways, three clients, nginx, a walk of every link in four credential forms
     "test_share_viewer.py": 60,  # Neuroglancer in Chromium below a link
     "test_mapping_viewer.py": 60,  # Neuroglancer in Chromium draws a mapped layer three times
     "test_mapping_files_follow.py": 25,  # mapping files added and removed under a running gateway

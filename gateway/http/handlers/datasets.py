@@ -13,6 +13,7 @@ from ...sources.dataset import BrokenDataset, Dataset, DatasetUnusable
 from ...zarr.shards import ShardPlans
 from ...zarr.trees import DatasetView, ServeOptions, Tree
 from ..auth import Grant
+from ..budget import MemoryBudget
 from ..errors import HttpError
 
 T = TypeVar("T")
@@ -42,8 +43,10 @@ class Datasets:
         options: ServeOptions,
         shards: ShardPlans,
         chunk_threads: anyio.CapacityLimiter,
+        memory: MemoryBudget,
     ) -> None:
         self.catalog = catalog
+        self.memory = memory
         self.options = options
         self.shards = shards
         self.chunk_threads = chunk_threads
@@ -92,7 +95,11 @@ class Datasets:
         return await self.call(self.view, dataset, tree)
 
     async def document(self, view: DatasetView, key: tuple[str, ...], make: Callable[[], Any]) -> Resource:
-        """A dataset's metadata document; one not rendered yet is rendered in a catalog thread (the
-        consolidated metadata of many layers takes long)."""
+        """A metadata document of a dataset, a group or an array; one not rendered yet is rendered in a catalog
+        thread (the consolidated metadata of many layers takes long), holding its cost of the worker's memory
+        budget (:meth:`DatasetView.document_bytes`) while it is made."""
         found = view.documents.get(key)
-        return found if found is not None else await self.call(view.document, key, make)
+        if found is not None:
+            return found
+        async with self.memory.hold(view.document_bytes(key), "this document"):
+            return await self.call(view.document, key, make)

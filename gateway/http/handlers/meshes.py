@@ -25,7 +25,7 @@ class MeshHandler:
     async def __call__(self, request: Request) -> Answer:
         target = parse_mesh_path(request.path)
         dataset = await self.access.readable_dataset(request, target.organization, target.dataset)
-        need = self.meshes.working_bytes(dataset, target.layer, target.kind)  # metadata only: nothing read yet
+        need = self.meshes.working_bytes(dataset, target.layer, target.kind, target.file)  # metadata: nothing read
         self.memory.check(need, "this mesh request")  # a 413 at once, not once a mesh thread is free
 
         def hold(nbytes: int) -> AbstractAsyncContextManager[None]:

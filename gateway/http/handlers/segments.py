@@ -17,10 +17,21 @@ class LargestSegments:
     meshes: MeshService
     chunk_threads: anyio.CapacityLimiter
 
+    async def need(self, datasets: Iterable[Dataset | BrokenDataset]) -> int:
+        """What :meth:`of_all` of ``datasets`` holds at most (the index files it reads), from sizes alone, once
+        their data stamps are taken (waited for on the event loop: before them the index cannot be trusted, and
+        a link would select nothing): the page holds it with its own cost, before any is read."""
+        served = [dataset for dataset in datasets if isinstance(dataset, Dataset)]
+        for dataset in served:
+            await self.meshes.ready_all(dataset)
+
+        def need() -> int:
+            return sum(self.meshes.largest_bytes(d, name) for d in served for name in _segmentations(d))
+
+        return await anyio.to_thread.run_sync(need, limiter=self.chunk_threads)
+
     async def of(self, dataset: Dataset) -> Largest:
-        """The largest segments of each segmentation layer of ``dataset``, once its data stamps are taken (waited
-        for on the event loop: before them the index cannot be trusted, and a link would select nothing)."""
-        await self.meshes.ready_all(dataset)
+        """The largest segments of each segmentation layer of ``dataset`` (its data stamps taken: :meth:`need`)."""
         return await anyio.to_thread.run_sync(self._largest, dataset, limiter=self.chunk_threads)
 
     async def of_all(self, datasets: Iterable[Dataset | BrokenDataset]) -> dict[tuple[str, str], Largest]:
@@ -32,8 +43,11 @@ class LargestSegments:
         }
 
     def _largest(self, dataset: Dataset) -> Largest:
-        return {
-            name: self.meshes.largest_segments(dataset, name)
-            for name, layer in dataset.layers.items()
-            if layer.properties.category == "segmentation" and layer.mags
-        }
+        return {name: self.meshes.largest_segments(dataset, name) for name in _segmentations(dataset)}
+
+
+def _segmentations(dataset: Dataset) -> list[str]:
+    """The layers of ``dataset`` whose largest segments a page shows."""
+    return [
+        name for name, layer in dataset.layers.items() if layer.properties.category == "segmentation" and layer.mags
+    ]

@@ -14,9 +14,10 @@ from ...zarr.trees import DatasetView, NodeNotFound
 from ..auth import Token
 from ..errors import HiddenRoots
 from ..messages import Answer, Request
+from ..pages.dataset import dataset_page_bytes
 from ..pages.landing import Landing
 from ..pages.links import LinkForm
-from ..pages.listing import Entry
+from ..pages.listing import Entry, page_bytes
 from ..urls import DataTarget, Level, parse_data_path
 from .access import Authorizer
 from .chunks import Chunks
@@ -86,8 +87,12 @@ class OrganizationListing:
     async def answer(self, target: DataTarget, request: Request, token: Token | None, decision: Decision) -> Answer:
         await self.listings.check_organization(target.organization)
         check_placed(target)
-        entries = await self.listings.dataset_entries(decision.grant, target.organization)
-        return await self.sender.send(request, self.pages.listing(request, token, target.base, entries))
+
+        def page(entries: list[Entry]) -> Resource:
+            return self.pages.listing(request, token, target.base, entries)
+
+        grant = decision.grant
+        return await self.sender.send(request, await self.listings.dataset_entries(grant, target.organization, page))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +129,11 @@ class DatasetLevel(InDataset):
         entries = [Entry(f, False) for f in tree.dataset_files]
         entries += [Entry(name, True) for name in view.groups]
         entries += [Entry(name, True, self.roots.relative(reason)) for name, reason in view.unusable.items()]
-        largest = await self.largest.of(view.dataset)
-        page = self.pages.dataset_page
-        return await self.datasets.call(page, target.base, view, tree.name, request, entries, links, largest)
+        need = dataset_page_bytes(entries) + await self.largest.need([view.dataset])
+        async with self.datasets.memory.hold(need, "this page"):
+            largest = await self.largest.of(view.dataset)
+            page = self.pages.dataset_page
+            return await self.datasets.call(page, target.base, view, tree.name, request, entries, links, largest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +145,11 @@ class GroupLevel(InDataset):
         group = view.group(target.names[2])
         check_placed(target)
         if file is not None:
-            return view.document((group.name, file), lambda: tree.group_document(view, group, file))
+            key = (group.name, file)
+            return await self.datasets.document(view, key, lambda: tree.group_document(view, group, file))
         entries = [Entry(f, False) for f in tree.group_files] + [Entry(a, True) for a in group.arrays]
-        return listing(target.base, entries, links)
+        async with self.datasets.memory.hold(page_bytes(entries), "this listing"):
+            return listing(target.base, entries, links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +165,11 @@ class ArrayLevel(InDataset):
         node = view.array(group, array_name)
         check_placed(target)
         if file is not None:
-            return view.document((group.name, array_name, file), lambda: tree.array_document(node, file))
+            return await self.datasets.document(
+                view, (group.name, array_name, file), lambda: tree.array_document(node, file)
+            )
         if target.key is None:
-            return listing(target.base, [Entry(f, False) for f in tree.array_files], links)
+            entries = [Entry(f, False) for f in tree.array_files]
+            async with self.datasets.memory.hold(page_bytes(entries), "this listing"):
+                return listing(target.base, entries, links)
         return await self.chunks.answer(target, node, target.key, request, view.dataset)
