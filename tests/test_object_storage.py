@@ -7,6 +7,7 @@ tests can show what one chunk costs in store requests, that store faults are 5xx
 wrong bytes) and heal, and that two gateway processes over one store answer byte for byte alike.
 """
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from support.clients import read_zarr_python
 from support.datasets import LAYERS, MAGS, ORG, WrittenDataset, mag_name
-from support.processes import free_port
+from support.processes import free_port, wait_until
 from support.s3 import CountingProxy, Moto, aws_environment, start_moto, upload_tree
 from support.servers import Server, assert_healed
 from support.zarr_datasets import (
@@ -38,6 +40,7 @@ pytestmark = pytest.mark.slow  # moto's S3 server, every layer read whole by eac
 
 BUCKET = "gateway-data"
 PREFIX = "root"
+WAIT = 60.0  # a bound on waiting for the mapping folders to be listed again (every 10 s), not a measured time
 WKW_DATASET = "wk_dataset"
 WKW_LAYERS = [name for name, *_ in LAYERS]
 
@@ -355,6 +358,39 @@ def test_two_gateways_over_one_store_answer_alike(direct_gateway: Server, proxie
         assert first.headers.get("content-range") == second.headers.get("content-range"), where
     statuses = {get(direct_gateway, p, h).status_code for p, h in REPLICA_REQUESTS}
     assert statuses == {200, 206, 404}
+
+
+# --- mappings put into and deleted from the store ------------------------------------------------------------
+
+
+def test_a_mapping_put_into_the_store_is_a_layer_and_a_deleted_one_is_gone(
+    s3_root: S3Root, moto: Moto, test_data: WrittenDataset, server_factory: Callable[..., Server]
+) -> None:
+    """A JSON mapping put beside the segmentation in the bucket becomes the layer ``segmentation__joined``
+    without a restart (an object store's mapping folders are listed every REMOTE_MAPPINGS_SECONDS, a listing
+    being a request), reading as the labels with its class joined; deleted, the layer is gone again."""
+    with aws_environment(moto.endpoint):
+        gateway = server_factory(s3_root.url)
+    base = f"{gateway.url}/data/zarr/{ORG}/{test_data.dataset}"
+
+    def layers() -> set[str]:
+        document = get(gateway, f"/data/zarr/{ORG}/{test_data.dataset}/datasource-properties.json").json()
+        return {layer["name"] for layer in document["dataLayers"]}
+
+    assert "segmentation" in layers() and "segmentation__joined" not in layers()
+    raw = read_zarr_python(f"{base}/segmentation/4-4-2", 2)
+    first, second = (int(i) for i in np.unique(raw)[:2])  # ids are never 0 here
+    key = f"{PREFIX}/{ORG}/{test_data.dataset}/segmentation/mappings/joined.json"
+    client = moto.client()
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"classes": [[first, second]]}).encode())
+    try:
+        assert wait_until(lambda: "segmentation__joined" in layers(), timeout=WAIT, interval=0.5), layers()
+        expected = raw.copy()
+        expected[raw == second] = first
+        np.testing.assert_array_equal(read_zarr_python(f"{base}/segmentation__joined/4-4-2", 2), expected)
+    finally:
+        client.delete_object(Bucket=BUCKET, Key=key)
+    assert wait_until(lambda: "segmentation__joined" not in layers(), timeout=WAIT, interval=0.5), layers()
 
 
 # --- bad input at start-up -------------------------------------------------------------------------

@@ -99,20 +99,22 @@ class MappingFolder:
     unsettled: bool = False  # one was still being written: it is no layer yet, and looked at again
     refused: list[Observed] = field(default_factory=list)
     looked_at: float = field(default_factory=time.monotonic)
+    stale: bool = False  # found moved once: so it stays until the dataset is loaded again
 
     def moved(self, mappings: Mappings, store: Store) -> bool:
-        if self.unsettled:
+        if self.unsettled or self.stale:
             return True
         now = time.monotonic()
         if not store.is_local and now < self.looked_at + REMOTE_MAPPINGS_SECONDS:
             return False
         self.looked_at = now
         try:
-            return any(observed.changed(store) for observed in self.refused) or (
+            self.stale = any(observed.changed(store) for observed in self.refused) or (
                 tuple(mappings.find(self.directory)) != self.found
             )
         except (OSError, StorageError, ValueError):
-            return True  # the load says what is wrong
+            self.stale = True  # the load says what is wrong
+        return self.stale
 
 
 def problems(loaded: Dataset | BrokenDataset) -> list[str]:
