@@ -458,7 +458,7 @@ CREDENTIAL_PREFIXES = ("/t", "/s")
 
 
 def proxy_paths() -> set[str]:
-    """The paths the shipped proxies name: nginx's exact and prefix locations, its sign-in regex, the Ingress's."""
+    """The paths the shipped proxies name: nginx's exact and prefix locations, its sign-in regex, the Ingresses'."""
     import re
 
     import yaml
@@ -467,8 +467,9 @@ def proxy_paths() -> set[str]:
     found = {m.rstrip("/") or "/" for m in re.findall(r"^\s*location (?:=|\^~) (\S+) \{", conf, re.MULTILINE)}
     for alternatives in re.findall(r"^\s*location ~ \^/\(([a-z|]+)\)\$ \{", conf, re.MULTILINE):
         found |= {f"/{name}" for name in alternatives.split("|")}
-    ingress = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "ingress.yaml").read_text())
-    found |= {path["path"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]}
+    for manifest in sorted((ROOT / "deploy" / "kubernetes" / "base").glob("ingress*.yaml")):
+        ingress = yaml.safe_load(manifest.read_text())
+        found |= {path["path"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]}
     return found
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
-from gateway.http.urls import TREE_ROUTES, Level, parse_data_path
+from gateway.http.urls import LOGIN_PATHS, PLACES, TREE_ROUTES, Level, RouteLabels, parse_data_path
 from gateway.logs import json_string
 from gateway.shard_formats.sharding_indexed import (
     EMPTY,
@@ -639,3 +639,38 @@ def test_the_access_logs_json_strings_are_json_dumps(text: str) -> None:
     """The shortcut for plain text writes exactly what ``json.dumps`` writes, for any text a path may hold."""
     assert json_string(text) == json.dumps(text)
     assert json.loads(json_string(text)) == text
+
+
+# --- the metric labels of the URL table --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "label"),
+    [
+        ("GET", "/data/zarr/org/ds/color/1/0.1.2.3", "chunk"),
+        ("HEAD", "/data/zarr3/org/ds/color/1/c/0/1/2/3", "chunk"),
+        ("GET", "/data/zarr/org/ds/color/1/.zarray", "metadata"),
+        ("GET", "/data/zarr/org/ds/", "listing"),
+        ("GET", "/data/zarr", "listing"),
+        ("GET", "/data/precomputed/org/ds/color/info", "metadata"),
+        ("GET", "/data/nothing/org/ds/", "other"),  # no tree: a 404
+        ("GET", "/data/zarr/org/../x", "other"),  # a 400
+        ("GET", "/data/meshes/org/ds/seg/multires/info", "mesh"),
+        ("GET", "/preview/org/ds/color.png", "preview"),
+        ("GET", "/neuroglancer/index.html", "viewer"),
+        ("POST", "/share/org/ds", "share"),
+        ("GET", "/", "index"),
+        ("GET", "/favicon.ico", "favicon"),
+        ("GET", "/healthz", "healthz"),
+        ("GET", "/metrics", "metrics"),
+        ("GET", "/login", "other"),  # sign-in not served here: no route
+        ("GET", "/healthz/", "other"),
+        ("GET", "/elsewhere", "other"),
+        ("OPTIONS", "/data/zarr/org/ds/color/1/0.1.2.3", "preflight"),
+        ("POST", "/data/zarr/org/ds/color/1/0.1.2.3", "other"),  # a 405
+        ("DELETE", "/share/org/ds", "other"),
+    ],
+)
+def test_the_metric_label_is_the_url_tables(method: str, path: str, label: str) -> None:
+    served = RouteLabels(place for place in PLACES if place.path not in LOGIN_PATHS)
+    assert served.of(method, path) == label
