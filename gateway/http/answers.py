@@ -82,6 +82,13 @@ class KeptTargets:
         self._targets[path] = target
 
 
+class Moment(NamedTuple):
+    """A moment before an answer's files were read: its ``time.monotonic()`` and the change notifications' epoch."""
+
+    at: float
+    epoch: int
+
+
 @dataclass(slots=True)
 class _Check:
     """A check of a kept answer in a thread, which every request for it meanwhile waits for."""
@@ -175,10 +182,15 @@ class AnswerCache:
 
     def fresh(self, key: AnswerKey) -> Resource | None:
         """The answer kept under ``key`` if it may be given without any file work now, else None. Nothing is
-        counted: the front of the edge counts the answer it gives in ``hits``, or falls through to
-        :meth:`current`."""
-        kept = self._kept.get(key)
+        counted, and its place among the least recently used stays: the front of the edge decides the grant
+        first, then counts the answer it gives (:meth:`given`), or falls through to :meth:`current`."""
+        kept = self._kept.peek(key)
         return kept.answer if kept is not None and self._trusted(kept) else None
+
+    def given(self, key: AnswerKey) -> None:
+        """The answer kept under ``key`` was given (by the front): a hit, and the most recently used."""
+        self._kept.get(key)
+        self.hits += 1
 
     async def current(self, key: AnswerKey, threads: anyio.CapacityLimiter) -> Resource | None:
         """The answer kept under ``key`` if every file it was made from is still the version read, else None.
@@ -224,9 +236,13 @@ class AnswerCache:
         kept.checked_at, kept.epoch, kept.notified = now, epoch, notified
         return True
 
-    def keep(self, key: AnswerKey, answer: Resource) -> bool:
+    def moment(self) -> Moment:
+        """Now, as :meth:`keep` needs to know when an answer's files began to be read."""
+        return Moment(time.monotonic(), self.changes.epoch)
+
+    def keep(self, key: AnswerKey, answer: Resource, read_from: Moment | None = None) -> bool:
         """Keep ``answer`` if it is a body made from files it names, and small enough; else leave it. Whether
-        it was kept."""
+        it was kept. ``read_from``: the moment before its files began to be read."""
         body = answer.body
         versions = answer.made_from
         if body is None or versions is None:
@@ -234,7 +250,16 @@ class AnswerCache:
         size = len(body) + ENTRY_BYTES + FILE_BYTES * len(versions.files)
         if size > self.largest or (self.budget is not None and not self.budget.make_room(size)):
             return False
-        # Its files were read just now, but whether their changes are reported is not known yet: the first request
-        # for it looks (in a thread), and watches their directories.
-        self._kept.put(key, _Kept(answer, versions, time.monotonic(), self.changes.epoch), size)
+        kept = _Kept(answer, versions, time.monotonic(), self.changes.epoch)
+        if read_from is not None and self._reported_since(versions, read_from.at):
+            # Its files were read after that moment, and every change of them since is reported: trusted as a
+            # look then would be (a change reported meanwhile has moved the epoch on: the next request looks).
+            kept.checked_at, kept.epoch, kept.notified = read_from.at, read_from.epoch, True
+        # Otherwise whether their changes are reported is not known yet: the first request for it looks (in a
+        # thread), and watches their directories.
+        self._kept.put(key, kept, size)
         return True
+
+    def _reported_since(self, versions: FileVersions, moment: float) -> bool:
+        """Whether every change of the files of ``versions`` after ``moment`` is reported (no file work)."""
+        return versions.store.is_local and all(self.changes.watched_before(path, moment) for path, _ in versions.files)

@@ -37,8 +37,9 @@ class Chunks:
         place = AnswerKey(target.tree.name, target.names, node.fingerprint, index)
         kept = await self.answers.current(place, self.chunk_threads)
         if kept is None:
+            read_from = self.answers.moment()
             kept = await self._made(node, index, request)
-            if not self.answers.keep(place, kept):
+            if not self.answers.keep(place, kept, read_from):
                 return kept
         self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
