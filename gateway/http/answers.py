@@ -16,6 +16,7 @@ settle rule when the answer was made, and a file rewritten since has another ver
 The key holds no token: authorization is decided before a chunk is looked up, on every request.
 """
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class AnswerCache:
         self.looked_up = LookedUp(recheck_seconds)
         self.changes = changes if changes is not None else Changes()
         self.targets = KeptTargets()
+        self._unwatched: dict[str, None] = {}  # files being watched, or whose changes are not reported (watch)
         self.hits = 0
         self.misses = 0
 
@@ -259,6 +261,35 @@ class AnswerCache:
         # thread), and watches their directories.
         self._kept.put(key, kept, size)
         return True
+
+    async def watch(self, answer: Resource, threads: anyio.CapacityLimiter) -> None:
+        """Watch the directories of the files ``answer`` (just kept) was made from, in a thread of ``threads``, if
+        they are local and not all watched yet: the answers made from them from now on are trusted from their read
+        (:meth:`keep`), not first looked at. Each file is watched once, whatever the requests meanwhile."""
+        versions = answer.made_from
+        if versions is None or not versions.store.is_local or self.recheck_seconds <= 0:
+            return
+        changes, skipped = self.changes, self._unwatched
+        paths = [path for path, _ in versions.files if not changes.watched_before(path, math.inf)]
+        paths = [path for path in paths if path not in skipped]
+        if not paths:
+            return
+        changes.listen()
+        skipped.update(dict.fromkeys(paths))  # (meanwhile too: one thread watches them)
+        store = versions.store
+        try:
+            watched = await anyio.to_thread.run_sync(
+                lambda: [changes.watch(path, store.root_of(path)) for path in paths], limiter=threads
+            )
+        except (StorageError, OSError):
+            watched = [False] * len(paths)  # looked at, as before, on the next request for an answer made from them
+            for path in paths:
+                skipped.pop(path, None)
+        for path, done in zip(paths, watched):
+            if done:  # watched now; one that is not (NFS, say) stays skipped, and is looked at by interval
+                del skipped[path]
+        while len(skipped) > MAX_LOOKED_UP:
+            del skipped[next(iter(skipped))]
 
     def _reported_since(self, versions: FileVersions, moment: float) -> bool:
         """Whether every change of the files of ``versions`` after ``moment`` is reported (no file work)."""

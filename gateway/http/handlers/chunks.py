@@ -41,6 +41,7 @@ class Chunks:
             kept = await self._made(node, index, request)
             if not self.answers.keep(place, kept, read_from):
                 return kept
+            await self.answers.watch(kept, self.chunk_threads)
         self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
 
