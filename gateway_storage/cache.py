@@ -40,11 +40,6 @@ class ByteLRU(Generic[V]):
             self.hits += 1
             return entry[0]
 
-    def peek(self, key: Hashable) -> V | None:
-        """The value under ``key``, neither counted nor made the most recently used (:meth:`get` does both)."""
-        entry = self._entries.get(key)
-        return None if entry is None else entry[0]
-
     def put(self, key: Hashable, value: V, nbytes: int) -> None:
         with self._lock:
             old = self._entries.pop(key, None)

@@ -133,6 +133,53 @@ class LookedUp:
         return identity
 
 
+class WatchedFiles:
+    """Whether changes of the files an answer is made from are reported, as :meth:`AnswerCache.keep` needs to
+    know to trust an answer from its read, and their watches, set as soon as an answer made from them is kept."""
+
+    def __init__(self, changes: Changes, recheck_seconds: float) -> None:
+        self.changes = changes
+        self.recheck_seconds = recheck_seconds
+        self._unwatched: dict[str, None] = {}  # files being watched, or whose changes are not reported (watch)
+
+    def moment(self) -> Moment:
+        """Now, as :meth:`AnswerCache.keep` needs to know when an answer's files began to be read."""
+        return Moment(time.monotonic(), self.changes.epoch)
+
+    def reported_since(self, versions: FileVersions, moment: float) -> bool:
+        """Whether every change of the files of ``versions`` after ``moment`` is reported (no file work)."""
+        return versions.store.is_local and all(self.changes.watched_before(path, moment) for path, _ in versions.files)
+
+    async def watch(self, answer: Resource, threads: anyio.CapacityLimiter) -> None:
+        """Watch the directories of the files ``answer`` (just kept) was made from, in a thread of ``threads``, if
+        they are local and not all watched yet: the answers made from them from now on are trusted from their read
+        (:meth:`AnswerCache.keep`), not first looked at. Each file is watched once, whatever the requests meanwhile."""
+        versions = answer.made_from
+        if versions is None or not versions.store.is_local or self.recheck_seconds <= 0:
+            return
+        changes, skipped = self.changes, self._unwatched
+        paths = [path for path, _ in versions.files if not changes.watched_before(path, math.inf)]
+        paths = [path for path in paths if path not in skipped]
+        if not paths:
+            return
+        changes.listen()
+        skipped.update(dict.fromkeys(paths))  # (meanwhile too: one thread watches them)
+        store = versions.store
+        try:
+            watched = await anyio.to_thread.run_sync(
+                lambda: [changes.watch(path, store.root_of(path)) for path in paths], limiter=threads
+            )
+        except (StorageError, OSError):  # tried again with the next answer kept from them
+            for path in paths:
+                skipped.pop(path, None)
+            return
+        for path, done in zip(paths, watched):
+            if done:  # watched now; one that is not (NFS, say) stays skipped, and is looked at by interval
+                del skipped[path]
+        while len(skipped) > MAX_LOOKED_UP:
+            del skipped[next(iter(skipped))]
+
+
 class AnswerCache:
     """Answers with a body and the versions of every file they were made from, by bytes, least recently used
     first out; ``max_bytes`` 0 keeps none. ``hits`` and ``misses`` count answers given from here and made.
@@ -158,7 +205,7 @@ class AnswerCache:
         self.looked_up = LookedUp(recheck_seconds)
         self.changes = changes if changes is not None else Changes()
         self.targets = KeptTargets()
-        self._unwatched: dict[str, None] = {}  # files being watched, or whose changes are not reported (watch)
+        self.files = WatchedFiles(self.changes, recheck_seconds)
         self.hits = 0
         self.misses = 0
 
@@ -184,15 +231,10 @@ class AnswerCache:
 
     def fresh(self, key: AnswerKey) -> Resource | None:
         """The answer kept under ``key`` if it may be given without any file work now, else None. Nothing is
-        counted, and its place among the least recently used stays: the front of the edge decides the grant
-        first, then counts the answer it gives (:meth:`given`), or falls through to :meth:`current`."""
-        kept = self._kept.peek(key)
+        counted: the front of the edge counts the answer it gives in ``hits``, or falls through to
+        :meth:`current`."""
+        kept = self._kept.get(key)
         return kept.answer if kept is not None and self._trusted(kept) else None
-
-    def given(self, key: AnswerKey) -> None:
-        """The answer kept under ``key`` was given (by the front): a hit, and the most recently used."""
-        self._kept.get(key)
-        self.hits += 1
 
     async def current(self, key: AnswerKey, threads: anyio.CapacityLimiter) -> Resource | None:
         """The answer kept under ``key`` if every file it was made from is still the version read, else None.
@@ -238,10 +280,6 @@ class AnswerCache:
         kept.checked_at, kept.epoch, kept.notified = now, epoch, notified
         return True
 
-    def moment(self) -> Moment:
-        """Now, as :meth:`keep` needs to know when an answer's files began to be read."""
-        return Moment(time.monotonic(), self.changes.epoch)
-
     def keep(self, key: AnswerKey, answer: Resource, read_from: Moment | None = None) -> bool:
         """Keep ``answer`` if it is a body made from files it names, and small enough; else leave it. Whether
         it was kept. ``read_from``: the moment before its files began to be read."""
@@ -253,7 +291,7 @@ class AnswerCache:
         if size > self.largest or (self.budget is not None and not self.budget.make_room(size)):
             return False
         kept = _Kept(answer, versions, time.monotonic(), self.changes.epoch)
-        if read_from is not None and self._reported_since(versions, read_from.at):
+        if read_from is not None and self.files.reported_since(versions, read_from.at):
             # Its files were read after that moment, and every change of them since is reported: trusted as a
             # look then would be (a change reported meanwhile has moved the epoch on: the next request looks).
             kept.checked_at, kept.epoch, kept.notified = read_from.at, read_from.epoch, True
@@ -261,36 +299,3 @@ class AnswerCache:
         # thread), and watches their directories.
         self._kept.put(key, kept, size)
         return True
-
-    async def watch(self, answer: Resource, threads: anyio.CapacityLimiter) -> None:
-        """Watch the directories of the files ``answer`` (just kept) was made from, in a thread of ``threads``, if
-        they are local and not all watched yet: the answers made from them from now on are trusted from their read
-        (:meth:`keep`), not first looked at. Each file is watched once, whatever the requests meanwhile."""
-        versions = answer.made_from
-        if versions is None or not versions.store.is_local or self.recheck_seconds <= 0:
-            return
-        changes, skipped = self.changes, self._unwatched
-        paths = [path for path, _ in versions.files if not changes.watched_before(path, math.inf)]
-        paths = [path for path in paths if path not in skipped]
-        if not paths:
-            return
-        changes.listen()
-        skipped.update(dict.fromkeys(paths))  # (meanwhile too: one thread watches them)
-        store = versions.store
-        try:
-            watched = await anyio.to_thread.run_sync(
-                lambda: [changes.watch(path, store.root_of(path)) for path in paths], limiter=threads
-            )
-        except (StorageError, OSError):
-            watched = [False] * len(paths)  # looked at, as before, on the next request for an answer made from them
-            for path in paths:
-                skipped.pop(path, None)
-        for path, done in zip(paths, watched):
-            if done:  # watched now; one that is not (NFS, say) stays skipped, and is looked at by interval
-                del skipped[path]
-        while len(skipped) > MAX_LOOKED_UP:
-            del skipped[next(iter(skipped))]
-
-    def _reported_since(self, versions: FileVersions, moment: float) -> bool:
-        """Whether every change of the files of ``versions`` after ``moment`` is reported (no file work)."""
-        return versions.store.is_local and all(self.changes.watched_before(path, moment) for path, _ in versions.files)

@@ -39,7 +39,7 @@ class KeptAnswers:
             if target is not None:
                 answer = await self._kept(scope, receive, target)
                 if answer is not None:
-                    self.answers.given(target.key)
+                    self.answers.hits += 1
                     await answer.send(send)
                     return
         await self.app(scope, receive, send)
@@ -49,12 +49,12 @@ class KeptAnswers:
         organization, name = target.key.names[:2]
         if self.catalog.fresh(organization, name) is not target.dataset:
             return None  # loaded again, gone, or due for a look at its properties: dispatch decides
-        resource = self.answers.fresh(target.key)
-        if resource is None:
-            return None  # given way to others, or due for a look: dispatch decides (and reads the token) once
         try:
             request = request_of(scope, receive)
             await self.access.decide_loaded(self.access.token(request), target.dataset)
+            resource = self.answers.fresh(target.key)
+            if resource is None:
+                return None
             return await self.sender.send(request, resource)
         except Exception:  # a refusal or a fault: the full path meets it again, and answers it by the error map
             return None
