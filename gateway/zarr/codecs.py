@@ -71,15 +71,16 @@ def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
     return None
 
 
-def encode(codec: Codec, data: np.ndarray) -> bytes:
-    """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare)."""
+def encode(codec: Codec, data: np.ndarray, version: str | None = None) -> bytes:
+    """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare); ``version`` names these
+    voxels (the chunk's ETag) where known (see :func:`encode_blosc`)."""
     raw = np.asfortranarray(data)
     encoder = _numcodecs_codec(codec, raw.dtype.itemsize)
     flat = raw.reshape(-1, order="F")
     if encoder is None:
         return flat.tobytes()
     if codec.is_blosc:
-        return encode_blosc(flat, encoder)
+        return encode_blosc(flat, encoder, version)
     return bytes(encoder.encode(flat))
 
 
