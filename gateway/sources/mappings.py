@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
-from gateway_storage.faults import Broken
+from gateway_storage.faults import Broken, Fault
 from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
 
@@ -86,7 +86,29 @@ class Mapping(ABC):
         self.key = store.relative(found.path)  # the same on every replica
         self._lock = threading.Lock()
 
-    dtype: np.dtype
+    dtype: np.dtype  # of its stored entries
+    loaded_holds: np.dtype  # what :meth:`holds` said when the mapping was opened (its layer's data type follows)
+
+    def largest_id(self) -> int | None:
+        """The largest agglomerate id the current version declares, where it says: webKnossos reads it as the
+        length of ``agglomerate_to_segments_offsets`` less one."""
+        return None
+
+    def holds(self) -> np.dtype:
+        """The narrowest unsigned type that holds every agglomerate id of the current version: the stored type,
+        or a narrower one where the mapping declares its largest id (a uint32 layer's mapped chunks then stay
+        uint32: half the bytes to map, encode and send). An entry past it is a fault of the file (see apply)."""
+        largest = self.largest_id()
+        if largest is None:
+            return self.dtype
+        narrowest = next(np.dtype(t) for t in UNSIGNED if largest <= np.iinfo(t).max)
+        return narrowest if narrowest.itemsize < self.dtype.itemsize else self.dtype
+
+    def outdated(self) -> bool:
+        """Whether the layer must be loaded again to serve the current version: the type that holds its ids
+        changed (so the layer's data type does, in every tree). A version that cannot be read is no reason:
+        its chunks say what is wrong."""
+        return False
 
     @abstractmethod
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
@@ -122,7 +144,10 @@ class Mapping(ABC):
         values, sources = self.lookup(ids.astype(np.uint64, copy=False))
         if values.dtype != dtype:
             if values.size and int(values.max()) > np.iinfo(dtype).max:
-                raise MappingUnreadable(f"mapping {self.key}: holds ids past {dtype}, the layer's data type")
+                raise MappingUnreadable(
+                    f"mapping {self.key}: holds agglomerate id {int(values.max())}, past {dtype}, the layer's data "
+                    "type (the type that holds the largest id the mapping declares)"
+                )
             values = values.astype(dtype)
         if ids.size and ids[0] == 0:
             values[0] = 0
@@ -138,6 +163,7 @@ class Mapping(ABC):
         return identity
 
 
+UNSIGNED = (np.uint8, np.uint16, np.uint32, np.uint64)
 DENSE_SPAN = 1 << 16  # ids spanning at most this many values (or 8 per value) are told apart by a table, not a sort
 
 
@@ -242,6 +268,7 @@ class _Opened:
     piece: int  # entries per piece
     dtype: np.dtype  # of its entries, as served (little-endian)
     offset: int | None  # of a contiguous array's bytes in the file: read there at once, without h5py
+    offsets: Any  # agglomerate_to_segments_offsets (h5py.Dataset), where the file holds it as a 1-D integer array
 
 
 class Hdf5Mapping(Mapping):
@@ -252,6 +279,7 @@ class Hdf5Mapping(Mapping):
         MAPPINGS.require(f"the HDF5 mapping {found.name!r}")
         self._opened = self._open(self._identity(found.path, through))
         self.dtype = self._opened.dtype
+        self.loaded_holds = self.holds()
 
     def _open(self, identity: FileIdentity) -> _Opened:
         """Open one version, checked before any of its array is read: signature, dataset, shape, type, and that
@@ -278,7 +306,7 @@ class Hdf5Mapping(Mapping):
             dataset = handle[ARRAY]
             if not isinstance(dataset, h5py.Dataset):
                 raise SourceError(f"{where}: {ARRAY!r} is not a dataset")
-            return self._checked(dataset, identity, where)
+            return self._checked(dataset, identity, where, _offsets_of(handle))
         except SourceError:
             handle.close()
             raise
@@ -289,7 +317,7 @@ class Hdf5Mapping(Mapping):
             handle.close()
             raise SourceError(f"{where} is not a readable HDF5 file ({type(exc).__name__}: {exc})") from None
 
-    def _checked(self, dataset: Any, identity: FileIdentity, where: str) -> _Opened:
+    def _checked(self, dataset: Any, identity: FileIdentity, where: str, offsets: Any) -> _Opened:
         if dataset.ndim != 1:
             raise SourceError(f"{where}: {ARRAY} has shape {dataset.shape}, not one dimension")
         dtype = _checked_dtype(dataset.dtype, f"{where}: {ARRAY}")
@@ -306,7 +334,7 @@ class Hdf5Mapping(Mapping):
                     f"{where}: {ARRAY} declares {declared} bytes that the file of {identity.size} bytes does not "
                     "hold (a truncated or sparse file)"
                 )
-            return _Opened(identity, dataset, entries, PIECE_ENTRIES, dtype, offset)
+            return _Opened(identity, dataset, entries, PIECE_ENTRIES, dtype, offset, offsets)
         piece = int(dataset.chunks[0])
         check_chunk_bytes((piece,), dataset.dtype.itemsize, f"a stored chunk of {ARRAY}")
         if piece * dataset.dtype.itemsize > MAX_PIECE_BYTES:
@@ -318,7 +346,7 @@ class Hdf5Mapping(Mapping):
                 f"{where}: {ARRAY} stores {stored} of its {expected} chunks (a sparse file: missing entries would "
                 "read as agglomerate 0)"
             )
-        return _Opened(identity, dataset, entries, piece, dtype, None)
+        return _Opened(identity, dataset, entries, piece, dtype, None, offsets)
 
     def _current(self) -> _Opened:
         identity = self._identity(self.path)
@@ -330,13 +358,20 @@ class Hdf5Mapping(Mapping):
                         fresh = self._open(identity)
                     except SourceError as exc:
                         raise MappingUnreadable(str(exc)) from None
-                    if fresh.dtype != self.dtype:
-                        raise MappingUnreadable(
-                            f"agglomerate file {self.key} now holds {fresh.dtype}, not {self.dtype}"
-                        )
-                    self._opened = fresh
+                    self._opened, self.dtype = fresh, fresh.dtype  # lookups give uint64 of any stored type
                 opened = self._opened
         return opened
+
+    def largest_id(self) -> int | None:
+        offsets = self._opened.offsets
+        return None if offsets is None or offsets.shape[0] < 1 else int(offsets.shape[0]) - 1
+
+    def outdated(self) -> bool:
+        try:
+            self._current()
+        except (Fault, OSError, SourceError):
+            return False
+        return self.holds() != self.loaded_holds
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
         opened = self._current()
@@ -387,9 +422,8 @@ class Hdf5Mapping(Mapping):
     def member_counts(self, ids: np.ndarray) -> np.ndarray | None:
         """From ``agglomerate_to_segments_offsets`` (agglomerate a's segments lie between entries a and a + 1),
         reading only the entries of ``ids``; None where the file has no such 1-D dataset."""
-        opened = self._current()
-        offsets = opened.dataset.file.get(OFFSETS)
-        if offsets is None or getattr(offsets, "ndim", 0) != 1 or offsets.dtype.kind not in "ui":
+        offsets = self._current().offsets
+        if offsets is None:
             return None
         inside = ids < max(offsets.shape[0] - 1, 0)  # past them: a segment left as it is, one member
         wanted = np.unique(np.concatenate([ids[inside], ids[inside] + 1])).astype(np.int64)
@@ -404,6 +438,20 @@ class Hdf5Mapping(Mapping):
             at = np.searchsorted(wanted, ids[inside].astype(np.int64))
             counts[inside] = values[at + 1] - values[at]
         return counts
+
+
+def _offsets_of(handle: Any) -> Any:
+    """``agglomerate_to_segments_offsets`` of an open file where it is a 1-D integer dataset stored in the file
+    itself (a link to elsewhere is never followed), else None."""
+    import h5py
+
+    link = handle.get(OFFSETS, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        return None
+    offsets = handle[OFFSETS]
+    if not isinstance(offsets, h5py.Dataset) or offsets.ndim != 1 or offsets.dtype.kind not in "ui":
+        return None
+    return None if offsets.is_virtual or offsets.external else offsets
 
 
 # --- Zarr v3 --------------------------------------------------------------------------------------------
@@ -527,6 +575,39 @@ class ZarrMapping(Mapping):
         super().__init__(store, found, pieces)
         self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through)
         self.dtype = self.table.dtype
+        self._offsets_metadata = store.join(found.path, OFFSETS, "zarr.json")
+        self._declared = self._declared_largest(through or store)
+        self.loaded_holds = self.holds()
+
+    def _declared_largest(self, store: Store) -> tuple[FileIdentity | None, int | None]:
+        """The identity of the offsets array's metadata and the largest id its length declares (None where the
+        group holds no usable such array: its lookups do not need it)."""
+        try:
+            located = read_document(store, self._offsets_metadata, f"agglomerate group {self.key}: {OFFSETS}")
+        except SourceError:
+            return store.identity(self._offsets_metadata), None
+        if located is None:
+            return None, None
+        document, identity = located
+        shape = document.get("shape")
+        if document.get("node_type") != "array" or not isinstance(shape, list) or len(shape) != 1:
+            return identity, None
+        length = shape[0]
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            return identity, None
+        return identity, length - 1
+
+    def largest_id(self) -> int | None:
+        return self._declared[1]
+
+    def outdated(self) -> bool:
+        try:
+            if self.store.identity(self._offsets_metadata) == self._declared[0]:
+                return False
+            self._declared = self._declared_largest(self.store)
+        except (Fault, OSError):
+            return False
+        return self.holds() != self.loaded_holds
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
         out = _unmapped(ids, self.table.entries, self.dtype)
@@ -572,7 +653,7 @@ class JsonMapping(Mapping):
         through: Store | None = None,
     ) -> None:
         super().__init__(store, found, pieces)
-        self.dtype = source_dtype
+        self.dtype = self.loaded_holds = source_dtype
         identity = self._identity(found.path, through)
         self._parsed = (identity, *self._parse(identity))
 
@@ -702,10 +783,11 @@ class MappedMag(MagSource):
 
 
 def mapped_dtype(source: np.dtype, mapping: Mapping) -> np.dtype:
-    """The data type of a mapped layer: holds the agglomerate ids and every source id left unmapped."""
+    """The data type of a mapped layer: the narrowest that holds the agglomerate ids (those the mapping opened
+    declares) and every source id left unmapped."""
     if source.kind != "u":
         raise SourceError(f"the layer holds {source}: mappings apply to unsigned integer segment ids")
-    return np.promote_types(source, mapping.dtype)
+    return np.promote_types(source, mapping.loaded_holds)
 
 
 class Mappings:
