@@ -101,7 +101,7 @@ class Mapping(ABC):
         largest = self.largest_id()
         if largest is None:
             return self.dtype
-        narrowest = next(np.dtype(t) for t in UNSIGNED if largest <= np.iinfo(t).max)
+        narrowest = next(dtype for dtype, top in TOPS.items() if largest <= top)
         return narrowest if narrowest.itemsize < self.dtype.itemsize else self.dtype
 
     def outdated(self) -> bool:
@@ -139,12 +139,15 @@ class Mapping(ABC):
         # Labels come in runs along x: the distinct ids are found among the runs' first values (a tenth of the
         # voxels or fewer in real segmentations), each run's agglomerate is looked up once, and the runs are
         # laid out again. A chunk's few ids cost a few calls each step: per-call costs are what a 32³ chunk pays.
-        starts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-        firsts = flat[np.concatenate(([0], starts))] if flat.size else flat
+        changes = np.flatnonzero(flat[1:] != flat[:-1])
+        edges = np.empty(changes.size + 2, dtype=np.intp)  # where each run starts, and the end
+        edges[0], edges[-1] = 0, flat.size
+        np.add(changes, 1, out=edges[1:-1])
+        firsts = flat[edges[:-1]] if flat.size else flat
         ids = _distinct(firsts)
         values, sources = self.lookup(ids.astype(np.uint64, copy=False))
         if values.dtype != dtype:
-            if values.size and int(values.max()) > np.iinfo(dtype).max:
+            if values.size and int(values.max()) > TOPS[dtype]:
                 raise MappingUnreadable(
                     f"mapping {self.key}: holds agglomerate id {int(values.max())}, past {dtype}, the layer's data "
                     "type (the type that holds the largest id the mapping declares)"
@@ -154,8 +157,7 @@ class Mapping(ABC):
             values[0] = 0
         if not flat.size:
             return flat.astype(dtype).reshape(data.shape, order="F"), sources
-        lengths = np.diff(starts, prepend=0, append=flat.size)
-        mapped = np.repeat(_translated(firsts, ids, values), lengths)
+        mapped = np.repeat(_translated(firsts, ids, values), edges[1:] - edges[:-1])
         return mapped.reshape(data.shape, order="F"), sources
 
     def _identity(self, path: str, through: Store | None = None) -> FileIdentity:
@@ -167,7 +169,8 @@ class Mapping(ABC):
         return identity
 
 
-UNSIGNED = (np.uint8, np.uint16, np.uint32, np.uint64)
+# The unsigned types, narrowest first, with the largest id each holds (np.iinfo costs microseconds a call).
+TOPS = {np.dtype(t): int(np.iinfo(t).max) for t in (np.uint8, np.uint16, np.uint32, np.uint64)}
 TABLE_SPAN = 1 << 18  # ids spanning at most this many values are translated by a table over the span, not a search
 
 
