@@ -576,6 +576,32 @@ def test_a_file_with_ids_past_the_agglomerates_it_declares_is_a_fault_of_its_chu
     assert labels.status_code == 200
 
 
+def test_offsets_that_lie_elsewhere_are_never_followed(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server]
+) -> None:
+    """An agglomerate file whose ``agglomerate_to_segments_offsets`` is a link to another file (here one that
+    would declare two agglomerates): the link is not followed, so the stored type holds the ids, the chunks map
+    exactly and the segment list gives no member counts; nothing is read from the linked file."""
+    root, labels = small
+    agglomerates = root / ORG / SMALL / LAYER / "agglomerates"
+    elsewhere = root / "elsewhere.hdf5"
+    with h5py.File(elsewhere, "w") as f:
+        f.create_dataset("offsets", data=np.arange(3, dtype=np.uint64))
+    table = np.arange(200, dtype=np.uint16) * 300
+    with h5py.File(agglomerates / "linked_offsets.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=table)
+        f["agglomerate_to_segments_offsets"] = h5py.ExternalLink(str(elsewhere), "/offsets")
+    server = server_factory(root)
+    layer = f"{LAYER}__linked_offsets"
+    assert served_types(server, layer) == ["uint16"] * 4
+    read = read_zarr_python(f"{server.url}/data/zarr/{ORG}/{SMALL}/{layer}/1", 2)[0]
+    np.testing.assert_array_equal(read, table[labels])
+    url = f"{server.url}/data/precomputed/{ORG}/{SMALL}/{layer}/segment_properties/info"
+    listed = {p["id"] for p in requests.get(url, timeout=30).json()["inline"]["properties"]}
+    assert "voxels" in listed and "members" not in listed, listed
+    assert_no_unexpected_errors(server)
+
+
 # --- meshes and segment lists of agglomerates ----------------------------------------------------------
 
 
