@@ -84,12 +84,12 @@ class _Verdicts:
 _verdicts = _Verdicts()
 
 
-def encode_blosc(flat: np.ndarray, codec: Blosc, version: str | None = None) -> bytes:
-    """A Blosc-1 chunk of the flat array: ``codec``'s, or the raw bytes framed as memcpyed where blocks of a
-    large chunk, spread over it, show that compressing would save less than ``MIN_SAVING``. The same array
-    always gives the same bytes. ``version`` names these very voxels (their chunk's ETag), if known: the
-    verdict on a sample is then taken once."""
-    if flat.nbytes >= PROBE_FROM:
+def encode_blosc(flat: np.ndarray, codec: Blosc, sampled: bool = True, version: str | None = None) -> bytes:
+    """A Blosc-1 chunk of the flat array: ``codec``'s, or (``sampled``) the raw bytes framed as memcpyed where
+    blocks of a large chunk, spread over it, show that compressing would save less than ``MIN_SAVING``. The
+    same array always gives the same bytes. ``version`` names these very voxels (their chunk's ETag), if known:
+    the verdict on a sample is then taken once."""
+    if sampled and flat.nbytes >= PROBE_FROM:
         raw = flat.data.cast("B")
         goes_raw = None if version is None else _verdicts.get(version)
         if goes_raw is None:

@@ -98,7 +98,9 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
 
 def encode_chunk(layout: ArrayLayout, data: np.ndarray, version: str | None = None) -> bytes:
     """The chunk's bytes; ``version`` names its voxels (its ETag) where known."""
-    return encode_native(layout.native, data) if layout.native is not None else encode(layout.codec, data, version)
+    if layout.native is not None:
+        return encode_native(layout.native, data)
+    return encode(layout.codec, data, sampled=not layout.labels, version=version)
 
 
 def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
