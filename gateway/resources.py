@@ -60,6 +60,9 @@ class Resource:
     local_reads: bool = False
     decoded_bytes: Callable[[int, int], int] | None = None
     made_from: FileVersions | None = None
+    # The head lines of its whole answer (200, the body held) and the Cache-Control they were built with, once
+    # an answer that is sent again and again (a kept one) was sent: built once, not per request.
+    whole_head: tuple[bytes, tuple[tuple[bytes, bytes], ...]] | None = None
 
     def work(self, start: int, end: int) -> int:
         """The bytes that producing ``[start, end)`` decodes or reads: what decides event loop or thread."""

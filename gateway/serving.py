@@ -101,6 +101,9 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # between requests or inside a request's line and headers
         self._in_body = False  # a request's head has arrived, its body (if it announced one) not yet wholly
         self._head_bytes = 0
+        # The head clock: its deadline (None: stopped), and the timer that looks at it. Moving the deadline on
+        # for every request costs a float; the timer, when it fires early, is set again for the deadline.
+        self._head_deadline: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -110,6 +113,9 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -124,7 +130,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head, self._in_body = False, True
-        if self._head_timer is None:  # a pipelined request, its head read while another was answered
+        if self._head_deadline is None:  # a pipelined request, its head read while another was answered
             self._arm_head_timer()
         super().on_headers_complete()
 
@@ -143,16 +149,27 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
             self._arm_head_timer()  # waiting for the next request now (a body still arriving keeps its clock)
 
     def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self._head_timeout, self._head_timed_out)
+        """Start the head clock anew: ``head_timeout`` from now."""
+        self._head_deadline = deadline = self.loop.time() + self._head_timeout
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_at(deadline, self._head_clock)
 
     def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        """Stop the head clock (its timer, if set, finds it stopped)."""
+        self._head_deadline = None
+
+    def _head_clock(self) -> None:
+        self._head_timer = None
+        deadline = self._head_deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:  # moved on since the timer was set
+            self._head_timer = self.loop.call_at(deadline, self._head_clock)
+            return
+        self._head_deadline = None
+        self._head_timed_out()
 
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self.transport.is_closing():
             return
         if self._in_body:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 import weakref
 
 log = logging.getLogger("gateway")
@@ -30,6 +31,7 @@ _ONLYDIR = 0x01000000
 WATCHED = _MODIFY | _ATTRIB | _CLOSE_WRITE | _MOVED_FROM | _MOVED_TO | _CREATE | _DELETE | _DELETE_SELF | _MOVE_SELF
 _IGNORED = 0x8000
 MAX_WATCHES = 32768  # past this many directories, files are checked by interval only (the kernel may allow fewer)
+MAX_WATCHED_FILES = 1 << 17  # files remembered as watched whole (a few MiB); past it the oldest are forgotten
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -58,6 +60,7 @@ class Changes:
         self._failed = False
         self._watches: dict[str, int] = {}  # directory -> watch descriptor
         self._directories: dict[int, str] = {}
+        self._files: dict[str, float] = {}  # file -> time.monotonic() once every directory of it was watched
         self._lock = threading.Lock()
         self._mounts = _mounts()
 
@@ -119,7 +122,20 @@ class Changes:
                 return False  # not below its root
             directory = above
         directories += [root, os.path.dirname(os.path.realpath(path))]
-        return all(self._watch_directory(directory) for directory in directories)
+        if not all(self._watch_directory(directory) for directory in directories):
+            return False
+        with self._lock:  # (a watch dropped meanwhile forgets every file: see _drain)
+            if path not in self._files and all(directory in self._watches for directory in directories):
+                if len(self._files) >= MAX_WATCHED_FILES:
+                    del self._files[next(iter(self._files))]
+                self._files[path] = time.monotonic()
+        return True
+
+    def watched_before(self, path: str, moment: float) -> bool:
+        """Whether every change of ``path`` made after ``moment`` (a ``time.monotonic()``) is reported: its
+        directories were all watched by :meth:`watch` before then, and still are. No file work: a look up."""
+        since = self._files.get(path)
+        return since is not None and since < moment and self.listening
 
     def _watch_directory(self, directory: str) -> bool:
         if directory in self._watches:
@@ -157,3 +173,4 @@ class Changes:
                 if event.mask & _IGNORED and directory is not None:  # the directory went: watched again when looked at
                     del self._directories[event.wd]
                     self._watches.pop(directory, None)
+                    self._files.clear()  # which files were under it is not known: each is watched again

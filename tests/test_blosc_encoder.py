@@ -104,3 +104,32 @@ def test_the_same_voxels_give_the_same_bytes_and_etag(
         assert response.status_code == 200
         answers.append((response.headers["etag"], response.content))
     assert answers[0] == answers[1]
+
+
+def test_a_chunk_made_again_takes_the_verdict_of_its_own_voxels(
+    tmp_path: Path, server_factory: Callable[..., Server]
+) -> None:
+    """The verdict on a sample (raw or compressed) is taken once per version of a chunk's voxels: made again from
+    the same files, the same bytes; from a file rewritten with voxels that compress, compressed."""
+    voxels = _voxels()
+    dataset = tmp_path / "org" / "encoded"
+    header = wkw.Header(np.uint8, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=4)
+    with wkw.Dataset.create(str(dataset / "layer" / "1"), header) as ds:
+        ds.write((0, 0, 0), voxels["grain"])
+    write_layers_properties(dataset, [cube_layer("layer", "wkw", EDGE)])
+    server = server_factory(tmp_path, chunk_edge=64, codec="blosc-lz4", answer_cache_bytes=0, settle_seconds=0)
+    url = f"{server.url}/data/zarr/org/encoded/layer/1/0.1.0.0"
+    made = [requests.get(url, timeout=30) for _ in range(3)]
+    assert all(r.status_code == 200 for r in made)
+    assert len({(r.headers["etag"], r.content) for r in made}) == 1
+    assert _header(made[0].content)[0] & FLAG_MEMCPYED
+
+    with wkw.Dataset.open(str(dataset / "layer" / "1")) as ds:
+        ds.write((0, 0, 0), voxels["smooth"])
+    again = requests.get(url, timeout=30)
+    assert again.status_code == 200, again.text[:300]
+    assert again.headers["etag"] != made[0].headers["etag"]
+    flags, nbytes, cbytes = _header(again.content)
+    assert not flags & FLAG_MEMCPYED and cbytes < 0.75 * nbytes, (flags, cbytes)
+    expected = np.asfortranarray(voxels["smooth"][:, 64:, :64, :64]).tobytes(order="F")
+    assert bytes(numcodecs.Blosc().decode(again.content)) == expected

@@ -452,6 +452,31 @@ def test_a_connection_that_sends_no_whole_head_is_closed(limited: Server, dribbl
         assert closed, "still open after 30 s"
 
 
+def test_a_connection_busy_past_the_head_timeout_stays_open_and_is_closed_once_idle(limited: Server) -> None:
+    """Each request moves the head clock on: requests half a second apart for longer than header_timeout (2 s) are all
+    answered on one connection, and once it is idle it is closed."""
+    host, port = limited.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        started = time.monotonic()
+        while time.monotonic() - started < 3:
+            connection.sendall(f"HEAD {ZARRAY} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                received = connection.recv(65536)
+                assert received, "closed while requests kept coming"
+                answer += received
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+            time.sleep(0.5)
+        connection.settimeout(30)
+        try:
+            after = connection.recv(65536)
+        except TimeoutError:
+            pytest.fail("still open 30 s after its last request")
+        except OSError:  # reset: closed too
+            after = b""
+        assert after == b"", after[:200]
+
+
 def test_a_kept_alive_connection_still_serves_its_next_request(limited: Server) -> None:
     host, port = limited.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as connection:

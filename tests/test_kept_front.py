@@ -176,6 +176,47 @@ def test_a_kept_answer_is_given_before_dispatch_as_the_full_path_gives_it(edges:
     assert {200, 206, 304, 400, 401, 403, 412, 416} <= statuses, statuses
 
 
+def test_an_answer_made_from_watched_files_is_given_by_the_front_from_its_next_request(
+    settled_root: Path, tokens_file: Path, tmp_path: Path
+) -> None:
+    """An answer made from a file whose directories are watched already (since the first answer made from it) is
+    answered before dispatch from its next request on (with its token), with no look at its file in between; the
+    first, read before the watch, is looked at once. Once the file is rewritten the answer goes to dispatch
+    again, and the kept bytes are not given."""
+    root = tmp_path / "root"
+    shutil.copytree(settled_root, root, symlinks=True)  # its own: a file rewritten here is unsettled for a while
+    edge = create_app(Settings(root=str(root), tokens_file=str(tokens_file), settle_seconds=SETTLE))
+    _, front = front_of(edge)
+    behind = front.app
+    dispatched = front.app = Dispatched(behind)
+    first, second = (f"/data/zarr/{DS}/color_u8/1/{key}" for key in ("0.2.1.1", "0.2.2.1"))  # in one file cube
+
+    async def run() -> tuple[list[list[str]], dict[str, Any], dict[str, Any], list[str]]:
+        seen = []
+        for path in (first, second, second, first, first):  # made (watched); made; front; looked at; front
+            dispatched.paths.clear()
+            assert (await call(edge, "GET", path, AUTH))["status"] == 200
+            seen.append(list(dispatched.paths))
+        kept = await call(edge, "GET", second, AUTH)
+        with wkw.Dataset.open(str(root / ORG / "wk_dataset" / "color_u8" / "1")) as ds:
+            cube = ds.read((0, 0, 0), (128, 128, 128))  # a compressed file is written whole
+            ds.write((0, 0, 0), cube + 1)
+        await asyncio.sleep(0.1)  # the loop turns, as it does before a request that arrives after the write
+        dispatched.paths.clear()
+        after = await call(edge, "GET", second, AUTH)
+        return seen, kept, after, list(dispatched.paths)
+
+    try:
+        seen, kept, after, through = asyncio.run(run())
+    finally:
+        front.app = behind
+    assert seen[:2] == [[first], [second]]
+    assert seen[2] == [], "an answer made from watched files was looked at before the front gave it"
+    assert seen[3:] == [[first], []], "an answer read before its file was watched was not looked at once"
+    assert through == [second], "a kept answer was given by the front after its file was rewritten"
+    assert after["status"] in (200, 503) and after["body"] != kept["body"]
+
+
 # --- on real gateways -------------------------------------------------------------------------------------------
 
 FILE_LEN = 2  # blocks of 32^3 per file edge: files of 64^3

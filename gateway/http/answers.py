@@ -16,6 +16,7 @@ settle rule when the answer was made, and a file rewritten since has another ver
 The key holds no token: authorization is decided before a chunk is looked up, on every request.
 """
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,6 +83,13 @@ class KeptTargets:
         self._targets[path] = target
 
 
+class Moment(NamedTuple):
+    """A moment before an answer's files were read: its ``time.monotonic()`` and the change notifications' epoch."""
+
+    at: float
+    epoch: int
+
+
 @dataclass(slots=True)
 class _Check:
     """A check of a kept answer in a thread, which every request for it meanwhile waits for."""
@@ -125,6 +133,53 @@ class LookedUp:
         return identity
 
 
+class WatchedFiles:
+    """Whether changes of the files an answer is made from are reported, as :meth:`AnswerCache.keep` needs to
+    know to trust an answer from its read, and their watches, set as soon as an answer made from them is kept."""
+
+    def __init__(self, changes: Changes, recheck_seconds: float) -> None:
+        self.changes = changes
+        self.recheck_seconds = recheck_seconds
+        self._unwatched: dict[str, None] = {}  # files being watched, or whose changes are not reported (watch)
+
+    def moment(self) -> Moment:
+        """Now, as :meth:`AnswerCache.keep` needs to know when an answer's files began to be read."""
+        return Moment(time.monotonic(), self.changes.epoch)
+
+    def reported_since(self, versions: FileVersions, moment: float) -> bool:
+        """Whether every change of the files of ``versions`` after ``moment`` is reported (no file work)."""
+        return versions.store.is_local and all(self.changes.watched_before(path, moment) for path, _ in versions.files)
+
+    async def watch(self, answer: Resource, threads: anyio.CapacityLimiter) -> None:
+        """Watch the directories of the files ``answer`` (just kept) was made from, in a thread of ``threads``, if
+        they are local and not all watched yet: the answers made from them from now on are trusted from their read
+        (:meth:`AnswerCache.keep`), not first looked at. Each file is watched once, whatever the requests meanwhile."""
+        versions = answer.made_from
+        if versions is None or not versions.store.is_local or self.recheck_seconds <= 0:
+            return
+        changes, skipped = self.changes, self._unwatched
+        paths = [path for path, _ in versions.files if not changes.watched_before(path, math.inf)]
+        paths = [path for path in paths if path not in skipped]
+        if not paths:
+            return
+        changes.listen()
+        skipped.update(dict.fromkeys(paths))  # (meanwhile too: one thread watches them)
+        store = versions.store
+        try:
+            watched = await anyio.to_thread.run_sync(
+                lambda: [changes.watch(path, store.root_of(path)) for path in paths], limiter=threads
+            )
+        except (StorageError, OSError):  # tried again with the next answer kept from them
+            for path in paths:
+                skipped.pop(path, None)
+            return
+        for path, done in zip(paths, watched):
+            if done:  # watched now; one that is not (NFS, say) stays skipped, and is looked at by interval
+                del skipped[path]
+        while len(skipped) > MAX_LOOKED_UP:
+            del skipped[next(iter(skipped))]
+
+
 class AnswerCache:
     """Answers with a body and the versions of every file they were made from, by bytes, least recently used
     first out; ``max_bytes`` 0 keeps none. ``hits`` and ``misses`` count answers given from here and made.
@@ -150,6 +205,7 @@ class AnswerCache:
         self.looked_up = LookedUp(recheck_seconds)
         self.changes = changes if changes is not None else Changes()
         self.targets = KeptTargets()
+        self.files = WatchedFiles(self.changes, recheck_seconds)
         self.hits = 0
         self.misses = 0
 
@@ -224,9 +280,9 @@ class AnswerCache:
         kept.checked_at, kept.epoch, kept.notified = now, epoch, notified
         return True
 
-    def keep(self, key: AnswerKey, answer: Resource) -> bool:
+    def keep(self, key: AnswerKey, answer: Resource, read_from: Moment | None = None) -> bool:
         """Keep ``answer`` if it is a body made from files it names, and small enough; else leave it. Whether
-        it was kept."""
+        it was kept. ``read_from``: the moment before its files began to be read."""
         body = answer.body
         versions = answer.made_from
         if body is None or versions is None:
@@ -234,7 +290,12 @@ class AnswerCache:
         size = len(body) + ENTRY_BYTES + FILE_BYTES * len(versions.files)
         if size > self.largest or (self.budget is not None and not self.budget.make_room(size)):
             return False
-        # Its files were read just now, but whether their changes are reported is not known yet: the first request
-        # for it looks (in a thread), and watches their directories.
-        self._kept.put(key, _Kept(answer, versions, time.monotonic(), self.changes.epoch), size)
+        kept = _Kept(answer, versions, time.monotonic(), self.changes.epoch)
+        if read_from is not None and self.files.reported_since(versions, read_from.at):
+            # Its files were read after that moment, and every change of them since is reported: trusted as a
+            # look then would be (a change reported meanwhile has moved the epoch on: the next request looks).
+            kept.checked_at, kept.epoch, kept.notified = read_from.at, read_from.epoch, True
+        # Otherwise whether their changes are reported is not known yet: the first request for it looks (in a
+        # thread), and watches their directories.
+        self._kept.put(key, kept, size)
         return True

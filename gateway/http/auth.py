@@ -32,7 +32,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
@@ -112,6 +112,9 @@ def _pattern(pattern: str) -> tuple[re.Pattern[str], re.Pattern[str]]:
     return _part(organization), _part(dataset)
 
 
+MAX_ALLOWED = 1024  # datasets whose verdict a grant remembers
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     patterns: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]
@@ -123,8 +126,18 @@ class Grant:
         """A share link's grant: exactly one dataset (its names match themselves, ``*`` included)."""
         return _link_grant(organization, dataset, link)
 
+    # What it was found to allow, per dataset asked for: the patterns are matched once per dataset, not twice on
+    # every request (a kept answer's check is otherwise mostly this). Bounded: emptied when full.
+    _allowed: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
+
     def allows(self, organization: str, dataset: str) -> bool:
-        return any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
+        found = self._allowed.get((organization, dataset))
+        if found is None:
+            found = any(org.fullmatch(organization) and ds.fullmatch(dataset) for org, ds in self.patterns)
+            if len(self._allowed) >= MAX_ALLOWED:
+                self._allowed.clear()
+            self._allowed[(organization, dataset)] = found
+        return found
 
 
 @functools.lru_cache(maxsize=4096)  # a link's grant is asked for on every chunk: made once per worker

@@ -143,21 +143,30 @@ def answer_by_validators(
     return _decided_by_validators(headers, _validators(etag, last_modified, cache_control), etag, last_modified)
 
 
+def _whole_head(resource: Resource, cache_control: bytes) -> tuple[tuple[bytes, bytes], ...]:
+    """The head lines of ``resource``'s whole 200 (its body held): built once per resource and Cache-Control."""
+    built = resource.whole_head
+    if built is not None and built[0] == cache_control:
+        return built[1]
+    lines: tuple[tuple[bytes, bytes], ...] = (
+        (b"etag", resource.etag.encode()),
+        (b"accept-ranges", b"bytes"),
+        (b"cache-control", cache_control),
+        (b"content-length", str(resource.size).encode()),
+        (b"content-type", resource.media_type.encode()),
+    )
+    if resource.last_modified is not None:
+        lines += ((b"last-modified", http_date(resource.last_modified).encode()),)
+    resource.whole_head = (cache_control, lines)
+    return lines
+
+
 async def send_resource(
     headers: Headers, method: str, resource: Resource, cache_control: bytes, reader: Reader
 ) -> Answer:
     if resource.body is not None and not any(name in headers for name in _CONDITIONAL):
         # The common case, a whole object held in memory and no condition: nothing to decide.
-        out: RawHeaders = [
-            (b"etag", resource.etag.encode()),
-            (b"accept-ranges", b"bytes"),
-            (b"cache-control", cache_control),
-            (b"content-length", str(resource.size).encode()),
-            (b"content-type", resource.media_type.encode()),
-        ]
-        if resource.last_modified is not None:
-            out.append((b"last-modified", http_date(resource.last_modified).encode()))
-        return Answer(200, out, b"" if method == "HEAD" else resource.body)
+        return Answer(200, list(_whole_head(resource, cache_control)), b"" if method == "HEAD" else resource.body)
     validators = _validators(resource.etag, resource.last_modified, cache_control)
     decided = _decided_by_validators(headers, validators, resource.etag, resource.last_modified)
     if decided is not None:

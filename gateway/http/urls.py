@@ -333,6 +333,9 @@ PLACES: tuple[Place, ...] = (
 assert PRECOMPUTED_PREFIX.startswith(DATA_PREFIX) and all(f"{DATA_PREFIX}{n}" != MESH_PREFIX for n in TREE_ROUTES)
 
 
+MAX_LABELLED = 1 << 14  # paths whose label is remembered (a few MiB at most); past it they are found anew
+
+
 class RouteLabels:
     """The metric label of a request, from the places served: bounded (a kind of resource, never a path)."""
 
@@ -340,14 +343,24 @@ class RouteLabels:
         served = list(places)
         self.exact = {place.path: place.label for place in served}
         self.prefixes = tuple((place.path + "/", place.label) for place in served if place.below)
+        self._reads: dict[str, str] = {}  # the label of a read of each path met lately: a viewer asks again
 
     def of(self, method: str, path: str) -> str:
         """The label of ``method`` on ``path`` (the path the routes read: below a path token)."""
-        if method not in READS:
-            if method == "OPTIONS":
-                return PREFLIGHT
-            if not takes(method, path):
-                return OTHER
+        if method in READS:
+            known = self._reads.get(path)
+            if known is None:
+                if len(self._reads) >= MAX_LABELLED:
+                    self._reads.clear()
+                known = self._reads[path] = self._label(path)
+            return known
+        if method == "OPTIONS":
+            return PREFLIGHT
+        if not takes(method, path):
+            return OTHER
+        return self._label(path)
+
+    def _label(self, path: str) -> str:
         label = self.exact.get(path)
         if label is None:
             for prefix, below in self.prefixes:

@@ -96,10 +96,11 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
     return bytes_resource(body, OCTET_STREAM, etag, mtime, made_from)
 
 
-def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
+def encode_chunk(layout: ArrayLayout, data: np.ndarray, version: str | None = None) -> bytes:
+    """The chunk's bytes; ``version`` names its voxels (its ETag) where known."""
     if layout.native is not None:
         return encode_native(layout.native, data)
-    return encode(layout.codec, data, sampled=not layout.labels)
+    return encode(layout.codec, data, sampled=not layout.labels, version=version)
 
 
 def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
@@ -115,10 +116,11 @@ def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
         # Not made of fill values: a large chunk of absent data would cost its whole size in memory.
         raise ChunkNotFound("no stored data lies in this chunk: it reads as the fill value")
     region = served.source.read_box(lo, hi)
-    body = encode_chunk(served.layout, region.data)
     if region.sources is None:
+        body = encode_chunk(served.layout, region.data)
         return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
     etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
+    body = encode_chunk(served.layout, region.data, etag)
     made_from = FileVersions(served.source.storage, tuple(region.sources))
     return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None), made_from)

@@ -71,16 +71,17 @@ def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
     return None
 
 
-def encode(codec: Codec, data: np.ndarray, sampled: bool = True) -> bytes:
+def encode(codec: Codec, data: np.ndarray, sampled: bool = True, version: str | None = None) -> bytes:
     """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare); ``sampled``: Blosc skips
-    the compressor where a sample shows that it saves little (:func:`encode_blosc`)."""
+    the compressor where a sample shows that it saves little (:func:`encode_blosc`), taken once per ``version``
+    of the voxels (the chunk's ETag) where known."""
     raw = np.asfortranarray(data)
     encoder = _numcodecs_codec(codec, raw.dtype.itemsize)
     flat = raw.reshape(-1, order="F")
     if encoder is None:
         return flat.tobytes()
     if codec.is_blosc:
-        return encode_blosc(flat, encoder, sampled)
+        return encode_blosc(flat, encoder, sampled, version)
     return bytes(encoder.encode(flat))
 
 

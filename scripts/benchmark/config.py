@@ -247,7 +247,7 @@ CASES = [
                 "gateway pass-through, answers kept",
                 "kept",
                 "the answer cache on (the default): after the warm-up "
-                "every key is answered from it, once a stat says its file is unchanged",
+                "every key is answered from it, while no change of its file is reported",
             ),
         ],
         first=True,

@@ -37,9 +37,11 @@ class Chunks:
         place = AnswerKey(target.tree.name, target.names, node.fingerprint, index)
         kept = await self.answers.current(place, self.chunk_threads)
         if kept is None:
+            read_from = self.answers.files.moment()
             kept = await self._made(node, index, request)
-            if not self.answers.keep(place, kept):
+            if not self.answers.keep(place, kept, read_from):
                 return kept
+            await self.answers.files.watch(kept, self.chunk_threads)
         self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
 
