@@ -69,6 +69,7 @@ def error_of(response: requests.Response) -> str:
 # --- scripts: Bearer access tokens ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # tensorstore, zarr-python and webknossos-libs read with a Bearer token
 def test_bearer_access_token_reads_with_every_client_that_sends_headers(
     signin: Server, provider: Provider, test_data: WrittenDataset
 ) -> None:
@@ -276,6 +277,7 @@ def test_the_401_page_offers_sign_in_first(signin: Server, tmp_path: Path) -> No
         proxy.stop()
 
 
+@pytest.mark.slow  # a crawl of every page, listing and document
 def test_every_link_a_signed_in_browser_reaches_opens_with_the_cookie_alone(signin: Server) -> None:
     """From the start page, every page, listing (the precomputed tree's too), file, preview and viewer address a
     signed-in browser can click answers with the login cookie the browser sends, and none carries a token."""

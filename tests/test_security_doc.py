@@ -3,6 +3,7 @@ statuses covers every status the error map gives."""
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 from gateway.http.errors import RULES
@@ -13,6 +14,7 @@ NAMED = re.compile(r"`(tests/test_[a-z0-9_]+\.py)::(test_[A-Za-z0-9_]+)`")
 GUARANTEES = 8  # the classes of issue 16
 
 
+@cache  # the page names some 200 tests in a few long modules: each is parsed once
 def _tests_in(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}

@@ -132,6 +132,7 @@ LO, HI = (16, 8, 4), (120, 100, 40)  # inside the sample's box (16, 8, 4) + (320
 # --- clients read below a link, with no header ------------------------------------------------------------
 
 
+@pytest.mark.slow  # whole boxes read by three clients through two gateways; the whole suite runs it
 @pytest.mark.parametrize("tree", ["zarr", "zarr3"])
 @pytest.mark.parametrize("layer", ["color", "segmentation"])
 def test_zarr_python_and_tensorstore_read_exactly_through_a_link(
@@ -147,6 +148,7 @@ def test_zarr_python_and_tensorstore_read_exactly_through_a_link(
     np.testing.assert_array_equal(read_tensorstore(url, version, region=region), want)
 
 
+@pytest.mark.slow  # xarray over two trees
 def test_xarray_opens_a_mag_through_a_link_as_through_a_token(pair: list[Server]) -> None:
     import xarray as xr
 
@@ -163,6 +165,7 @@ def test_xarray_opens_a_mag_through_a_link_as_through_a_token(pair: list[Server]
         np.testing.assert_array_equal(got, through_token[name].isel(box).values, err_msg=name)
 
 
+@pytest.mark.slow  # CloudVolume reads a box and meshes a segment
 def test_cloudvolume_reads_the_precomputed_tree_and_meshes_through_a_link(pair: list[Server], setup: Setup) -> None:
     prefix = prefix_of(made_link(pair[0])["link"])
     whole = np.zeros((1, *HI), dtype=np.uint8)
@@ -625,6 +628,7 @@ def _credential_forms(server: Server) -> dict[str, tuple[list[str], dict[str, st
     }
 
 
+@pytest.mark.slow  # a crawl of every page, listing and document, in four forms
 @pytest.mark.parametrize("form", ["query", "path", "share link", "header"])
 def test_every_link_a_browser_reaches_from_the_start_page_opens(pair: list[Server], form: str) -> None:
     """From the start page, every page, listing (the precomputed tree's layers, scales and mesh directories too),

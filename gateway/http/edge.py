@@ -40,7 +40,7 @@ from ..logs import access_log
 from ..metrics import CacheWatch, RequestStats
 from .auth import TOKEN_HEADER, read_token
 from .errors import Browser, HiddenRoots, HttpError, error_answer, prefers_html, refusal
-from .messages import SHARE_PREFIX, Answer, Message, Receive, Request, Scope, Send, logged_path
+from .messages import SHARE_PREFIX, Answer, Message, Receive, Request, Scope, Send, link_prefix, logged_path
 from .pages.links import LinkForm, link_form
 from .share import link_id
 from .urls import PLACES, TOKEN_PREFIX, RouteLabels, request_path, split_path_token, split_share_link, takes
@@ -126,10 +126,7 @@ def browser_of(scope: Scope, root_path: str) -> Browser | None:
     except HttpError:  # more than one token, or one spelt otherwise: the page links carry none
         token = None
     in_address = token.value if token is not None and token.in_url else None
-    below = root_path
-    if request.path_link is not None:  # below a share link its pages stay below it, as Pages has them
-        below += SHARE_PREFIX + quote(request.path_link.decode("latin-1"), safe="")
-    links = link_form(in_address, request.path_token is not None, below)
+    links = link_form(in_address, request.path_token is not None, root_path + link_prefix(request))
     return Browser(request.logged_path, links, LinkForm(root_path))
 
 

@@ -7,7 +7,7 @@ import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import anyio
 
@@ -154,6 +154,13 @@ def raw_headers(headers: dict[str, str]) -> RawHeaders:
 
 
 _NOTHING_MORE_YET: Message = {"type": "http.response.body", "body": b"", "more_body": True}
+
+
+def link_prefix(request: Request) -> str:
+    """The share link path ``request`` came under (``/s/{capability}``), or "": pages and error pages keep
+    their links below it. Quoted, as a refused link's capability may hold any byte."""
+    link = request.path_link
+    return "" if link is None else SHARE_PREFIX + quote(link.decode("latin-1"), safe="")
 
 
 class Answer:

@@ -9,7 +9,7 @@ from ...resources import Resource, bytes_resource
 from ...sources.dataset import BrokenDataset, Dataset
 from ...zarr.trees import DatasetView
 from ..auth import Token
-from ..messages import SHARE_PREFIX, Request
+from ..messages import Request, link_prefix
 from ..origin import PublicOrigin
 from ..pages.dataset import build_dataset_page, render_dataset_page
 from ..pages.landing import Landing, dataset_card, render_landing
@@ -25,15 +25,6 @@ def page_links(request: Request, token: Token | None, root_path: str = "") -> Li
     link can carry, leaves links as they are."""
     in_address = token.value if token is not None and token.in_url else None
     return link_form(in_address, request.path_token is not None, root_path)
-
-
-def link_prefix(request: Request) -> str:
-    """The share link path a page was asked for under (``/s/{capability}``; its links all stay below it), or "".
-
-    Only a page the link was checked for is rendered, so the capability is of URL-safe characters.
-    """
-    link = request.path_link
-    return "" if link is None else SHARE_PREFIX + link.decode("latin-1")
 
 
 def listing(base: str, entries: list[Entry], links: LinkForm | None = None) -> Resource:
