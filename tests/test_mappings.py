@@ -3,6 +3,7 @@ agglomerate file, a Zarr v3 agglomerate group, a JSON mapping) is a layer ``<lay
 zarr-python, tensorstore, webknossos-libs and CloudVolume read exactly as the source's labels with the mapping
 applied (numpy's truth), with every mapping file's version in its chunks' ETags."""
 
+import functools
 import json
 import os
 import time
@@ -121,9 +122,8 @@ class Written:
         self.table = segment_to_agglomerate(rng)
         agglomerates = self.layer / "agglomerates"
         agglomerates.mkdir()
-        with h5py.File(agglomerates / f"{HDF5}.hdf5", "w") as f:
+        with h5py.File(agglomerates / f"{HDF5}.hdf5", "w") as f:  # no offsets: the stored type holds its ids
             f.create_dataset("segment_to_agglomerate", data=self.table)
-            f.create_dataset("agglomerate_to_segments_offsets", data=np.zeros(3, dtype=np.uint64))
         self.chunked_table = np.arange(ENTRIES, dtype=np.uint64) // 50 + 1  # 50 segments per agglomerate
         self.chunked_table[0] = 0
         self.members = np.bincount(self.chunked_table.astype(np.int64))
@@ -146,15 +146,19 @@ class Written:
         if mapping == HDF5:
             return apply_table(source, self.table)
         if mapping == HDF5_CHUNKED:
-            return apply_table(source, self.chunked_table)
+            return apply_table(source, self.chunked_table).astype(np.uint32)
         if mapping == ZARR:
             return apply_table(source, self.zarr_table)
         if mapping == WK_ZARR:
-            return apply_table(source, self.wk_table)
+            return apply_table(source, self.wk_table).astype(np.uint32)
         return apply_json(source, self.classes)
 
 
 MAPPINGS = (HDF5, HDF5_CHUNKED, ZARR, WK_ZARR, JSON)
+# The narrowest type that holds the layer's ids (uint32) and the agglomerate ids each mapping declares: ids past
+# uint32 where a file says nothing of its agglomerates (the stored uint64), the layer's own where the length of
+# agglomerate_to_segments_offsets (HDF5, and the group webknossos-libs writes) says they fit, as for JSON.
+DTYPES = {HDF5: "uint64", HDF5_CHUNKED: "uint32", ZARR: "uint64", WK_ZARR: "uint32", JSON: "uint32"}
 
 
 def write_webknossos_group(path: Path) -> np.ndarray[Any, Any]:
@@ -200,7 +204,7 @@ def test_each_mapping_is_a_segmentation_layer_in_the_properties(gateway: Server,
         for mapping in MAPPINGS:
             layer = layers[f"{LAYER}__{mapping}"]
             assert layer["category"] == "segmentation"
-            assert layer["elementClass"] == ("uint32" if mapping == JSON else "uint64"), layer
+            assert layer["elementClass"] == DTYPES[mapping], layer
             assert "largestSegmentId" not in layer
             assert [m["path"] for m in layer["mags"]] == [f"./{LAYER}__{mapping}/{mag_name(m)}" for m in MAGS]
 
@@ -217,7 +221,7 @@ def test_zarr_python_reads_every_mag_mapped_exactly(gateway: Server, written: Wr
     assert_no_unexpected_errors(gateway)
 
 
-@pytest.mark.parametrize("mapping", [HDF5, ZARR])
+@pytest.mark.parametrize("mapping", [HDF5, HDF5_CHUNKED, ZARR])
 def test_tensorstore_reads_the_sharded_and_v2_trees_exactly(
     gateway: Server, sharded: Server, written: Written, mapping: str
 ) -> None:
@@ -227,26 +231,29 @@ def test_tensorstore_reads_the_sharded_and_v2_trees_exactly(
             np.testing.assert_array_equal(read[0], written.truth(mapping, mag), err_msg=f"{tree} {mag}")
 
 
-def test_webknossos_libs_reads_the_mapped_layer_exactly(gateway: Server, written: Written) -> None:
+@pytest.mark.parametrize("mapping", [HDF5, HDF5_CHUNKED])
+def test_webknossos_libs_reads_the_mapped_layer_exactly(gateway: Server, written: Written, mapping: str) -> None:
     import webknossos as wk
 
     dataset = wk.Dataset.open(UPath(base(gateway, "zarr3")))
-    layer = dataset.get_layer(f"{LAYER}__{HDF5}")
+    layer = dataset.get_layer(f"{LAYER}__{mapping}")
     assert layer.category == "segmentation"
+    assert layer.dtype == np.dtype(DTYPES[mapping])
     seen = []
     for mag, data, region in read_webknossos_mags(layer):
-        truth = written.truth(HDF5, mag)
+        truth = written.truth(mapping, mag)
+        assert data.dtype == truth.dtype
         assert isinstance(region, tuple)
         np.testing.assert_array_equal(data[0], truth[region[1:]], err_msg=str(mag))
         seen.append(mag)
     assert sorted(seen) == sorted(MAGS)
 
 
-@pytest.mark.parametrize("mapping", [HDF5, JSON])
+@pytest.mark.parametrize("mapping", [HDF5, HDF5_CHUNKED, JSON])
 def test_cloudvolume_reads_the_precomputed_tree_exactly(gateway: Server, written: Written, mapping: str) -> None:
     url = f"{base(gateway, 'precomputed')}/{LAYER}__{mapping}"
     info = requests.get(f"{url}/info").json()
-    assert (info["type"], info["data_type"]) == ("segmentation", "uint32" if mapping == JSON else "uint64")
+    assert (info["type"], info["data_type"]) == ("segmentation", DTYPES[mapping])
     for mip, mag in enumerate(MAGS):
         hi = written.source[mag].shape
         read = read_box(url, mip, (0, 0, 0), hi)
@@ -461,6 +468,140 @@ def test_a_mapping_damaged_after_loading_is_a_storage_fault_never_absent(
     assert raw.status_code == 200
 
 
+# --- the data type follows the agglomerates a file's version declares ---------------------------------------
+
+
+SMALL = "small"  # a dataset of uint8 labels whose agglomerate files are rewritten
+SMALL_SIZE = (64, 64, 32)
+
+
+def write_agglomerate_file(path: Path, table: np.ndarray[Any, Any], agglomerates: int) -> None:
+    """As webKnossos writes one: ``agglomerate_to_segments_offsets`` has one entry per agglomerate and one more
+    (its length less one is the largest agglomerate id), the members in CSR order after it."""
+    members = np.bincount(table.astype(np.int64), minlength=agglomerates + 1)[: agglomerates + 1]
+    with h5py.File(path, "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=table)
+        f.create_dataset("agglomerate_to_segments_offsets", data=np.concatenate([[0], np.cumsum(members)]))
+        f.create_dataset("agglomerate_to_segments", data=np.argsort(table, kind="stable").astype(np.uint64))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray[Any, Any]]:
+    root = tmp_path_factory.mktemp("small-mappings")
+    dataset = root / ORG / SMALL
+    blocks = np.random.default_rng(8).integers(0, 200, size=tuple(s // 4 for s in SMALL_SIZE), dtype=np.uint8)
+    labels = np.repeat(np.repeat(np.repeat(blocks, 4, 0), 4, 1), 4, 2)
+    header = wkw.Header(np.uint8, block_type=wkw.Header.BLOCK_TYPE_LZ4HC, file_len=1)
+    with wkw.Dataset.create(str(dataset / LAYER / "1"), header) as ds:
+        ds.write((0, 0, 0), labels)
+    box = {"topLeft": [0, 0, 0], "width": SMALL_SIZE[0], "height": SMALL_SIZE[1], "depth": SMALL_SIZE[2]}
+    layer = {"name": LAYER, "category": "segmentation", "boundingBox": box, "elementClass": "uint8"}
+    properties = {
+        "id": {"name": SMALL, "team": ""},
+        "scale": {"factor": [8.0, 8.0, 8.0], "unit": "nanometer"},
+        "dataLayers": [{**layer, "dataFormat": "wkw", "largestSegmentId": 199, "mags": [{"mag": [1, 1, 1]}]}],
+    }
+    (dataset / "datasource-properties.json").write_text(json.dumps(properties))
+    (dataset / LAYER / "agglomerates").mkdir()
+    return root, labels
+
+
+def served_types(server: Server, layer: str) -> list[str]:
+    """The layer's data type as each tree states it: properties, .zarray, zarr.json, precomputed info."""
+    zarr2 = f"{server.url}/data/zarr/{ORG}/{SMALL}"
+    properties = requests.get(f"{zarr2}/datasource-properties.json", timeout=30).json()["dataLayers"]
+    return [
+        next(entry["elementClass"] for entry in properties if entry["name"] == layer),
+        np.dtype(requests.get(f"{zarr2}/{layer}/1/.zarray", timeout=30).json()["dtype"]).name,
+        requests.get(f"{server.url}/data/zarr3/{ORG}/{SMALL}/{layer}/1/zarr.json", timeout=30).json()["data_type"],
+        requests.get(f"{server.url}/data/precomputed/{ORG}/{SMALL}/{layer}/info", timeout=30).json()["data_type"],
+    ]
+
+
+def test_the_data_type_follows_the_agglomerates_each_version_declares(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server]
+) -> None:
+    """uint8 labels: a file of 100 agglomerates maps to uint8, rewritten with 60,000 to uint16 (the narrowest type
+    that holds both), and back: every tree's metadata, the chunks and their ETags follow the version, and a
+    gateway started after each rewrite serves the same bytes and ETags."""
+    root, labels = small
+    layer = f"{LAYER}__growing"
+    path = root / ORG / SMALL / LAYER / "agglomerates" / "growing.hdf5"
+    few = (np.arange(200, dtype=np.uint64) + 1) // 2  # 100 agglomerates
+    many = np.arange(200, dtype=np.uint64) * 300 + 1  # up to 59,701: past uint8
+    many[0] = 0
+    write_agglomerate_file(path, few, 100)
+    server = server_factory(root, answer_cache_bytes=0)
+    url = f"{server.url}/data/zarr/{ORG}/{SMALL}/{layer}/1"
+
+    def stated(dtype: str) -> bool:
+        return served_types(server, layer) == [dtype] * 4
+
+    etags: list[str] = []
+    for table, agglomerates, dtype in ((few, 100, "uint8"), (many, 60_000, "uint16"), (few, 100, "uint8")):
+        if etags:
+            write_agglomerate_file(path, table, agglomerates)
+        assert wait_until(functools.partial(stated, dtype), timeout=30, interval=0.2), served_types(server, layer)
+        read = read_zarr_python(url, 2)[0]
+        assert read.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(read, table[labels].astype(dtype))
+        chunk = requests.get(f"{url}/0.0.0.0", timeout=30)
+        assert chunk.status_code == 200
+        etags.append(chunk.headers["etag"])
+        replica = server_factory(root, answer_cache_bytes=0)
+        assert served_types(replica, layer) == [dtype] * 4
+        again = requests.get(f"{replica.url}/data/zarr/{ORG}/{SMALL}/{layer}/1/0.0.0.0", timeout=30)
+        assert (again.headers["etag"], again.content) == (chunk.headers["etag"], chunk.content)
+    assert len(set(etags)) == 3, etags
+    assert_no_unexpected_errors(server)
+
+
+def test_a_file_with_ids_past_the_agglomerates_it_declares_is_a_fault_of_its_chunks(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server]
+) -> None:
+    """Its offsets declare 10 agglomerates (uint8 holds them) while its entries reach 1,990: served as declared,
+    a chunk with such an id is a 500 that names the file and the type, never a wrapped value; the labels serve."""
+    root, _ = small
+    path = root / ORG / SMALL / LAYER / "agglomerates" / "understated.hdf5"
+    table = np.arange(200, dtype=np.uint64) * 10
+    with h5py.File(path, "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=table)
+        f.create_dataset("agglomerate_to_segments_offsets", data=np.arange(11, dtype=np.uint64))
+    server = server_factory(root)
+    assert served_types(server, f"{LAYER}__understated") == ["uint8"] * 4
+    response = requests.get(f"{server.url}/data/zarr/{ORG}/{SMALL}/{LAYER}__understated/1/0.0.0.0", timeout=30)
+    assert response.status_code == 500, (response.status_code, response.text[:300])
+    assert "understated" in response.json()["error"] and "past uint8" in response.json()["error"], response.text
+    labels = requests.get(f"{server.url}/data/zarr/{ORG}/{SMALL}/{LAYER}/1/0.0.0.0", timeout=30)
+    assert labels.status_code == 200
+
+
+def test_offsets_that_lie_elsewhere_are_never_followed(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server]
+) -> None:
+    """An agglomerate file whose ``agglomerate_to_segments_offsets`` is a link to another file (here one that
+    would declare two agglomerates): the link is not followed, so the stored type holds the ids, the chunks map
+    exactly and the segment list gives no member counts; nothing is read from the linked file."""
+    root, labels = small
+    agglomerates = root / ORG / SMALL / LAYER / "agglomerates"
+    elsewhere = root / "elsewhere.hdf5"
+    with h5py.File(elsewhere, "w") as f:
+        f.create_dataset("offsets", data=np.arange(3, dtype=np.uint64))
+    table = np.arange(200, dtype=np.uint16) * 300
+    with h5py.File(agglomerates / "linked_offsets.hdf5", "w") as f:
+        f.create_dataset("segment_to_agglomerate", data=table)
+        f["agglomerate_to_segments_offsets"] = h5py.ExternalLink(str(elsewhere), "/offsets")
+    server = server_factory(root)
+    layer = f"{LAYER}__linked_offsets"
+    assert served_types(server, layer) == ["uint16"] * 4
+    read = read_zarr_python(f"{server.url}/data/zarr/{ORG}/{SMALL}/{layer}/1", 2)[0]
+    np.testing.assert_array_equal(read, table[labels])
+    url = f"{server.url}/data/precomputed/{ORG}/{SMALL}/{layer}/segment_properties/info"
+    listed = {p["id"] for p in requests.get(url, timeout=30).json()["inline"]["properties"]}
+    assert "voxels" in listed and "members" not in listed, listed
+    assert_no_unexpected_errors(server)
+
+
 # --- meshes and segment lists of agglomerates ----------------------------------------------------------
 
 
@@ -555,19 +696,23 @@ def test_index_segments_and_mesh_segments_run_on_a_mapped_layer(
 @example(np.uint64, [0, 2, 7], 2**64 - 9, 10, False)  # ids near the top of uint64, close together
 @example(np.uint64, [0, 2, 7], 2**63 + 3, 10, False)
 @settings(max_examples=300, deadline=None)
-def test_distinct_ids_are_numpy_s_unique(dtype: type, raw: list[int], base: int, spread: int, far: bool) -> None:
-    """The table over a chunk's span and the sort agree, for ids close together (near the top of the type too)
-    and far apart alike."""
-    from gateway.sources.mappings import _distinct
+def test_distinct_ids_and_their_translation_are_numpy_s(
+    dtype: type, raw: list[int], base: int, spread: int, far: bool
+) -> None:
+    """A chunk's distinct ids are numpy's unique ones, and each key's value is found as a binary search would
+    (by a table over the ids' span or by the search itself), for ids close together (near the top of the type
+    too) and far apart alike."""
+    from gateway.sources.mappings import _distinct, _translated
 
     top = int(np.iinfo(dtype).max)
     values = [min(top, base % (top + 1) + (v % (spread + 1))) for v in raw] + (raw[:3] if far else [])
     array: np.ndarray[Any, Any] = np.asarray([v % (top + 1) for v in values], dtype=dtype)
-    ids, inverse = _distinct(array)
-    want_ids, want_inverse = np.unique(array, return_inverse=True)
+    ids = _distinct(array)
+    want_ids = np.unique(array)
     assert ids.dtype == want_ids.dtype
     np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_array_equal(inverse, want_inverse)
+    looked_up = (np.arange(ids.size, dtype=np.uint64) * 7 + 3).astype(np.uint32)
+    np.testing.assert_array_equal(_translated(array, ids, looked_up), looked_up[np.searchsorted(want_ids, array)])
 
 
 def test_a_mapped_layer_has_a_preview_of_its_agglomerates(gateway: Server) -> None:

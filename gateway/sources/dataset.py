@@ -14,7 +14,7 @@ from gateway_storage.faults import Conflict
 from gateway_storage.geometry import Vec3
 
 from .mag import MagSource
-from .mappings import Found, Mappings
+from .mappings import Found, Mapping, Mappings
 from .properties import DataLayer, DatasourceProperties
 from .watched import Observed
 
@@ -91,13 +91,15 @@ class MappingFolder:
     """The mappings a load found beside one segmentation layer. A mapping added or removed is a layer added or
     removed without an edit of the properties file, so they are looked up again whenever that file is checked
     (a few stats and listings per segmentation layer); so is what each mapping that could not be opened looked
-    up (a Zarr group caught before its array's metadata was written), to be served as soon as it can be. In an
-    object store, where each look is a request, at most every REMOTE_MAPPINGS_SECONDS."""
+    up (a Zarr group caught before its array's metadata was written), to be served as soon as it can be, and
+    whether a served mapping's new version needs another data type (:meth:`Mapping.outdated`). In an object
+    store, where each look is a request, at most every REMOTE_MAPPINGS_SECONDS."""
 
     directory: str  # the layer's
     found: tuple[Found, ...]
     unsettled: bool = False  # one was still being written: it is no layer yet, and looked at again
     refused: list[Observed] = field(default_factory=list)
+    served: list[Mapping] = field(default_factory=list)  # the mappings opened: layers whose data type may move
     looked_at: float = field(default_factory=time.monotonic)
     stale: bool = False  # found moved once: so it stays until the dataset is loaded again
 
@@ -109,8 +111,10 @@ class MappingFolder:
             return False
         self.looked_at = now
         try:
-            self.stale = any(observed.changed(store) for observed in self.refused) or (
-                tuple(mappings.find(self.directory)) != self.found
+            self.stale = (
+                any(observed.changed(store) for observed in self.refused)
+                or tuple(mappings.find(self.directory)) != self.found
+                or any(mapping.outdated() for mapping in self.served)
             )
         except (OSError, StorageError, ValueError):
             self.stale = True  # the load says what is wrong

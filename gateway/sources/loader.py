@@ -25,7 +25,7 @@ from .dataset import BrokenDataset, Dataset, Layer, MappingFolder
 from .discovery import PROPERTIES
 from .documents import load_json
 from .mag import MagSource, SourceError
-from .mappings import Found, MappedMag, mapped_dtype, mapped_name
+from .mappings import Found, MappedMag, Mapping, mapped_dtype, mapped_name
 from .paths import is_plain_name
 from .properties import DataLayer, DatasourceProperties
 from .registry import SourceFormats
@@ -170,19 +170,21 @@ class Loader:
                     continue
                 observed = Observed()  # what opening it looks up, noted by the load's own recorder too
                 try:
-                    loaded = self._mapped_layer(WatchedStore(files, observed), target, layer, entry)
+                    loaded, mapping = self._mapped_layer(WatchedStore(files, observed), target, layer, entry)
                 except FileUnsettledError:
                     noted.unsettled = True  # not a layer yet, nor a problem: looked at again once it has settled
                     continue
                 mapped[target] = loaded
+                if mapping is not None:
+                    noted.served.append(mapping)
                 if loaded.problems:
                     noted.refused.append(observed)
         return mapped
 
-    def _mapped_layer(self, files: Store, target: str, layer: Layer, found: Found) -> Layer:
-        """The mapped layer (a name of markup: listed, refused), or one listed with why it cannot be served;
-        FileUnsettledError for a mapping file still being written (not a fault of the data: it is a layer once it
-        has settled)."""
+    def _mapped_layer(self, files: Store, target: str, layer: Layer, found: Found) -> tuple[Layer, Mapping | None]:
+        """The mapped layer (a name of markup: listed, refused) with its mapping, or one listed with why it cannot
+        be served (and no mapping); FileUnsettledError for a mapping file still being written (not a fault of the
+        data: it is a layer once it has settled)."""
         source_dtype = layer.properties.dtype
         properties = layer.properties.model_copy(update={"name": target, "largest_segment_id": None})
         loaded = Layer(properties, {}, owners=set(layer.owners), mapped_from=layer.properties.name)
@@ -199,10 +201,10 @@ class Loader:
             raise
         except (OSError, StorageError, SourceError, MissingExtraError) as exc:
             loaded.problems.append(f"mapping {found.name!r} ({found.kind}): {exc}")
-            return loaded
+            return loaded, None
         loaded.properties = properties.model_copy(update={"element_class": dtype.name})
         loaded.mags = {mag: MappedMag(source, mapping, dtype) for mag, source in layer.mags.items()}
-        return loaded
+        return loaded, mapping
 
 
 def _mapped_entry(entries: dict[Any, dict[str, Any]], layer: Layer) -> dict[str, Any]:

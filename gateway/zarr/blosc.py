@@ -58,11 +58,11 @@ PROBE_FROM = 2 * BLOSC_BLOCK  # chunks of at least two blocks are sampled first
 BLOCKS_PER_PROBE = 8  # one block in this many is sampled, spread over the chunk
 
 
-def encode_blosc(flat: np.ndarray, codec: Blosc) -> bytes:
-    """A Blosc-1 chunk of the flat array: ``codec``'s, or the raw bytes framed as memcpyed where blocks of a
-    large chunk, spread over it, show that compressing would save less than ``MIN_SAVING``. The same array
-    always gives the same bytes."""
-    if flat.nbytes >= PROBE_FROM:
+def encode_blosc(flat: np.ndarray, codec: Blosc, sampled: bool = True) -> bytes:
+    """A Blosc-1 chunk of the flat array: ``codec``'s, or (``sampled``) the raw bytes framed as memcpyed where
+    blocks of a large chunk, spread over it, show that compressing would save less than ``MIN_SAVING``. The
+    same array always gives the same bytes."""
+    if sampled and flat.nbytes >= PROBE_FROM:
         raw = flat.data.cast("B")
         blocks = -(-flat.nbytes // BLOSC_BLOCK)
         count = max(1, blocks // BLOCKS_PER_PROBE)

@@ -97,7 +97,9 @@ def passthrough_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource | N
 
 
 def encode_chunk(layout: ArrayLayout, data: np.ndarray) -> bytes:
-    return encode_native(layout.native, data) if layout.native is not None else encode(layout.codec, data)
+    if layout.native is not None:
+        return encode_native(layout.native, data)
+    return encode(layout.codec, data, sampled=not layout.labels)
 
 
 def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:

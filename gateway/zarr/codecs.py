@@ -71,15 +71,16 @@ def _numcodecs_codec(codec: Codec, itemsize: int) -> NumcodecsCodec | None:
     return None
 
 
-def encode(codec: Codec, data: np.ndarray) -> bytes:
-    """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare)."""
+def encode(codec: Codec, data: np.ndarray, sampled: bool = True) -> bytes:
+    """Encode an ``[c, x, y, z]`` chunk as Fortran-order bytes (what both trees declare); ``sampled``: Blosc skips
+    the compressor where a sample shows that it saves little (:func:`encode_blosc`)."""
     raw = np.asfortranarray(data)
     encoder = _numcodecs_codec(codec, raw.dtype.itemsize)
     flat = raw.reshape(-1, order="F")
     if encoder is None:
         return flat.tobytes()
     if codec.is_blosc:
-        return encode_blosc(flat, encoder)
+        return encode_blosc(flat, encoder, sampled)
     return bytes(encoder.encode(flat))
 
 

@@ -33,6 +33,10 @@ class ArrayLayout:
     shard_shape: tuple[int, int, int, int] | None = None
     fill_value: float = 0
     native: NativeEncoding | None = None  # chunks encoded as a Zarr source stores them, not with ``codec``
+    # Segment ids: runs of equal ids always compress, so chunks are compressed without sampling first whether
+    # that saves enough (the sample's compress, a second release of the GIL, cost a mapped 64³ chunk a third
+    # of its CPU under load: docs/benchmarks.md)
+    labels: bool = False
 
     @property
     def json_fill_value(self) -> int | float:

@@ -13,6 +13,7 @@ dataset, group, array (then chunk keys). What a group and an array are differs:
 Dispatch, listings and metric labels all derive from :data:`TREES`.
 """
 
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -179,8 +180,9 @@ class Tree(ABC):
 # --- the layer trees: a group per layer, an array per mag -------------------------------------------
 
 
-def _layout(source: MagSource, zarr_format: int, options: ServeOptions) -> ArrayLayout:
-    """How one mag is served: as file-sized shards, in the source's own encoding, or as plain chunks."""
+def _layout(source: MagSource, zarr_format: int, options: ServeOptions, labels: bool = False) -> ArrayLayout:
+    """How one mag is served: as file-sized shards, in the source's own encoding, or as plain chunks (``labels``:
+    of a segmentation layer)."""
     channels = source.channels
     shape = (channels, *source.shape)
     stored = source.stored_chunk_shape
@@ -199,7 +201,8 @@ def _layout(source: MagSource, zarr_format: int, options: ServeOptions) -> Array
                 shape, encoding.chunk_shape, source.dtype, options.codec, fill_value=source.fill_value, native=encoding
             )
     edge = options.chunk_edge
-    return ArrayLayout(shape, (channels, edge, edge, edge), source.dtype, options.codec, fill_value=source.fill_value)
+    chunks = (channels, edge, edge, edge)
+    return ArrayLayout(shape, chunks, source.dtype, options.codec, fill_value=source.fill_value, labels=labels)
 
 
 class LayerTree(Tree):
@@ -218,7 +221,7 @@ class LayerTree(Tree):
             arrays: dict[str, ArrayNode] = {}
             described = []
             for mag, source in layer.mags.items():
-                layout = _layout(source, self.zarr_format, options)
+                layout = _layout(source, self.zarr_format, options, layer.properties.category == "segmentation")
                 sharded = plans if layout.shard_shape is not None else None
                 arrays[mag_name(mag)] = SourceArray(served_mag(source, layout), AXES, plans=sharded)
                 described.append(MagArray(mag, mag_name(mag), layout))
@@ -387,15 +390,13 @@ class XarrayTree(Tree):
             for layer_name, source in sources.items():
                 if layer_name in clashing:
                     continue
-                own = _layout(source, 3, plain)
-                layout = ArrayLayout(
-                    (source.channels, *grid), own.chunk_shape, own.dtype, own.codec, None, own.fill_value, own.native
-                )
+                category = dataset.layers[layer_name].properties.category
+                own = _layout(source, 3, plain, category == "segmentation")
+                layout = dataclasses.replace(own, shape=(source.channels, *grid), shard_shape=None)
                 channel = f"c_{layer_name}"
                 names = (channel, *AXES[1:]) if source.channels > 1 else AXES[1:]
                 if source.channels > 1:
                     arrays[channel] = CoordinateArray(channel, source.channels, 1, {})
-                category = dataset.layers[layer_name].properties.category
                 attributes = {"long_name": layer_name, "category": category}
                 arrays[layer_name] = SourceArray(served_mag(source, layout), names, attributes)
             groups[mag_name(mag)] = GroupNode(mag_name(mag), {}, arrays)

@@ -308,7 +308,8 @@ CASES = [
 # The mapped layer's rows: a segmentation (u32, LZ4HC, ids in 8³ blocks clustered per 64³ region as a blockwise
 # watershed numbers supervoxels) and its agglomerate file (contiguous uint64, as webKnossos writes it), the same
 # keys of both layers in one group, so that their ratios are of interleaved rounds. The labels' 32³ chunks are
-# stored blocks passed through; the agglomerates' are decoded, mapped and encoded as uint64.
+# stored blocks passed through; the agglomerates' are decoded, mapped and encoded (uint32: the agglomerates the
+# file declares fit the labels' type).
 SEGMENTATION, MAPPING = "segmentation", "agglomerate_view"
 MAPPED = f"{SEGMENTATION}__{MAPPING}"
 MAPPED_KEYSETS = {
@@ -331,7 +332,7 @@ MAPPED_CASES = [
         MAPPED_CONFIGS[keyset][kept],
         note={
             (SEGMENTATION, False): "the segmentation's chunks, made on every request (the answer cache off)",
-            (MAPPED, False): f"the same keys of {MAPPED}: the labels decoded, mapped, encoded as uint64",
+            (MAPPED, False): f"the same keys of {MAPPED}: the labels decoded, mapped, encoded (uint32)",
             (MAPPED, True): "the answer cache on: each mapped chunk made once, then kept while its files hold",
         }.get((layer, kept), "")
         if keyset == "seg-32"

@@ -141,16 +141,23 @@ def agglomerate_of(segments: np.ndarray) -> np.ndarray:
 
 def write_agglomerate_file(path: Path, entries: int) -> None:
     """An HDF5 agglomerate file of ``entries`` entries (contiguous uint64, as webKnossos writes it), written in
-    pieces (10⁸ entries are 800 MB)."""
+    pieces (10⁸ entries are 800 MB), with its ``agglomerate_to_segments_offsets`` (whose length declares the
+    agglomerates, so the mapped layer of uint32 labels is uint32; its members would be the segments in order, as
+    ``agglomerate_of`` never decreases, and are left out: nothing here reads them)."""
     import h5py
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    largest = int(agglomerate_of(np.asarray([entries - 1]))[0])
+    first = (np.arange(largest + 2, dtype=np.int64) - 1) * PER_AGGLOMERATE  # agglomerate a >= 2 starts there
     with h5py.File(path, "w") as f:
         table = f.create_dataset("segment_to_agglomerate", shape=(entries,), dtype=np.uint64)
         step = 1 << 22
         for start in range(0, entries, step):
             stop = min(entries, start + step)
             table[start:stop] = agglomerate_of(np.arange(start, stop, dtype=np.uint64))
+        offsets = np.minimum(np.maximum(first, 1), entries).astype(np.uint64)
+        offsets[0] = 0  # agglomerate 0 is segment 0 alone
+        f.create_dataset("agglomerate_to_segments_offsets", data=offsets)
 
 
 def _write_segmentation(dataset_dir: Path, mode: Mode) -> None:
