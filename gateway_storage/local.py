@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import resource
 import stat
 import tempfile
 import threading
@@ -103,14 +104,14 @@ class LocalStore(Store):
         root: str | None = None,
         extra_roots: Sequence[str] = (),
         settle_seconds: float = 0.0,
-        max_open_files: int = 256,
+        max_open_files: int | None = None,
         own_files: Sequence[str] = (),
     ) -> None:
         self.contained = root is not None
         self.own_files = tuple(own_files)
         self.root = "" if root is None else os.path.realpath(root)
         self.roots: tuple[str, ...] = (self.root, *map(os.path.realpath, extra_roots)) if root is not None else ()
-        self.max_open_files = max_open_files
+        self.max_open_files = open_files_kept() if max_open_files is None else max_open_files
         self.settle_ns = round(settle_seconds * 1e9)
         self._handles: OrderedDict[tuple[str, str], _OpenFile] = OrderedDict()
         self._lock = threading.Lock()
@@ -359,6 +360,19 @@ class LocalStore(Store):
                 continue
         found.sort()
         return found
+
+
+MOST_OPEN_FILES = 4096  # descriptors a store keeps open at most: a chunk of many small files fits (a 64³ chunk of
+# WKW cubes of one 8³ block each reads 512 files), so making it again reopens and rechecks none of them
+
+
+def open_files_kept() -> int:
+    """How many descriptors a store keeps open: :data:`MOST_OPEN_FILES`, or a quarter of the process's limit of
+    open files where that is less (its sockets and every other file need the rest)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MOST_OPEN_FILES
+    return max(16, min(MOST_OPEN_FILES, soft // 4))
 
 
 class _OpenFile:

@@ -110,6 +110,8 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     assert "through the proxy ≥ 0.8 x direct" in markdown
     assert "tensorstore, whole mag" in markdown
     assert "Peak RSS per gateway worker" in markdown
+    assert "- /healthz, asked every 20 ms on a connection of its own during " in markdown
+    assert "| /healthz p99 < 50 ms during the 64³ load over small files |" in markdown
     assert markdown.startswith("Machine: ")
 
     # The table goes to standard output and into the README between the markers, the rest untouched.
@@ -124,6 +126,9 @@ def test_short_mode_completes_and_reports_every_case(tmp_path: Path) -> None:
     assert {f"gateway:main@{http}" for http in HTTP_SERVERS} <= servers
     assert {"proxy:auth@uvicorn", "bare@uvicorn", "bare@granian", "floor@granian", "rsgi@granian"} <= servers
     assert {"tiled@uvicorn", "xpublish@uvicorn", "proxy-h2:zipf32@uvicorn", "gateway:zipf64@uvicorn"} <= servers
+    healthz = document["extras"]["healthz"]
+    assert healthz["files"] >= 512 and healthz["probes"] > 0 and not healthz["probe_failures"], healthz
+    assert healthz["p50_ms"] <= healthz["p99_ms"] <= healthz["max_ms"], healthz
 
 
 def test_a_failed_case_names_the_log_lines_that_are_not_2xx_answers(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ import select
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
+from support import auth_walk
 from support.clients import read_webknossos_mags
 from support.datasets import (
     ORG,
@@ -157,6 +159,34 @@ def test_dot_segments_cannot_reach_another_organization(proxy: Proxy) -> None:
         response = requests.get(proxy.url + path, headers=HEADERS, timeout=10)
         assert response.status_code in (400, 403, 404), path
         assert b"dataLayers" not in response.content
+
+
+@pytest.mark.nginx
+def test_the_proxy_decides_every_place_of_the_url_table_as_the_gateway_does(
+    test_data: WrittenDataset, tokens_file: Path, server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The walk of tests/test_ops.py (every place of the URL table, hostile spellings of paths to it) through nginx:
+    what the proxy lets through is what the gateway's /auth lets through, answered by the route as it answers
+    directly; what it refuses for the credential, /auth refuses alike. A gateway and a proxy of its own: the walk's
+    paths that are not UTF-8 stay out of the logs the other tests read."""
+    gateway = server_factory(test_data.root, tokens_file=tokens_file)
+    proxy = start_proxy(tmp_path / "nginx", [address(gateway)], PROXY_ANSWER_CACHE_TIME="0")
+    walked = [case for case in auth_walk.cases() if case.method == "GET"]  # nginx answers a POST but /share/ itself
+    found: Counter[int] = Counter()
+    disagreements = []
+    try:
+        for case in walked:
+            auth = auth_walk.auth_of(gateway.url, case).status
+            route = auth_walk.exchange(gateway.url, case.method, case.uri, case.headers)
+            through = auth_walk.exchange(proxy.url, case.method, case.uri, case.headers)
+            found[through.status] += 1
+            why = auth_walk.proxy_disagreement(case, auth, route, through)
+            if why is not None:
+                disagreements.append(why)
+    finally:
+        proxy.stop()
+    assert not disagreements, f"{len(disagreements)} of {len(walked)}:\n" + "\n".join(disagreements[:20])
+    assert {200, 400, 401, 403, 404} <= set(found), found  # the walk met every kind of answer
 
 
 @pytest.mark.nginx

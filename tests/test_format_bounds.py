@@ -265,12 +265,12 @@ def test_precomputed_info_of_every_json_type(bounded: Root, field: str, value: o
 # --- what a read decodes: whole blocks and chunks, on the grid the source stores ---------------------
 
 
-def _open(root: Path, data_format: str) -> object:
+def _open(root: Path, data_format: str, dtype: str = "uint64") -> object:
     from gateway.sources.properties import DataLayer
     from gateway.sources.registry import SourceFormats
     from gateway_storage import LocalStore
 
-    layer = DataLayer.model_validate(layer_entry("layer", data_format, dtype="uint64"))
+    layer = DataLayer.model_validate(layer_entry("layer", data_format, dtype=dtype))
     source_format = SourceFormats(LocalStore(str(root)), 1 << 20).for_data_format(data_format)
     assert source_format is not None
     return source_format.open_mag((1, 1, 1), str(root / "layer" / "1"), layer, None)
@@ -301,6 +301,36 @@ def test_bytes_decoded_decide_event_loop_or_thread(tmp_path: Path, data_format: 
     body = array.costly_chunk((0, 1, 0, 1)).body  # (c, x, y, z) with x fastest
     served = np.frombuffer(numcodecs.Blosc().decode(body), "uint64")
     np.testing.assert_array_equal(served, data[32:, :32, 32:].ravel(order="F"))
+
+
+def test_a_chunk_of_many_small_files_is_made_in_a_thread(tmp_path: Path) -> None:
+    """A 64^3 chunk decodes 256 KiB either way, but of WKW cubes of one 8^3 block each it reads 512 files (a stat,
+    an open and a containment check each): it goes to a thread, not the loop; of the same voxels in one file it
+    stays on the loop. Both answer the same voxels."""
+    from gateway.zarr.chunks import served_mag
+    from gateway.zarr.codecs import Codec
+    from gateway.zarr.layout import ArrayLayout
+    from gateway.zarr.nodes import INLINE_FILES, SourceArray
+
+    data = voxels(5)
+    layout = ArrayLayout((1, *SIZE), (1, 64, 64, 64), np.dtype("uint8"), Codec.BLOSC_LZ4)
+    arrays = {}
+    for name, file_len in (("small", 1), ("one", 8)):
+        header = wkw.Header(np.uint8, block_len=8, file_len=file_len, block_type=wkw.Header.BLOCK_TYPE_LZ4)
+        with wkw.Dataset.create(str(tmp_path / name / "layer" / "1"), header) as written:
+            written.write((0, 0, 0), data)
+        source = _open(tmp_path / name, "wkw", "uint8")
+        assert source.decoded_bytes((64, 64, 64)) == 64**3  # type: ignore[attr-defined]
+        arrays[name] = SourceArray(served_mag(source, layout), ("c", "x", "y", "z"))  # type: ignore[arg-type]
+    assert len(list((tmp_path / "small").rglob("x*.wkw"))) == 512 > INLINE_FILES
+    assert arrays["small"].cheap_chunk((0, 0, 0, 0)) is None
+    assert arrays["one"].cheap_chunk((0, 0, 0, 0)) is not None
+    import numcodecs
+
+    for array in arrays.values():
+        body = array.costly_chunk((0, 0, 0, 0)).body
+        assert body is not None
+        np.testing.assert_array_equal(np.frombuffer(numcodecs.Blosc().decode(body), "uint8"), data.ravel(order="F"))
 
 
 def test_a_precomputed_grid_off_the_served_grid_counts_the_chunks_it_straddles(tmp_path: Path) -> None:

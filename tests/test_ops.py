@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from support import auth_walk
 from support.datasets import ORG, OTHER_TOKEN, TOKEN, WrittenDataset
 from support.metrics import delta, scrape, value
 from support.processes import free_port, wait_until
@@ -94,6 +96,26 @@ def test_auth_agrees_with_the_data_routes(gateway: Server) -> None:
             assert answered in (400, 404) and b"token" not in body, original
         else:
             assert answered in (status, 400, 404), original
+
+
+def test_auth_decides_every_place_of_the_url_table_as_its_route_does(gateway: Server) -> None:
+    """Every place of the URL table, and hostile spellings of paths to it (escaped slashes and dot segments, doubled
+    slashes, query tricks, overlong, not UTF-8, a public prefix followed by a data path), asked of /auth and of the
+    route with the same credential: /auth grants only what the route serves, refuses what the route refuses, and
+    leaves to the route what it refuses for another reason."""
+    walked = list(auth_walk.cases())
+    found: Counter[tuple[int, int]] = Counter()
+    disagreements = []
+    for case in walked:
+        auth = auth_walk.auth_of(gateway.url, case).status
+        route = auth_walk.exchange(gateway.url, case.method, case.uri, case.headers)
+        found[auth, route.status] += 1
+        why = auth_walk.disagreement(case, auth, route)
+        if why is not None:
+            disagreements.append(why)
+    assert not disagreements, f"{len(disagreements)} of {len(walked)}:\n" + "\n".join(disagreements[:20])
+    # the walk met every decision: granted and served, refused alike, left to the route's 400, 404 and 405
+    assert {(204, 200), (401, 401), (403, 403), (202, 400), (202, 404), (202, 405)} <= set(found), found
 
 
 def test_auth_needs_the_original_uri(gateway: Server) -> None:

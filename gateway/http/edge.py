@@ -318,7 +318,9 @@ def application(
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
 ) -> Starlette:
     """The Starlette app: ``middleware`` in the order given (outermost first), the router over ``routes``, whose
-    answer to a path no route takes is the gateway's refusal."""
+    answer to a path no route takes is the gateway's refusal, never a redirect to the path with or without a
+    trailing slash (the URL table says what each place takes, and ``/auth`` decides by nothing else)."""
     app = Application(routes=routes, middleware=middleware, lifespan=lifespan)
     app.router.default = errors.not_found
+    app.router.redirect_slashes = False
     return app

@@ -7,9 +7,9 @@
   when the token (X-Auth-Token header, ``token`` in the query or ``/t/{token}/`` in the path of the
   original URI) or the share link (``/s/{capability}/``) grants what the
   ``X-Original-URI`` header (nginx) or ``X-Original-URL`` (ingress-nginx: a full URL) names, 401
-  without a valid token, 403 when the token lacks the grant. The URI is parsed by the routes' own
-  parser and judged by their own decision (:mod:`gateway.http.auth`), so the proxy lets through only
-  what the gateway would serve anyway, or refuse itself.
+  without a valid token, 403 when the token lacks the grant. The URI's path is looked up in the URL table as the
+  router looks it up, and judged by the needs of its place (:data:`gateway.http.urls.PLACES`), which its route
+  decides by too, so the proxy lets through only what the gateway would serve anyway, or refuse itself.
 - On SIGTERM ``/readyz`` fails at once; ``drain_seconds`` later the server stops accepting connections
   and lets in-flight requests finish (``graceful_timeout``).
 """
@@ -29,14 +29,14 @@ import anyio
 
 from gateway_storage import Store
 from gateway_storage.cache import CacheCounts
+from gateway_storage.faults import Absent, Invalid
 
 from .. import heap, metrics
 from ..settings import Settings
-from ..zarr.trees import NodeNotFound
 from .errors import HiddenRoots, HttpError, json_error
 from .handlers.access import Authorizer
-from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, Answer, Request, raw_headers
-from .urls import OPS_PATHS, access_names, request_path, split_path_token, split_share_link
+from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, Answer, Request, raw_headers
+from .urls import OPS_PATHS, PLACES, Places, request_path, split_path_token, split_share_link
 
 log = logging.getLogger("gateway")
 NO_STORE = {"Cache-Control": "no-store"}
@@ -76,6 +76,7 @@ class Ops:
         self.storage = storage
         self.roots = roots
         self.access = access
+        self.places = Places(PLACES)  # what /auth looks the original URI up in, as the router does
         self.draining = False
         self.watch = metrics.CacheWatch(caches_by_name)
 
@@ -129,19 +130,19 @@ class Ops:
         return Answer(200, raw_headers(NO_STORE), body, content_type)
 
     async def auth(self, request: Request) -> Answer:
-        """The data routes' own token reading and grant decision, applied to the original URI.
+        """The needs of the original URI's place, decided as its route decides them (``Authorizer.admit``).
 
         Only 401 and 403 refuse: a proxy's auth subrequest can pass on no other refusal (nginx turns any
-        other answer into a 500). What the routes refuse for another reason (more than one token, a
-        malformed path: 400; a path that names nothing: 404) is let through with 202, so that the client
-        gets the gateway's own answer; such a request reaches no data. Both shipped proxies cache only
-        204 (and the compose proxy 401/403), so a 202, which decided nothing about the token, is never
-        reused for another request.
+        other answer into a 500). What the route refuses for another reason (more than one token, a
+        malformed path: 400; a path that names nothing: 404; a method it does not take, from
+        ``X-Original-Method``: 405) is let through with 202, so that the client gets the gateway's own answer;
+        such a request reaches no data. Both shipped proxies cache only 204 (and the compose proxy 401/403), so
+        a 202, which decided nothing about the token, is never reused for another request.
         """
         original = _original_uri(request)
-        if self.access.open and (original is None or not original.startswith(SHARE_PREFIX)):
-            return Answer(204, [])  # no tokens file: every dataset is readable (a share link is still checked)
         if original is None:
+            if self.access.open:
+                return Answer(204, [])  # no tokens file: every dataset is readable
             return json_error(
                 400, "X-Original-URI or X-Original-URL is missing: /auth answers a proxy's auth subrequest", NO_STORE
             )
@@ -153,13 +154,15 @@ class Ops:
             path_link, path = split_share_link(raw_path, path)
             if path in (REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK):  # a /t/ or /s/ path that names nothing: a 404
                 return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-            token = self.access.token(request, (query.encode("latin-1"), path_token, path_link))
-            await self.access.authorize(token, access_names(path))
+            needs = self.places.needs(path)
+            if request.header(b"x-original-method") not in (None, *needs.methods):
+                return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
+            await self.access.admit(needs, request, path, (query.encode("latin-1"), path_token, path_link))
         except HttpError as exc:
             if exc.status in (401, 403):
                 return json_error(exc.status, exc.message, NO_STORE)
             return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
-        except NodeNotFound:
+        except (Absent, Invalid):  # the route's refusal of the path (a name that is not there, a malformed one)
             return Answer(LEFT_TO_THE_ROUTES, raw_headers(NO_STORE))
         # A grant may be cached by the proxy for as long as it is configured to (no Cache-Control here:
         # no-store would forbid it); refusals are never cached, so a new grant works at once.

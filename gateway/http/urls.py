@@ -21,7 +21,7 @@ from gateway_storage.faults import Fault
 
 from ..precomputed.tree import PRECOMPUTED_PREFIX, parse_precomputed_path
 from ..precomputed.tree import TREES as PRECOMPUTED_TREES
-from ..sources.paths import is_safe_segment
+from ..sources.paths import MAX_SEGMENT_BYTES, UNSAFE_SEGMENTS, is_safe_segment
 from ..zarr.trees import METADATA_NAMES, TREES, NodeNotFound, Tree
 from .messages import REDACTED_PATH_TOKEN, REDACTED_SHARE_LINK, SHARE_PREFIX, HttpError
 
@@ -159,10 +159,11 @@ def _below_array(tree: Tree, tree_name: str, names: tuple[str, ...], rest: list[
 def _segments(rest: str) -> list[str]:
     """The non-empty segments of ``rest``, each one checked (the one check of every URL path segment)."""
     segments = [s for s in rest.split("/") if s]
-    if ".." in rest or "\\" in rest or "\0" in rest or "/./" in f"/{rest}/":  # rare: then look closer
+    suspect = ".." in rest or "\\" in rest or "\0" in rest or "/./" in f"/{rest}/"
+    if suspect or len(rest) > MAX_SEGMENT_BYTES // 4:  # rare, or long enough to hold a long segment: look closer
         for segment in segments:
             if not is_safe_segment(segment):
-                raise HttpError(400, "path segments '.' and '..', backslashes and NUL are not allowed")
+                raise HttpError(400, UNSAFE_SEGMENTS)
     return segments
 
 
@@ -219,25 +220,6 @@ def parse_share_path(path: str) -> tuple[str, str]:
 def request_path(raw_path: str) -> str:
     """A raw (percent-encoded) request path as the server decodes it for the routes: what ``/auth`` parses."""
     return unquote(raw_path) if "%" in raw_path else raw_path
-
-
-def access_names(path: str) -> tuple[str, ...]:
-    """The organization and the dataset (as far as it names them) that the access to ``path`` is decided on.
-
-    Parsed as the routes parse it, so the proxy's ``/auth`` and the routes decide on the same names.
-    Raises what the routes raise for a path they refuse (a 400, or :class:`NodeNotFound`).
-    """
-    if path.startswith(MESH_PREFIX):
-        mesh = parse_mesh_path(path)
-        return mesh.organization, mesh.dataset
-    if path.startswith(PRECOMPUTED_PREFIX):
-        return parse_precomputed_path(path).names[:2]
-    if path.startswith(DATA_PREFIX):
-        return parse_data_path(path).names[:2]
-    if path.startswith(PREVIEW_PREFIX):
-        target = parse_preview_path(path)
-        return target.organization, target.dataset
-    return ()
 
 
 def split_path_token(raw_path: str, path: str) -> tuple[bytes | None, str]:
@@ -299,14 +281,56 @@ def _precomputed_label(path: str) -> str:
         return OTHER
 
 
+def _names(target: PreviewTarget | MeshTarget) -> tuple[str, ...]:
+    return target.organization, target.dataset
+
+
+def _data_names(path: str) -> tuple[str, ...]:
+    return parse_data_path(path).names[:2]
+
+
+def _precomputed_names(path: str) -> tuple[str, ...]:
+    return parse_precomputed_path(path).names[:2]
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a request to a place must carry, stated once per place: the place's route decides by it and so does the
+    proxy's ``/auth`` for the original URI (:meth:`gateway.http.handlers.access.Authorizer.admit`), so the two
+    cannot disagree.
+
+    ``credential``: the request's one credential is read (400 for more than one) and, unless the gateway is open,
+    must be valid (401); an open place reads none and refuses nobody. ``names``: the organization and dataset the
+    path names, parsed as the route parses it (raising the route's own 400 or 404), whose grant the credential must
+    hold (403); none: any valid credential. ``delegating``: the credential may hand access on (a share link may
+    not: 403). ``methods``: what the route answers; any other method it refuses itself (405).
+    """
+
+    credential: bool = True
+    names: Callable[[str], tuple[str, ...]] | None = None
+    delegating: bool = False
+    methods: tuple[str, ...] = READS
+
+
+OPEN = Needs(credential=False)  # public: the viewer's files, the icon, sign-in, the operations endpoints
+SIGNED_IN = Needs()  # any valid credential: the start page's list of datasets (its open view shows none)
+DATA_NEEDS = Needs(names=_data_names)  # a grant for what a data path names: nothing, an organization, a dataset
+PRECOMPUTED_NEEDS = Needs(names=_precomputed_names)
+MESH_NEEDS = Needs(names=lambda path: _names(parse_mesh_path(path)))
+PREVIEW_NEEDS = Needs(names=lambda path: _names(parse_preview_path(path)))
+SHARE_NEEDS = Needs(names=parse_share_path, delegating=True, methods=("POST",))  # a new link for a dataset it reads
+NOWHERE = SIGNED_IN  # what no place takes (the router's 404): the proxy passes no anonymous client's probe
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
     """A place of the URL space: an exact path, or (``below``) a prefix with the path itself and everything below it,
-    with the metric label of its requests: the same for all, or the kind of target its parser finds (chunk,
-    metadata, listing)."""
+    with the metric label of its requests (the same for all, or the kind of target its parser finds: chunk,
+    metadata, listing) and what its requests need."""
 
     path: str
     label: Callable[[str], str]  # of the path
+    needs: Needs
     below: bool = False
 
 
@@ -316,19 +340,19 @@ def _always(label: str) -> Callable[[str], str]:
 
 # The one table of the places the gateway answers, in the order they are routed (the chunk routes first: the most
 # asked). The composition root gives each place it serves a handler, Starlette routes them, the request log labels
-# by them, and /auth decides on the names that access_names parses from the same paths.
+# by them, and each place's handler and the proxy's /auth decide access by its needs.
 PLACES: tuple[Place, ...] = (
-    *(Place(f"{DATA_PREFIX}{name}", _data_label, below=True) for name in TREE_ROUTES),
-    *(Place(f"{DATA_PREFIX}{name}", _precomputed_label, below=True) for name in PRECOMPUTED_TREES),
-    Place(MESH_PREFIX.rstrip("/"), _always("mesh"), below=True),
-    Place(PREVIEW_PREFIX.rstrip("/"), _always("preview"), below=True),
-    Place(DATA_PREFIX.rstrip("/"), _data_label, below=True),  # what no tree takes: its parser names the trees
-    Place(VIEWER_PREFIX, _always("viewer"), below=True),
-    Place(SHARE_ROUTE.rstrip("/"), _always("share"), below=True),
-    Place(INDEX, _always("index")),
-    Place(FAVICON, _always("favicon")),
-    *(Place(path, _always(path.strip("/"))) for path in OPS_PATHS),
-    *(Place(path, _always("login")) for path in LOGIN_PATHS),
+    *(Place(f"{DATA_PREFIX}{name}", _data_label, DATA_NEEDS, below=True) for name in TREE_ROUTES),
+    *(Place(f"{DATA_PREFIX}{name}", _precomputed_label, PRECOMPUTED_NEEDS, below=True) for name in PRECOMPUTED_TREES),
+    Place(MESH_PREFIX.rstrip("/"), _always("mesh"), MESH_NEEDS, below=True),
+    Place(PREVIEW_PREFIX.rstrip("/"), _always("preview"), PREVIEW_NEEDS, below=True),
+    Place(DATA_PREFIX.rstrip("/"), _data_label, DATA_NEEDS, below=True),  # no tree takes it: its parser names them
+    Place(VIEWER_PREFIX, _always("viewer"), OPEN, below=True),
+    Place(SHARE_ROUTE.rstrip("/"), _always("share"), SHARE_NEEDS, below=True),
+    Place(INDEX, _always("index"), SIGNED_IN),
+    Place(FAVICON, _always("favicon"), OPEN),
+    *(Place(path, _always(path.strip("/")), OPEN) for path in OPS_PATHS),
+    *(Place(path, _always("login"), OPEN) for path in LOGIN_PATHS),
 )
 assert PRECOMPUTED_PREFIX.startswith(DATA_PREFIX) and all(f"{DATA_PREFIX}{n}" != MESH_PREFIX for n in TREE_ROUTES)
 
@@ -336,13 +360,35 @@ assert PRECOMPUTED_PREFIX.startswith(DATA_PREFIX) and all(f"{DATA_PREFIX}{n}" !=
 MAX_LABELLED = 1 << 14  # paths whose label is remembered (a few MiB at most); past it they are found anew
 
 
+class Places:
+    """The places served, looked up as the router looks them up: the place that takes a path, if any."""
+
+    def __init__(self, places: Iterable[Place]) -> None:
+        served = list(places)
+        self.exact = {place.path: place for place in served}
+        self.prefixes = tuple((place.path + "/", place) for place in served if place.below)
+
+    def of(self, path: str) -> Place | None:
+        """The place the router hands ``path`` to (the path the routes read: below a path token); None for none.
+        Exact paths and prefixes never overlap in the table, so the exact lookup first finds what the router does."""
+        place = self.exact.get(path)
+        if place is None:
+            for prefix, below in self.prefixes:
+                if path.startswith(prefix):
+                    return below
+        return place
+
+    def needs(self, path: str) -> Needs:
+        """What a request to ``path`` needs: its place's needs, or :data:`NOWHERE`'s."""
+        place = self.of(path)
+        return NOWHERE if place is None else place.needs
+
+
 class RouteLabels:
     """The metric label of a request, from the places served: bounded (a kind of resource, never a path)."""
 
     def __init__(self, places: Iterable[Place]) -> None:
-        served = list(places)
-        self.exact = {place.path: place.label for place in served}
-        self.prefixes = tuple((place.path + "/", place.label) for place in served if place.below)
+        self.places = Places(places)
         self._reads: dict[str, str] = {}  # the label of a read of each path met lately: a viewer asks again
 
     def of(self, method: str, path: str) -> str:
@@ -361,10 +407,5 @@ class RouteLabels:
         return self._label(path)
 
     def _label(self, path: str) -> str:
-        label = self.exact.get(path)
-        if label is None:
-            for prefix, below in self.prefixes:
-                if path.startswith(prefix):
-                    return below(path)
-            return OTHER
-        return label(path)
+        place = self.places.of(path)
+        return OTHER if place is None else place.label(path)

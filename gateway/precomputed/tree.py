@@ -24,7 +24,7 @@ from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
 from ..sources.dataset import Dataset, Layer
 from ..sources.mag import ChunkNotFound, MagSource
 from ..sources.metadata import PrecomputedDataType
-from ..sources.paths import is_safe_segment
+from ..sources.paths import UNSAFE_SEGMENTS, is_safe_segment
 from ..zarr.keys import MalformedKey
 from ..zarr.trees import NodeNotFound
 from .encodings import GZIP_CODING, ChunkEncoding, accepts_gzip, encoding_for, gzip_body, has_compressed_segmentation
@@ -79,7 +79,7 @@ def parse_precomputed_path(path: str) -> PrecomputedTarget:
         raise NodeNotFound(f"unknown tree {tree_name!r}; the precomputed trees are {', '.join(TREES)}")
     segments = [s for s in rest.split("/") if s]
     if not all(is_safe_segment(s) for s in segments):
-        raise MalformedKey("path segments '.' and '..', backslashes and NUL are not allowed")
+        raise MalformedKey(UNSAFE_SEGMENTS)
     return PrecomputedTarget(tree_name, tuple(segments[:3]), tuple(segments[3:]))
 
 

@@ -163,6 +163,11 @@ class MagSource:
         voxels; a source that decodes whole stored chunks counts every one the box touches."""
         return shape[0] * shape[1] * shape[2] * self.channels * self.dtype.itemsize
 
+    def files_read(self, shape: Vec3) -> int:
+        """The most files that reading a grid-aligned box of ``shape`` looks at (each a stat; a new version of one
+        an open and a containment check): by default one."""
+        return 1
+
     @property
     def reads_are_cheap(self) -> bool:
         """Whether a stat and a small read may run on the event loop (local page cache, not a network)."""

@@ -780,6 +780,9 @@ class MappedMag(MagSource):
         voxels = shape[0] * shape[1] * shape[2] * self.channels
         return self.source.decoded_bytes(shape) + voxels * self.dtype.itemsize  # and the mapped copy
 
+    def files_read(self, shape: Vec3) -> int:
+        return self.source.files_read(shape)  # and a few pieces of the mapping
+
     @property
     def reads_are_cheap(self) -> bool:
         return self.source.reads_are_cheap and self.mapping.lookups_are_cheap

@@ -43,6 +43,15 @@ def check_geometry(header: WkwHeader, where: str) -> None:
         )
 
 
+def _cells(shape: Vec3, side: int) -> int:
+    """The most cells of a grid of cubes of edge ``side`` that a grid-aligned box of ``shape`` touches."""
+    cells = 1
+    for edge in shape:
+        aligned = edge % side == 0 or side % edge == 0
+        cells *= -(-edge // side) + (0 if aligned else 1)
+    return cells
+
+
 class WkwMagSource(MagSource):
     """One mag of a WKW layer: regions, and stored blocks for pass-through and shards."""
 
@@ -63,12 +72,10 @@ class WkwMagSource(MagSource):
         return self.wkw.files.store.is_local
 
     def decoded_bytes(self, shape: Vec3) -> int:
-        side = self.wkw.header.block_len
-        blocks = 1
-        for edge in shape:
-            aligned = edge % side == 0 or side % edge == 0
-            blocks *= -(-edge // side) + (0 if aligned else 1)
-        return blocks * self.wkw.header.block_bytes
+        return _cells(shape, self.wkw.header.block_len) * self.wkw.header.block_bytes
+
+    def files_read(self, shape: Vec3) -> int:
+        return _cells(shape, self.wkw.header.file_voxel_len)
 
     def holds_data(self, lo: Vec3, hi: Vec3) -> bool:
         """Whether any data file covers part of ``[lo, hi)``: a box without one reads as zeros (looked up through

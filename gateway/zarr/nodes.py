@@ -70,6 +70,10 @@ class ArrayNode(ABC):
 # thread hand-off costs about as much as encoding a 32^3 chunk, and the worker's CPU is busy either way.
 # It is the bytes decoded that count, not the bytes served: a small chunk of large blocks decodes them whole.
 INLINE_ENCODE_BYTES = 512 << 10
+# ... and looks at no more than this many files: a file costs a stat, a new version of one an open and a check of
+# where it lies, so a chunk of many small files (WKW cubes of one block each: 512 files per 64^3 chunk) would hold
+# the event loop for milliseconds, and every request waiting on it (a /healthz among them) with it.
+INLINE_FILES = 16
 
 
 class SourceArray(ArrayNode):
@@ -93,7 +97,10 @@ class SourceArray(ArrayNode):
         _, cx, cy, cz = served.layout.chunk_shape
         self._chunk_bytes = int(np.prod(served.layout.chunk_shape)) * served.layout.dtype.itemsize
         self._decoded_bytes = served.source.decoded_bytes((cx, cy, cz))
-        self._encodes_inline = self._local and plans is None and self._decoded_bytes <= INLINE_ENCODE_BYTES
+        few_files = served.source.files_read((cx, cy, cz)) <= INLINE_FILES
+        self._encodes_inline = (
+            self._local and plans is None and self._decoded_bytes <= INLINE_ENCODE_BYTES and few_files
+        )
         # The pass-through decodes the stored chunk once, to check it (cached per file version after that).
         stored = served.source.stored_chunk_shape
         stored_bytes = None if stored is None else int(np.prod(stored)) * served.layout.dtype.itemsize

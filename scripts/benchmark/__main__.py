@@ -13,6 +13,7 @@ from typing import Any
 from . import __doc__ as package_doc
 from .config import CASES, FULL, MAPPED_CASES, MAPPED_KEYSETS, REPO, SHORT, ZIPF_CASES, Case, Mode, Result, log
 from .dataset import build_dataset
+from .healthz import run_healthz
 from .keys import chunk_sequences, write_paths, zipf_sequences
 from .load import h2load_binary, wrk_binary
 from .long_runs import run_rss, tensorstore_read
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         run_zipf(run, zipf_sequences(mode))
         run.extras["tensorstore"] = tensorstore_read(run)
         run.extras["viewer"] = viewer_row(run)
+    run_healthz(run, sequences["small"], facts["small_files"])
     run_rss(run, sequences["many"], facts["many_files"])
 
     compute_ratios(run)

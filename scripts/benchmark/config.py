@@ -53,6 +53,7 @@ class Mode:
     side_by_side: bool = False
     seg_box: Vec3 = (256, 256, 128)  # the labels of the mapped rows, from DATA_ORIGIN
     seg_entries: int = 1_000_000  # entries of their agglomerate file's segment_to_agglomerate
+    small_edge: int = 256  # the small-file layer: this cube from DATA_ORIGIN, one 8³ block per file
 
 
 SHORT = Mode(
@@ -72,6 +73,7 @@ SHORT = Mode(
     zipf_draws=5_000,
     workers=1,
     side_by_side=True,
+    small_edge=128,
 )
 FULL = Mode(
     name="full",
@@ -92,6 +94,17 @@ FULL = Mode(
     seg_box=(512, 512, 256),
     seg_entries=10_000_000,
 )
+
+
+# The /healthz probe beside the 64³ load over small files: WKW file cubes of one 8³ block each (file_len 1), so a
+# 64³ chunk is made of 512 files, as webKnossos writes small volume annotations. The probe asks /healthz every
+# HEALTHZ_INTERVAL seconds on a connection of its own while wrk loads the gateway as deployed (answers kept).
+SMALL_LAYER = "small"
+SMALL_BLOCK = 8
+SMALL_EDGE = 64  # the chunks the load asks for
+SMALL_CONFIG = "kept64"
+HEALTHZ_INTERVAL = 0.02
+HEALTHZ_P99_MS = 50.0  # the target: liveness answers stay prompt while chunks of many files are served
 
 
 @dataclass(frozen=True)

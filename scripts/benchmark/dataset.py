@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from gateway.sample import smooth_lattice_grid
+from gateway_storage import LocalStore
 from gateway_storage.geometry import Vec3, mag_name
-from wkw_adapter import BlockType, WkwHeader, compress_block, morton_decode, write_mag
+from wkw_adapter import BlockType, WkwFileCache, WkwHeader, WkwMag, compress_block, morton_decode, write_mag
 
 from .config import (
     BLOCK,
@@ -35,6 +36,8 @@ from .config import (
     ORG,
     SEED,
     SEGMENTATION,
+    SMALL_BLOCK,
+    SMALL_LAYER,
     Mode,
     log,
 )
@@ -165,6 +168,13 @@ def _write_segmentation(dataset_dir: Path, mode: Mode) -> None:
     write_agglomerate_file(layer / "agglomerates" / f"{MAPPING}.hdf5", mode.seg_entries)
 
 
+def _write_small_files(dataset_dir: Path, color: Path, edge: int) -> int:
+    """The small-file layer: the color layer's first ``edge``³ voxels of data, one LZ4HC 8³ block per file."""
+    voxels = WkwMag(str(color), WkwFileCache(LocalStore())).read_region(DATA_ORIGIN, (edge, edge, edge))
+    header = WkwHeader.create(np.dtype(np.uint8), 1, BlockType.LZ4HC, block_len=SMALL_BLOCK, file_len=1)
+    return len(write_mag(str(dataset_dir / SMALL_LAYER / "1"), header, voxels, DATA_ORIGIN))
+
+
 def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
     """Write the dataset under ``root`` unless one of the same parameters is there; return its facts."""
     dataset_dir = root / ORG / DATASET
@@ -247,6 +257,7 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
                 path = many / f"z{base[2] + fz}" / f"y{base[1] + fy}" / f"x{base[0] + fx}.wkw"
                 _write_wkw_file(path, many_header, _shifted(compressed, (fx * many_len, fy * many_len, fz * many_len)))
     many_files = files_per_side**3
+    small_files = _write_small_files(dataset_dir, color / "1", mode.small_edge)
 
     # Raw uint16: one file, written by the adapter's own writer.
     voxels = np.concatenate([u16_slabs[bz] for bz in sorted(u16_slabs)], axis=2)
@@ -277,6 +288,7 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
             layer("color", "uint8", [(1, 1, 1), mode.ts_mag]),
             layer("color16", "uint16", [(1, 1, 1)]),
             layer("many", "uint8", [(1, 1, 1)]),
+            layer(SMALL_LAYER, "uint8", [(1, 1, 1)]),
             {**layer(SEGMENTATION, "uint32", [(1, 1, 1)]), "category": "segmentation"},
         ],
         "version": 1,
@@ -290,6 +302,7 @@ def build_dataset(root: Path, mode: Mode) -> dict[str, Any]:
         "min_block_kib": float(np.min(sizes) / 1024),
         "max_block_kib": float(np.max(sizes) / 1024),
         "many_files": many_files,
+        "small_files": small_files,
         "agglomerate_entries": mode.seg_entries,
         "disk_bytes": disk,
         "virtual_bytes": EXTENT[0] * EXTENT[1] * EXTENT[2] * 8,  # 2 x uint8, uint16 and uint32 layers at mag 1

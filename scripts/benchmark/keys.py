@@ -8,7 +8,19 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
-from .config import BLOCK, DATA_ORIGIN, MAPPED, SEED, SEGMENTATION, V2, ZIPF_EDGES, ZIPF_EXPONENT, Mode
+from .config import (
+    BLOCK,
+    DATA_ORIGIN,
+    MAPPED,
+    SEED,
+    SEGMENTATION,
+    SMALL_EDGE,
+    SMALL_LAYER,
+    V2,
+    ZIPF_EDGES,
+    ZIPF_EXPONENT,
+    Mode,
+)
 
 Request = tuple[str, str]  # (path, byte range "first-last" or "")
 
@@ -38,6 +50,9 @@ def chunk_sequences(mode: Mode) -> dict[str, list[Request]]:
         "u8-64": [(v2_key("color", _absolute(c, 64)), "") for c in _grid(mode.key_box, 64)],
         "u8-128": [(v2_key("color", _absolute(c, 128)), "") for c in _grid(mode.key_box, 128)],
         "many": [(v2_key("many", _absolute(c, 32)), "") for c in _grid((mode.data_edge,) * 3, 32)],
+        "small": [
+            (v2_key(SMALL_LAYER, _absolute(c, SMALL_EDGE)), "") for c in _grid((mode.small_edge,) * 3, SMALL_EDGE)
+        ],
         **{
             f"{prefix}-{edge}": [(v2_key(layer, _absolute(c, edge)), "") for c in _grid(mode.seg_box, edge)]
             for prefix, layer in (("seg", SEGMENTATION), ("map", MAPPED))

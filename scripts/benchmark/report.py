@@ -17,6 +17,7 @@ from .config import (
     CONNECTIONS,
     DECODING_PROFILED,
     EXTENT,
+    HEALTHZ_P99_MS,
     HTTP_SERVERS,
     KEYSETS,
     MAPPED,
@@ -176,7 +177,28 @@ def targets(run: Run) -> list[tuple[str, str, bool | None]]:
         )
     else:
         rows.append(("peak RSS per worker < 300 MB", rss.get("error", "not run"), None))
+    healthz = run.extras.get("healthz", {})
+    label = f"/healthz p99 < {HEALTHZ_P99_MS:.0f} ms during the 64³ load over small files"
+    if "p99_ms" in healthz:
+        rows.append((label, f"{healthz['p99_ms']:.1f} ms", bool(healthz.get("met"))))
+    else:
+        rows.append((label, healthz.get("error", "not run"), None))
     return rows
+
+
+def _healthz_markdown(run: Run) -> list[str]:
+    """The line of the /healthz probe beside the load over small files (benchmark.healthz)."""
+    healthz = run.extras.get("healthz", {})
+    if "p99_ms" not in healthz:
+        return [f"- /healthz probe failed: {healthz.get('error')}"] if healthz else []
+    return [
+        f"- /healthz, asked every {healthz['interval_ms']:.0f} ms on a connection of its own during "
+        f"{healthz['seconds']} s of the 64³ load over {healthz['files']:,} small files (one 8³ block per file: "
+        "512 files per chunk; "
+        f"{healthz['keys']} chunks, a fresh gateway with answers kept, {healthz['load_req_s']:,.0f} requests/s): "
+        f"p50 {healthz['p50_ms']:.1f} ms, p99 {healthz['p99_ms']:.1f} ms, max {healthz['max_ms']:.1f} ms "
+        f"({healthz['probes']} probes)."
+    ]
 
 
 def _zipf_and_peer_targets(run: Run) -> list[tuple[str, str, bool | None]]:
@@ -383,6 +405,7 @@ def markdown(run: Run, info: dict[str, Any], facts: dict[str, Any]) -> str:
         )
     elif rss:
         lines.append(f"- RSS run failed: {rss.get('error')}")
+    lines += _healthz_markdown(run)
     xp_codecs = run.extras.get("xpublish_codecs")
     if xp_codecs is not None:
         names = ", ".join(c["name"] for c in xp_codecs)

@@ -2,8 +2,11 @@
 
 from ...sources.dataset import Dataset
 from ..auth import Access, Grant, Token, check_dataset, check_files, check_organization
-from ..messages import Request
+from ..messages import HttpError, Request
+from ..urls import Needs
 from .datasets import Datasets, Decision
+
+Original = tuple[bytes, bytes | None, bytes | None]  # the query, path token and share link of a URI /auth checks
 
 
 class Authorizer:
@@ -18,7 +21,7 @@ class Authorizer:
         """No tokens file: every dataset is readable without a token."""
         return self.access.open
 
-    def token(self, request: Request, original: tuple[bytes, bytes | None, bytes | None] | None = None) -> Token | None:
+    def token(self, request: Request, original: Original | None = None) -> Token | None:
         """The request's one token (400 for more): every route that reads a token reads it here. ``original``:
         the query, path token and share link of the URI the proxy's ``/auth`` checks, in place of the request's."""
         own = (request.query_string, request.path_token, request.path_link)
@@ -43,6 +46,21 @@ class Authorizer:
             check_organization(grant, names[0], names_there)
         return Decision(grant, names)
 
+    async def admit(
+        self, needs: Needs, request: Request, path: str | None = None, original: Original | None = None
+    ) -> tuple[Token | None, Decision]:
+        """The credential and decision ``needs`` (a place's, :data:`gateway.http.urls.PLACES`) asks of ``request``,
+        in the route's order: the path parsed (its 400 or 404), the credential read (400 for more than one), then
+        401 or 403. ``path`` and ``original``: the original URI's, for the proxy's ``/auth``, in place of the
+        request's."""
+        if not needs.credential:
+            return None, Decision(None, ())
+        names = () if needs.names is None else needs.names(request.path if path is None else path)
+        token = self.token(request, original)
+        if needs.delegating and token is not None and not token.delegates:
+            raise HttpError(403, "a share link cannot make share links: ask the person who shared it")
+        return token, await self.authorize(token, names)
+
     async def decide_loaded(self, token: Token | None, dataset: Dataset) -> Grant | None:
         """:meth:`authorize` for a dataset in hand (the one a kept answer was made in): no lookup."""
         grant = await self.access.grant(token)
@@ -50,6 +68,7 @@ class Authorizer:
         check_files(grant, dataset.organization, dataset.name, dataset.owners)
         return grant
 
-    async def readable_dataset(self, request: Request, organization: str, name: str) -> Dataset:
-        """The dataset ``request``'s token may read, after the one decision (the previews', the meshes')."""
-        return await self.datasets.served(await self.authorize(self.token(request), (organization, name)))
+    async def readable_dataset(self, needs: Needs, request: Request) -> Dataset:
+        """The dataset ``request``'s path names, once ``needs`` admit it (the previews', the meshes', a share's)."""
+        _, decision = await self.admit(needs, request)
+        return await self.datasets.served(decision)

@@ -1,16 +1,19 @@
 """Chunks and shards: kept answers while their files are unchanged, cheap ones on the event loop, the rest in a
-chunk thread within the memory budget (a chunk larger than the whole budget is a 413 before any work)."""
+chunk thread within the memory budget (a chunk larger than the whole budget is a 413 before any work); a chunk
+asked for by many requests at once, before its answer is kept, is made once for all of them."""
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 import anyio
 
 from gateway_storage import FileChangedError, FileUnsettledError
+from gateway_storage.faults import Abandoned
 
 from ...resources import Resource
 from ...sources.dataset import Dataset
 from ...zarr.nodes import ArrayNode
-from ..answers import AnswerCache, AnswerKey, KeptTarget
+from ..answers import AnswerCache, AnswerKey, KeptTarget, Moment
 from ..budget import MemoryBudget
 from ..messages import Request
 from ..urls import DataTarget
@@ -25,6 +28,9 @@ class Chunks:
     chunk_threads: anyio.CapacityLimiter
     memory: MemoryBudget
     answers: AnswerCache
+    # The chunks being made, by their answer's key: a request for one of them waits for that answer (a viewer's
+    # many connections ask for the same new chunks at once; each would make it, in threads that then contend).
+    making: dict[AnswerKey, "asyncio.Future[tuple[Resource, Moment]]"] = field(default_factory=dict)
 
     async def answer(
         self, target: DataTarget, node: ArrayNode, key: str, request: Request, dataset: Dataset
@@ -37,13 +43,43 @@ class Chunks:
         place = AnswerKey(target.tree.name, target.names, node.fingerprint, index)
         kept = await self.answers.current(place, self.chunk_threads)
         if kept is None:
-            read_from = self.answers.files.moment()
-            kept = await self._made(node, index, request)
+            kept, read_from = await self._made_once(place, node, index, request)
             if not self.answers.keep(place, kept, read_from):
                 return kept
             await self.answers.files.watch(kept, self.chunk_threads)
         self.answers.targets.remember(request.path, KeptTarget(place, dataset))
         return kept
+
+    async def _made_once(
+        self, place: AnswerKey, node: ArrayNode, index: tuple[int, ...], request: Request
+    ) -> tuple[Resource, Moment]:
+        """The chunk made by this request, or by the one already making it (its answer or its fault), and the
+        moment before its maker began to read its files. If that request is cancelled (its client left), a
+        waiting one makes it."""
+        while (pending := self.making.get(place)) is not None:
+            try:
+                return await asyncio.shield(pending)
+            except _Abandoned:
+                continue
+        future: asyncio.Future[tuple[Resource, Moment]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)
+        self.making[place] = future
+        read_from = self.answers.files.moment()
+        try:
+            made = await self._made(node, index, request), read_from
+        except Abandoned:  # its client left: not the waiting requests' fault
+            future.set_exception(_Abandoned())
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            raise
+        except BaseException:  # cancelled
+            future.set_exception(_Abandoned())
+            raise
+        finally:
+            del self.making[place]
+        future.set_result(made)
+        return made
 
     async def _made(self, node: ArrayNode, index: tuple[int, ...], request: Request) -> Resource:
         self.memory.check(node.working_bytes)  # a need no wait could grant is refused before any work
@@ -67,3 +103,12 @@ class Chunks:
     async def _costly(self, node: ArrayNode, index: tuple[int, ...]) -> Resource:
         async with self.memory.hold(node.working_bytes):
             return await anyio.to_thread.run_sync(node.costly_chunk, index, limiter=self.chunk_threads)
+
+
+class _Abandoned(Abandoned):
+    """The request making a chunk was cancelled or its client left: a request waiting for it makes it itself."""
+
+
+def _retrieved(future: "asyncio.Future[tuple[Resource, Moment]]") -> None:
+    """A fault no request waited for is not reported as never retrieved (the request that met it answers it)."""
+    future.exception()

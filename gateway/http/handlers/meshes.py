@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ...meshes.service import MeshService
 from ..budget import MemoryBudget
 from ..messages import Answer, Request
-from ..urls import parse_mesh_path
+from ..urls import MESH_NEEDS, parse_mesh_path
 from .access import Authorizer
 from .sender import Sender
 
@@ -24,7 +24,7 @@ class MeshHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_mesh_path(request.path)
-        dataset = await self.access.readable_dataset(request, target.organization, target.dataset)
+        dataset = await self.access.readable_dataset(MESH_NEEDS, request)
         need = self.meshes.working_bytes(dataset, target.layer, target.kind, target.file)  # metadata: nothing read
         self.memory.check(need, "this mesh request")  # a 413 at once, not once a mesh thread is free
 

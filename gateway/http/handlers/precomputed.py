@@ -11,6 +11,7 @@ from ...resources import Resource
 from ..budget import MemoryBudget
 from ..messages import Answer, Request
 from ..pages.listing import Entry
+from ..urls import PRECOMPUTED_NEEDS
 from .access import Authorizer
 from .datasets import Datasets
 from .listings import Listings
@@ -39,8 +40,7 @@ class PrecomputedHandler:
     async def __call__(self, request: Request) -> Answer:
         target = parse_precomputed_path(request.path)
         names = target.names
-        token = self.access.token(request)
-        decision = await self.access.authorize(token, names[:2])
+        token, decision = await self.access.admit(PRECOMPUTED_NEEDS, request)
 
         def page(entries: list[Entry]) -> Resource:
             return self.pages.listing(request, token, target.base, entries)

@@ -8,7 +8,7 @@ from ...resources import Resource
 from ..budget import MemoryBudget
 from ..errors import HttpError
 from ..messages import Answer, Request
-from ..urls import parse_preview_path
+from ..urls import PREVIEW_NEEDS, parse_preview_path
 from .access import Authorizer
 from .sender import Sender
 
@@ -25,7 +25,7 @@ class PreviewHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_preview_path(request.path)
-        dataset = await self.access.readable_dataset(request, target.organization, target.dataset)
+        dataset = await self.access.readable_dataset(PREVIEW_NEEDS, request)
         layer = dataset.layers.get(target.layer)
         if layer is None or not layer.mags:
             raise HttpError(404, f"no servable layer {target.layer!r}; there are {', '.join(dataset.layers)}")

@@ -15,7 +15,7 @@ from ..origin import PublicOrigin
 from ..pages.markup import HTML, path_of
 from ..pages.share_link import render_share_link
 from ..share import ShareKey
-from ..urls import TREE_ROUTES, parse_share_path
+from ..urls import SHARE_NEEDS, TREE_ROUTES, parse_share_path
 from .access import Authorizer
 
 log = logging.getLogger("gateway")
@@ -71,14 +71,12 @@ class ShareHandler:
 
     async def __call__(self, request: Request) -> Answer:
         organization, name = parse_share_path(request.path)
-        if request.method != "POST":
-            raise HttpError(405, "a share link is made with POST", {"Allow": "POST"})
+        if request.method not in SHARE_NEEDS.methods:
+            raise HttpError(405, "a share link is made with POST", {"Allow": ", ".join(SHARE_NEEDS.methods)})
+        _, decision = await self.access.admit(SHARE_NEEDS, request)  # 401 or 403 as for its data; 403 for a link
         if self.key is None:
             raise HttpError(404, "this gateway makes no share links (no share_key_file is set)")
-        token = self.access.token(request)
-        if token is not None and not token.delegates:
-            raise HttpError(403, "a share link cannot make share links: ask the person who shared it")
-        await self.access.readable_dataset(request, organization, name)  # 401, 403 or 404 as for its data
+        await self.access.datasets.served(decision)  # 404 as for its data
         form = await _form(request)
         seconds = _seconds(form.get("expires"), self.max_seconds)
         tree = form.get("tree", DEFAULT_TREE)

@@ -18,7 +18,7 @@ from ..pages.dataset import dataset_page_bytes
 from ..pages.landing import Landing
 from ..pages.links import LinkForm
 from ..pages.listing import Entry, page_bytes
-from ..urls import DataTarget, Level, parse_data_path
+from ..urls import DATA_NEEDS, DataTarget, Level, parse_data_path
 from .access import Authorizer
 from .chunks import Chunks
 from .datasets import Datasets, Decision
@@ -47,8 +47,7 @@ class TreeHandler:
 
     async def __call__(self, request: Request) -> Answer:
         target = parse_data_path(request.path)
-        token = self.access.token(request)
-        decision = await self.access.authorize(token, target.names[:2])
+        token, decision = await self.access.admit(DATA_NEEDS, request)
         return await self.levels[target.level].answer(target, request, token, decision)
 
 
