@@ -244,6 +244,7 @@ def test_a_rewritten_file_is_never_answered_from_the_cache(
         assert counted(server, scraped) == (len(listed), len(listed))  # made again, then kept again
 
 
+@pytest.mark.slow  # waits out a settle time of 10 s
 def test_a_file_rewritten_within_the_settle_time_is_not_answered_from_the_cache(
     tmp_path: Path, serve: Callable[..., Server]
 ) -> None:

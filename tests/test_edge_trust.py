@@ -452,6 +452,7 @@ def test_a_connection_that_sends_no_whole_head_is_closed(limited: Server, dribbl
         assert closed, "still open after 30 s"
 
 
+@pytest.mark.slow  # seconds of requests past the head timeout, then of idling
 def test_a_connection_busy_past_the_head_timeout_stays_open_and_is_closed_once_idle(limited: Server) -> None:
     """Each request moves the head clock on: requests half a second apart for longer than header_timeout (2 s) are all
     answered on one connection, and once it is idle it is closed."""

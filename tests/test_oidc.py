@@ -174,6 +174,7 @@ def test_bad_bearer_tokens_are_401_with_the_reason(signin: Server, provider: Pro
     assert checked.status_code == status
 
 
+@pytest.mark.slow  # waits for a token to expire
 def test_a_token_checked_once_is_refused_once_it_expires(signin: Server, provider: Provider) -> None:
     """Verified tokens are kept (one signature check for a script's many requests), never past their exp."""
     token = provider.forged(exp=int(time.time()) + 1)
