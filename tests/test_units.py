@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from support.tree_names import BELONGS, LEVELS, METADATA
 
 from gateway.http.errors import HttpError, error_answer, rule_for
-from gateway.http.urls import LOGIN_PATHS, PLACES, TREE_ROUTES, Level, RouteLabels, parse_data_path
+from gateway.http.urls import LOGIN_PATHS, MAX_LABELLED, PLACES, TREE_ROUTES, Level, RouteLabels, parse_data_path
 from gateway.logs import json_string
 from gateway.shard_formats.sharding_indexed import (
     EMPTY,
@@ -674,3 +674,15 @@ def test_the_access_logs_json_strings_are_json_dumps(text: str) -> None:
 def test_the_metric_label_is_the_url_tables(method: str, path: str, label: str) -> None:
     served = RouteLabels(place for place in PLACES if place.path not in LOGIN_PATHS)
     assert served.of(method, path) == label
+
+
+def test_the_labels_remembered_are_bounded_whatever_paths_are_asked() -> None:
+    """A read's label is remembered per path (a viewer asks again), but only of a short path, and only so many:
+    a client asking for long or ever new paths cannot make a worker hold more than a few MiB of them."""
+    served = RouteLabels(PLACES)
+    long_path = "/data/zarr/org/ds/color/1/" + "0." * 400 + "0"
+    assert served.of("GET", long_path) == served.of("GET", long_path)
+    assert long_path not in served._reads
+    for number in range(MAX_LABELLED + 10):
+        served.of("GET", f"/data/zarr/org/ds/color/1/{number}")
+    assert 0 < len(served._reads) <= MAX_LABELLED

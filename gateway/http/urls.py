@@ -357,7 +357,8 @@ PLACES: tuple[Place, ...] = (
 assert PRECOMPUTED_PREFIX.startswith(DATA_PREFIX) and all(f"{DATA_PREFIX}{n}" != MESH_PREFIX for n in TREE_ROUTES)
 
 
-MAX_LABELLED = 1 << 14  # paths whose label is remembered (a few MiB at most); past it they are found anew
+MAX_LABELLED = 1 << 14  # paths whose label is remembered; past it they are found anew
+MAX_LABELLED_LENGTH = 256  # a longer path's label is found anew: what is remembered stays under 4 MiB
 
 
 class Places:
@@ -394,6 +395,8 @@ class RouteLabels:
     def of(self, method: str, path: str) -> str:
         """The label of ``method`` on ``path`` (the path the routes read: below a path token)."""
         if method in READS:
+            if len(path) > MAX_LABELLED_LENGTH:
+                return self._label(path)
             known = self._reads.get(path)
             if known is None:
                 if len(self._reads) >= MAX_LABELLED:
