@@ -229,6 +229,16 @@ def _zipf_and_peer_targets(run: Run) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
+def _grouped_row(name: str, label: str, r: Result | None, ratio: float | None) -> str:
+    """A row of a table of grouped cases (Zipf, mapped): its figures and its ratio to the group's reference."""
+    if r is None or r.error:
+        return f"| {name} | {label} | failed: {'not run' if r is None else r.error} | | | | | | |"
+    return (
+        f"| {name} | {label} | {r.req_s:,.0f} | {r.mb_s:,.1f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+        f"{_fmt(ratio, '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
+    )
+
+
 def _zipf_markdown(run: Run) -> list[str]:
     """The viewer's workload: each Zipf row, against the cold direct row of its key set."""
     lines = [
@@ -242,15 +252,8 @@ def _zipf_markdown(run: Run) -> list[str]:
     ]
     for case in ZIPF_CASES:
         r = run.results.get((case.name, case.keyset))
-        label = ZIPF_KEYSETS[case.keyset].label
-        if r is None or r.error:
-            lines.append(f"| {case.name} | {label} | failed: {'not run' if r is None else r.error} | | | | | | |")
-            continue
         base = run.results.get((zipf_case_name("cold", "gateway"), case.keyset))
-        lines.append(
-            f"| {case.name} | {label} | {r.req_s:,.0f} | {r.mb_s:,.1f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-            f"{_fmt(_ratio(r, base), '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
-        )
+        lines.append(_grouped_row(case.name, ZIPF_KEYSETS[case.keyset].label, r, _ratio(r, base)))
     lines += ["", *(f"- {c.name} [{ZIPF_KEYSETS[c.keyset].label}]: {c.note}." for c in ZIPF_CASES if c.note)]
     return lines
 
@@ -275,17 +278,10 @@ def _mapped_markdown(run: Run) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in MAPPED_CASES:
-        r = run.results.get((case.name, case.keyset))
-        label = MAPPED_KEYSETS[case.keyset].label
-        if r is None or r.error:
-            lines.append(f"| {case.name} | {label} | failed: {'not run' if r is None else r.error} | | | | | | |")
-            continue
         kept = case.config.startswith("kept")
         ratio = _mapped_ratio(run, case.keyset, kept) if case.paths.startswith("map") else 1.0
-        lines.append(
-            f"| {case.name} | {label} | {r.req_s:,.0f} | {r.mb_s:,.1f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-            f"{_fmt(ratio, '.2f')} | {_fmt(r.cpu_us, '.0f')} | {_fmt(r.rss_mb, '.0f')} |"
-        )
+        r = run.results.get((case.name, case.keyset))
+        lines.append(_grouped_row(case.name, MAPPED_KEYSETS[case.keyset].label, r, ratio))
     lines += ["", *(f"- {c.name} [{MAPPED_KEYSETS[c.keyset].label}]: {c.note}." for c in MAPPED_CASES if c.note)]
     return lines
 
