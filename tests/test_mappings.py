@@ -790,6 +790,71 @@ def test_a_group_rewritten_into_garbage_is_a_storage_fault_until_it_is_good_agai
     assert_no_unexpected_errors(server)
 
 
+def decoded_chunk(array_url: str, body: bytes) -> np.ndarray[Any, Any]:
+    """A v2 chunk's voxels (x, y, z) as its ``.zarray`` says they are stored."""
+    import numcodecs
+
+    meta = requests.get(f"{array_url}/.zarray", timeout=30).json()
+    raw = numcodecs.get_codec(meta["compressor"]).decode(body) if meta["compressor"] else body
+    voxels: np.ndarray[Any, Any] = np.frombuffer(raw, dtype=np.dtype(meta["dtype"]))
+    shaped: np.ndarray[Any, Any] = voxels.reshape(meta["chunks"], order=meta["order"])[0]
+    return shaped
+
+
+def test_a_group_written_again_while_it_is_asked_never_answers_a_wrong_chunk(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """zarr-python writes the group again six times (from nothing: for a moment there is no array, then metadata
+    without chunks) while a client asks a mapped chunk all the while, under the default settle time: every
+    answer is the chunk of one whole version, a 503 to retry, or a 500 that names the group; never a 404 or a
+    chunk of entries read as missing."""
+    import shutil
+    import threading
+
+    root = tmp_path / "root"
+    shutil.copytree(small[0], root)
+    labels = small[1]
+    group = root / ORG / SMALL / LAYER / "agglomerates" / REGROUPED
+    tables = [numbered(256, np.uint16, 7 + step, 3) for step in range(7)]
+    write_zarr_version(group, tables[0], 64)
+    group_settled(group)
+    server = server_factory(root, answer_cache_bytes=0, settle_seconds=1)
+    url = f"{server.url}/data/zarr/{ORG}/{SMALL}/{LAYER}__{REGROUPED}/1"
+    assert requests.get(f"{url}/0.0.0.0", timeout=30).status_code == 200
+    answers: list[tuple[int, bytes]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            response = requests.get(f"{url}/0.0.0.0", timeout=30)
+            answers.append((response.status_code, response.content))
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        for step, table in enumerate(tables[1:]):
+            write_zarr_version(group, table, 32 if step % 2 else 64, shards=128 if step % 2 else None)
+        group_settled(group)
+    finally:
+        done.set()
+        asking.join()
+    statuses = {status for status, _ in answers}
+    assert statuses <= {200, 500, 503}, statuses
+    for status, body in answers:
+        if status == 500:
+            assert REGROUPED in json.loads(body)["error"], body[:300]
+    final = requests.get(f"{url}/0.0.0.0", timeout=30)
+    assert final.status_code == 200, final.text[:300]
+    last = decoded_chunk(url, final.content)
+    truths = [apply_table(labels, table).astype(np.uint16)[tuple(slice(0, n) for n in last.shape)] for table in tables]
+    np.testing.assert_array_equal(last, truths[-1])
+    for status, body in answers:
+        if status == 200:
+            chunk = decoded_chunk(url, body)
+            assert any(np.array_equal(chunk, truth) for truth in truths), "a chunk of no version"
+    assert_no_unexpected_errors(server)
+
+
 # --- meshes and segment lists of agglomerates ----------------------------------------------------------
 
 

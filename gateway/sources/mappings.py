@@ -18,6 +18,7 @@ import io
 import json
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
+from gateway_storage import (
+    ByteLRU,
+    FileIdentity,
+    FileSource,
+    FileUnsettledError,
+    OversizedFileError,
+    StorageError,
+    Store,
+)
 from gateway_storage.faults import Broken, Fault
 from gateway_storage.geometry import Vec3
 from gateway_storage.identity import ListedFile
@@ -48,6 +57,7 @@ HDF5_SUFFIXES = (".hdf5", ".h5")
 PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 PIECE_ENTRIES = 1 << 12  # entries per piece of a contiguous array: 32 KiB of uint64, read and kept together
 MAX_PIECE_BYTES = 8 << 20  # a chunked array's piece is one stored chunk, at most this large
+UNWRITTEN_CHUNK_SECONDS = 5.0  # a Zarr chunk missing this long after its array's metadata was written is the fill value
 MAX_ENTRIES = 1 << 36  # past any real over-segmentation (10^9 ids): a larger declared extent is refused
 MAX_LISTED = 100_000  # entries walked below agglomerates/ and mappings/ when a dataset is loaded
 MAX_JSON_BYTES = 16 << 20
@@ -575,6 +585,12 @@ class ZarrVector:
 
     def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:
         first, last = number * self.piece, min((number + 1) * self.piece, self.entries)
+        if identity is None:
+            # Writers put the metadata first (zarr-python renames it into place: trusted at once), then the
+            # chunks: one missing beside young metadata may be on its way, never entries of the fill value yet.
+            young = self.metadata_identity.changed + UNWRITTEN_CHUNK_SECONDS - time.time()
+            if young > 0:
+                raise FileUnsettledError(f"{self.store.relative(path)} may not be written yet", young)
         data = None if identity is None else self._stored(number, path, identity)
         if data is None:
             return np.full(last - first, self.array.fill_value, dtype=np.uint64)
@@ -609,11 +625,13 @@ class ZarrMapping(Mapping):
 
     def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], through: Store | None = None) -> None:
         super().__init__(store, found, pieces)
-        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through)
+        # Metadata written moments ago is FileUnsettledError (no layer yet, looked at again): its writer may not
+        # have written the chunks yet, which would read as entries of the fill value.
+        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through, settled=True)
         self.dtype = self.table.dtype
         self._refused: tuple[FileIdentity, str] | None = None  # the last version that could not be opened, and why
         self._offsets_metadata = store.join(found.path, OFFSETS, "zarr.json")
-        self._declared = self._declared_largest(through or store)
+        self._declared = self._declared_largest(through or store, settled=True)
         self.loaded_holds = self.holds()
 
     def _current(self) -> ZarrVector:
@@ -630,7 +648,7 @@ class ZarrMapping(Mapping):
                 return table  # another lookup opened it meanwhile
             if self._refused is not None and self._refused[0] == identity:
                 raise MappingUnreadable(self._refused[1])
-            try:  # under the settle rule: metadata still being written is FileUnsettledError, not a fault
+            try:  # under the settle rule, as when the layer was loaded
                 table = ZarrVector(self.store, self.path, ARRAY, self.pieces, self.key, settled=True)
             except (SourceError, ChunkDecodeError) as exc:
                 self._refused = (identity, str(exc))
