@@ -291,9 +291,9 @@ class PrecomputedTree:
         has no fill value to declare: a chunk of another fill value is answered with it."""
         scale, source = served.scale, served.source
         lo, hi = chunk_box(key, scale.voxel_offset, scale.end, scale.chunk_size)
-        if source.fill_value == 0 and not source.holds_data(lo, hi):
+        region = source.read_held(lo, hi) if source.fill_value == 0 else source.read_box(lo, hi)
+        if region is None:
             raise ChunkNotFound("no stored data lies in this chunk: it reads as zeros (CloudVolume: fill_missing=True)")
-        region = source.read_box(lo, hi)
         body = scale.encoding.encode(region.data)
         if region.sources is None:
             return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, key, body))

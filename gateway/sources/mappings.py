@@ -27,7 +27,7 @@ import numpy as np
 
 from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
 from gateway_storage.faults import Broken, Fault
-from gateway_storage.geometry import Vec3
+from gateway_storage.geometry import Box, Vec3
 from gateway_storage.identity import ListedFile
 
 from ..extras import MAPPINGS
@@ -35,7 +35,7 @@ from ..shard_formats.sharding_indexed import chunk_extent
 from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
 from .decoding import MemoryDecoder
 from .documents import load_json
-from .mag import MagSource, SourceError
+from .mag import MagSource, Region, SourceError
 from .metadata import ZarrArray, parse_zarr_json
 
 SEPARATOR = "__"  # <layer>__<mapping>: a person recognises both, and no webKnossos layer name needs it
@@ -46,7 +46,7 @@ OFFSETS = "agglomerate_to_segments_offsets"
 HDF5_SUFFIXES = (".hdf5", ".h5")
 # A mapping's name becomes part of a layer name, a URL and a page: letters, digits and ``._-`` only.
 PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-PIECE_ENTRIES = 1 << 12  # entries per piece of a contiguous array: 32 KiB of uint64, read and kept together
+PIECE_ENTRIES = 1 << 14  # entries per piece of a contiguous array: 128 KiB of uint64, read and kept together
 MAX_PIECE_BYTES = 8 << 20  # a chunked array's piece is one stored chunk, at most this large
 MAX_ENTRIES = 1 << 36  # past any real over-segmentation (10^9 ids): a larger declared extent is refused
 MAX_LISTED = 100_000  # entries walked below agglomerates/ and mappings/ when a dataset is loaded
@@ -855,6 +855,16 @@ class MappedMag(MagSource):
         data, sources = self.source.read_inside(offset, shape)
         mapped, read = self.mapping.apply(data, self.dtype)
         return mapped, None if sources is None else [*sources, *read]
+
+    def read_held(self, lo: Vec3, hi: Vec3) -> Region | None:
+        """The source's own answer to whether anything is stored (it may learn it from the read), mapped."""
+        wanted = Box(lo, hi)
+        inner = self.bbox.clip(wanted)
+        held = None if inner is None else self.source.read_held(inner.lo, inner.hi)
+        if inner is None or held is None:
+            return None
+        mapped, read = self.mapping.apply(held.data, self.dtype)
+        return self.placed(wanted, inner, mapped, None if held.sources is None else [*held.sources, *read])
 
     def files_inside(self, offset: Vec3, shape: Vec3) -> list[str] | None:
         own = self.source.files_inside(offset, shape)
