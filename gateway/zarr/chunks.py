@@ -12,7 +12,7 @@ import numpy as np
 
 from gateway_storage.geometry import Vec3
 
-from ..resources import OCTET_STREAM, FileVersions, Resource, bytes_resource, make_etag, stored_etag
+from ..resources import OCTET_STREAM, FileVersions, Resource, bytes_resource, files_etag, make_etag, stored_etag
 from ..sources.mag import ChunkNotFound, MagSource
 from .blosc import ENCODING_GENERATION
 from .codecs import encode
@@ -118,7 +118,7 @@ def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
         body = encode_chunk(served.layout, region.data)
         return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-    etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
+    etag = files_etag(served.fingerprint, index, served.source.relative, region.sources)
     body = encode_chunk(served.layout, region.data, etag)
     made_from = FileVersions(served.source.storage, tuple(region.sources))
     return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None), made_from)
