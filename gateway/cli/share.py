@@ -67,7 +67,7 @@ def add_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
         help="print a read-only link to one dataset that expires (or revoke one), signed with share_key_file",
         description="Print a share link: read access to ORGANIZATION/DATASET for --expires seconds, for any client "
         "and viewer without a header. Takes the same settings as serve (the key from share_key_file). "
-        "With --revoke ID, add a link's id to share_revoked_file instead.",
+        "With --revoke=ID, add a link's id to share_revoked_file instead.",
     )
     link.add_argument("dataset", nargs="?", metavar="ORGANIZATION/DATASET", help="the dataset the link reads")
     link.add_argument("--expires", type=int, metavar="SECONDS", help="how long the link is valid")

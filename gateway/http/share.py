@@ -92,6 +92,14 @@ class Capability:
         return ".".join((VERSION, self.id, READ, str(self.expires), _dataset_part(self.organization, self.dataset)))
 
 
+def _new_id() -> str:
+    """A fresh random id (72 bits) that does not start with ``-``: a command line reads that as an option, so
+    ``share --revoke ID`` would fail for one link in 64."""
+    while (drawn := secrets.token_urlsafe(12)).startswith("-"):
+        pass
+    return drawn
+
+
 def link_id(capability: str) -> str:
     """The id of a capability as a log line shows it: read without checking the signature (a forged link's
     claimed id, of safe characters only), or ``***`` when the text is not a capability at all."""
@@ -151,7 +159,7 @@ class ShareKey:
         if seconds <= 0:
             raise ValueError("a link must be valid for at least one second")
         expires = int(time.time() if now is None else now) + seconds
-        claims = Capability(secrets.token_urlsafe(12), organization, dataset, expires)
+        claims = Capability(_new_id(), organization, dataset, expires)
         return claims, self.sign(claims)
 
     def check(self, capability: str) -> Capability:

@@ -13,6 +13,6 @@ def render_share_link(organization: str, dataset: str, link: str, link_id: str, 
         f'<section class="share-link"><p><input class="link" readonly size="80" value="{escape(link)}"></p>\n'
         f"<p>{other_link(link, 'Open the shared page', 'open-link', new_tab=True)}</p>\n"
         f'<p>Id <code class="link-id">{escape(link_id)}</code> (an operator revokes it with '
-        f"<code>zarr-gateway share --revoke {escape(link_id)}</code>); expires {text(expires)}.</p></section>\n"
+        f"<code>zarr-gateway share --revoke={escape(link_id)}</code>); expires {text(expires)}.</p></section>\n"
         "</body></html>\n"
     ).encode()
