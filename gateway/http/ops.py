@@ -174,6 +174,7 @@ class Ops:
     async def lifespan(self) -> AsyncIterator[None]:
         self._hook_sigterm(asyncio.get_running_loop())
         heap.freeze_long_lived()  # full collections walk only what is made from now on (see gateway/heap.py)
+        heap.tune_allocator()  # chunks' arrays reuse the heap instead of being mapped afresh each time
         try:
             async with metrics.loop_lag_probe():  # the worker's event loop lag, in /metrics
                 yield

@@ -20,7 +20,7 @@ from ..extras import MESHES, MissingExtraError
 from ..meshes.errors import MeshInputError, MeshNotFound
 from ..meshes.formats import PROPERTIES_DIRECTORY, PROPERTIES_INFO
 from ..meshes.service import MeshService
-from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, make_etag
+from ..resources import JSON, OCTET_STREAM, Resource, bytes_resource, files_etag, make_etag
 from ..sources.dataset import Dataset, Layer
 from ..sources.mag import ChunkNotFound, MagSource
 from ..sources.metadata import PrecomputedDataType
@@ -291,14 +291,14 @@ class PrecomputedTree:
         has no fill value to declare: a chunk of another fill value is answered with it."""
         scale, source = served.scale, served.source
         lo, hi = chunk_box(key, scale.voxel_offset, scale.end, scale.chunk_size)
-        if source.fill_value == 0 and not source.holds_data(lo, hi):
+        region = source.read_held(lo, hi) if source.fill_value == 0 else source.read_box(lo, hi)
+        if region is None:
             raise ChunkNotFound("no stored data lies in this chunk: it reads as zeros (CloudVolume: fill_missing=True)")
-        region = source.read_box(lo, hi)
         body = scale.encoding.encode(region.data)
         if region.sources is None:
             return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, key, body))
         mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-        etag = make_etag(served.fingerprint, key, [(source.relative(p), i) for p, i in region.sources])
+        etag = files_etag(served.fingerprint, key, source.relative, region.sources)
         return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None))
 
 

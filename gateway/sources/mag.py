@@ -177,13 +177,27 @@ class MagSource:
         """Box ``[lo, hi)`` with voxels outside the bounding box set to the fill value."""
         wanted = Box(lo, hi)
         inner = self.bbox.clip(wanted)
-        if inner == wanted:
-            return Region(*self.read_inside(lo, wanted.size))
-        out = np.full((self.channels, *wanted.size), self.fill_value, dtype=self.dtype, order="F")
         if inner is None:
-            return Region(out, [])
-        data, sources = self.read_inside(inner.lo, inner.size)
-        out[(slice(None), *inner.shifted(lo).slices())] = data
+            return Region(np.full((self.channels, *wanted.size), self.fill_value, dtype=self.dtype, order="F"), [])
+        return self.placed(wanted, inner, *self.read_inside(inner.lo, inner.size))
+
+    def read_held(self, lo: Vec3, hi: Vec3) -> Region | None:
+        """:meth:`read_box`, or None where the source knows that nothing is stored in the box (it reads as the
+        fill value): such a chunk is answered as absent instead of being made of fill values (a large one would
+        cost its whole size in memory). A source that learns it from the read itself need not look first."""
+        wanted = Box(lo, hi)
+        inner = self.bbox.clip(wanted)
+        if inner is None or not self.holds_data(inner.lo, inner.hi):
+            return None
+        return self.placed(wanted, inner, *self.read_inside(inner.lo, inner.size))
+
+    def placed(self, wanted: Box, inner: Box, data: np.ndarray, sources: list[FileSource] | None) -> Region:
+        """The voxels read of ``inner`` (the part of ``wanted`` inside the bounding box) in the box ``wanted``,
+        the fill value around them."""
+        if inner == wanted:
+            return Region(data, sources)
+        out = np.full((self.channels, *wanted.size), self.fill_value, dtype=self.dtype, order="F")
+        out[(slice(None), *inner.shifted(wanted.lo).slices())] = data
         return Region(out, sources)
 
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:

@@ -6,11 +6,11 @@ import numpy as np
 
 from gateway_storage import FileSource, Store, TruncatedFileError
 from gateway_storage.cache import CacheCounts
-from gateway_storage.geometry import Vec3
+from gateway_storage.geometry import Box, Vec3
 from wkw_adapter import HeaderError, WkwFileCache, WkwHeader, WkwMag, morton_grid, read_mag_header
 
 from .formats import SourceFormat
-from .mag import MagSource, StoredBlocks, StoredChunk, StoredEncoding
+from .mag import MagSource, Region, StoredBlocks, StoredChunk, StoredEncoding
 from .properties import BoundingBox, DataLayer
 
 MARKER = "header.wkw"  # every WKW mag directory holds one
@@ -92,6 +92,19 @@ class WkwMagSource(MagSource):
 
     def read_inside(self, offset: Vec3, shape: Vec3) -> tuple[np.ndarray, list[FileSource] | None]:
         return self.wkw.read_region_with_sources(offset, shape)
+
+    def read_held(self, lo: Vec3, hi: Vec3) -> Region | None:
+        """A box inside one data file is read at once: the read names that file, absent or not (a look
+        first would cost a second stat of it); a box over several is looked at first."""
+        wanted = Box(lo, hi)
+        inner = self.bbox.clip(wanted)
+        edge = self.wkw.header.file_voxel_len
+        if inner is None or any(a // edge != (b - 1) // edge for a, b in zip(inner.lo, inner.hi, strict=True)):
+            return super().read_held(lo, hi)
+        data, sources = self.wkw.read_region_with_sources(inner.lo, inner.size)
+        if all(identity is None for _, identity in sources):
+            return None  # its file is not there: it reads as zeros
+        return self.placed(wanted, inner, data, sources)
 
     def files_inside(self, offset: Vec3, shape: Vec3) -> list[str]:
         edge = self.wkw.header.file_voxel_len

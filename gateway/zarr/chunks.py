@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway_storage.geometry import Box, Vec3
+from gateway_storage.geometry import Vec3
 
-from ..resources import OCTET_STREAM, FileVersions, Resource, bytes_resource, make_etag, stored_etag
+from ..resources import OCTET_STREAM, FileVersions, Resource, bytes_resource, files_etag, make_etag, stored_etag
 from ..sources.mag import ChunkNotFound, MagSource
 from .blosc import ENCODING_GENERATION
 from .codecs import encode
@@ -111,16 +111,14 @@ def plain_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
 def encoded_chunk(served: ServedMag, index: tuple[int, ...]) -> Resource:
     """A chunk read as voxels, masked to the bounding box and encoded as the layout declares."""
     lo, hi, _ = _chunk_box(served, index)
-    inner = served.source.bbox.clip(Box(lo, hi))
-    if inner is None or not served.source.holds_data(inner.lo, inner.hi):
-        # Not made of fill values: a large chunk of absent data would cost its whole size in memory.
+    region = served.source.read_held(lo, hi)
+    if region is None:
         raise ChunkNotFound("no stored data lies in this chunk: it reads as the fill value")
-    region = served.source.read_box(lo, hi)
     if region.sources is None:
         body = encode_chunk(served.layout, region.data)
         return bytes_resource(body, OCTET_STREAM, make_etag(served.fingerprint, index, body))
     mtimes = [identity.mtime for _, identity in region.sources if identity is not None]
-    etag = make_etag(served.fingerprint, index, [(served.source.relative(p), i) for p, i in region.sources])
+    etag = files_etag(served.fingerprint, index, served.source.relative, region.sources)
     body = encode_chunk(served.layout, region.data, etag)
     made_from = FileVersions(served.source.storage, tuple(region.sources))
     return bytes_resource(body, OCTET_STREAM, etag, max(mtimes, default=None), made_from)

@@ -142,8 +142,14 @@ def first_mesh(root: Path, logs: Path, agglomerate: int) -> dict[str, float]:
     server = start(root, logs, 32, kept=True)
     try:
         base = f"/data/meshes/{ORG}/{DATASET}/{layer}/multires"
-        started = time.perf_counter()
-        manifest = server.client.get_ok(f"{base}/{agglomerate}.index")
+        while True:  # the index just written is 503 until it has settled, as for any client: wait that out first
+            started = time.perf_counter()
+            status, manifest, headers = server.client.get(f"{base}/{agglomerate}.index")
+            if status != 503:
+                break
+            time.sleep(float(headers.get("retry-after", 1)))
+        if status != 200:
+            raise RuntimeError(f"the manifest of {agglomerate}: HTTP {status} {manifest[:200]!r}")
         status, body, _ = server.client.get(f"{base}/{agglomerate}", {"Range": "bytes=0-65535"})
         mesh = time.perf_counter() - started
         if status not in (200, 206) or not manifest:
