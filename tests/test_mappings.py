@@ -602,6 +602,259 @@ def test_offsets_that_lie_elsewhere_are_never_followed(
     assert_no_unexpected_errors(server)
 
 
+# --- a rewritten Zarr agglomerate group is followed ---------------------------------------------------------
+
+
+REGROUPED = "regrouped"  # a Zarr v3 group beside the uint8 labels that proofreading rewrites
+ARRAY_NAME = "segment_to_agglomerate"
+
+
+def write_zarr_version(group: Path, table: np.ndarray[Any, Any], chunks: int, shards: int | None = None) -> None:
+    """The group written again from nothing by zarr-python, as a proofreading tool does."""
+    written = zarr.open_group(str(group), mode="w", zarr_format=3)
+    written.create_array(ARRAY_NAME, data=table, chunks=(chunks,), shards=None if shards is None else (shards,))
+
+
+def write_webknossos_version(group: Path, segments: int, joined: int) -> np.ndarray[Any, Any]:
+    """The group written again by webknossos-libs (sharded, with agglomerate_to_segments_offsets): segments 1 to
+    ``segments`` joined in runs of ``joined``; its segment_to_agglomerate as zarr-python reads it back. It
+    creates its arrays and refuses existing ones, so the old group is removed first."""
+    import shutil
+
+    from webknossos import AgglomerateAttachment, AgglomerateGraph
+    from webknossos.geometry import Vec3Int
+
+    shutil.rmtree(group)
+    graph = AgglomerateGraph()
+    for segment in range(1, segments + 1):
+        graph.add_segment(segment, position=Vec3Int(segment, 0, 0))
+        if segment % joined and segment < segments:
+            graph.add_affinity_edge(segment, segment + 1, affinity=1.0)
+    AgglomerateAttachment.create(group, graph)
+    table: np.ndarray[Any, Any] = np.asarray(zarr.open_array(str(group / ARRAY_NAME), mode="r")[:])
+    return table
+
+
+def group_settled(group: Path) -> None:
+    """Past the settle time of the group's newest file."""
+    wait_settled(max((p for p in group.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime))
+
+
+def states(server: Server, layer: str, dtype: str) -> bool:
+    return served_types(server, layer) == [dtype] * 4
+
+
+def lists(url: str, ids: list[str]) -> bool:
+    """Whether the segment list at ``url`` lists exactly ``ids`` (the data stamp is taken again within seconds)."""
+    listed: list[str] = requests.get(url, timeout=30).json()["inline"]["ids"]
+    return listed == ids
+
+
+def follow_rewrites(
+    small: tuple[Path, np.ndarray[Any, Any]],
+    server_factory: Callable[..., Server],
+    tmp_path: Path,
+    versions: list[tuple[Callable[[Path], np.ndarray[Any, Any]], str]],
+) -> None:
+    """Each of ``versions`` (a writer of the group, returning its table, and the layer's data type it means)
+    written over the last under two running gateways: once it has settled, both state the type in every tree
+    (the dataset loaded again where it moved), zarr-python reads the new table exactly, the chunk's ETag is new,
+    the replica gives the same bytes and ETag, and the segment list lists the new agglomerates."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(small[0], root)
+    labels = small[1]
+    group = root / ORG / SMALL / LAYER / "agglomerates" / REGROUPED
+    layer = f"{LAYER}__{REGROUPED}"
+    table = versions[0][0](group)
+    server, replica = server_factory(root), server_factory(root)
+    etags: list[str] = []
+    for number, (write, dtype) in enumerate(versions):
+        if number:
+            table = write(group)
+            group_settled(group)
+        for gateway in (server, replica):
+            stated = wait_until(functools.partial(states, gateway, layer, dtype), timeout=30, interval=0.2)
+            assert stated, (number, served_types(gateway, layer), dtype)
+        url = f"{server.url}/data/zarr/{ORG}/{SMALL}/{layer}/1"
+        read = read_zarr_python(url, 2)[0]
+        truth = apply_table(labels, table).astype(dtype)
+        assert read.dtype == np.dtype(dtype), number
+        np.testing.assert_array_equal(read, truth, err_msg=f"version {number}")
+        chunk = requests.get(f"{url}/0.0.0.0", timeout=30)
+        assert chunk.status_code == 200, (number, chunk.text[:300])
+        assert chunk.headers["etag"] not in etags, (number, etags)
+        etags.append(chunk.headers["etag"])
+        again = requests.get(f"{replica.url}/data/zarr/{ORG}/{SMALL}/{layer}/1/0.0.0.0", timeout=30)
+        assert (again.headers["etag"], again.content) == (chunk.headers["etag"], chunk.content), number
+        present = [str(i) for i in np.unique(truth[truth != 0])]
+        listing = f"{server.url}/data/precomputed/{ORG}/{SMALL}/{layer}/segment_properties/info"
+        assert wait_until(functools.partial(lists, listing, present), timeout=60, interval=0.5), (number, present)
+    assert_no_unexpected_errors(server)
+    assert_no_unexpected_errors(replica)
+
+
+def zarr_version(
+    table: np.ndarray[Any, Any], chunks: int, shards: int | None = None
+) -> Callable[[Path], np.ndarray[Any, Any]]:
+    def write(group: Path) -> np.ndarray[Any, Any]:
+        write_zarr_version(group, table, chunks, shards)
+        return table
+
+    return write
+
+
+def numbered(length: int, dtype: type, step: int, shift: int = 0) -> np.ndarray[Any, Any]:
+    table: np.ndarray[Any, Any] = (np.arange(length, dtype=np.uint64) * step + shift).astype(dtype)
+    table[0] = 0
+    return table
+
+
+def test_a_rewritten_zarr_group_is_followed_whatever_its_length_chunks_type_or_sharding(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """zarr-python writes the group again and again: another length and chunking (the same type: no reload, the
+    lookups follow), another stored type (uint16 to uint32: the layer's type follows), sharded, and unsharded
+    again. Labels reach 199; the shorter tables leave some ids as they are."""
+    follow_rewrites(
+        small,
+        server_factory,
+        tmp_path,
+        [
+            (zarr_version(numbered(256, np.uint16, 7, 3), 64), "uint16"),
+            (zarr_version(numbered(150, np.uint16, 11, 5), 50), "uint16"),
+            (zarr_version(numbered(200, np.uint32, 100_000), 64), "uint32"),
+            (zarr_version(numbered(230, np.uint32, 13, 1000), 16, shards=64), "uint32"),
+            (zarr_version(numbered(200, np.uint32, 70_001, 9), 100), "uint32"),
+        ],
+    )
+
+
+def test_a_group_rewritten_by_webknossos_libs_moves_the_layer_s_type_with_its_agglomerates(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """webknossos-libs writes the group over a zarr-python one, then over itself: 100 agglomerates (uint8 holds
+    them, whatever the stored type), 300 (uint16), 100 again, as the HDF5 files' test does, and 50."""
+    follow_rewrites(
+        small,
+        server_factory,
+        tmp_path,
+        [
+            (zarr_version(numbered(256, np.uint16, 7, 3), 64), "uint16"),
+            (lambda group: write_webknossos_version(group, 200, 2), "uint8"),
+            (lambda group: write_webknossos_version(group, 300, 1), "uint16"),
+            (lambda group: write_webknossos_version(group, 200, 2), "uint8"),
+            (lambda group: write_webknossos_version(group, 200, 4), "uint8"),  # the same type: no reload
+        ],
+    )
+
+
+def test_a_group_rewritten_into_garbage_is_a_storage_fault_until_it_is_good_again(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """The array's zarr.json rewritten as something not JSON, then a good group, then one of its chunks cut
+    short: each fault is a 500 naming the group (never a 404 that clients fill with zeros), the labels serve
+    all the while, and a good rewrite serves again."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(small[0], root)
+    labels = small[1]
+    group = root / ORG / SMALL / LAYER / "agglomerates" / REGROUPED
+    layer = f"{LAYER}__{REGROUPED}"
+    good = numbered(256, np.uint16, 7, 3)
+    write_zarr_version(group, good, 64)
+    server = server_factory(root, answer_cache_bytes=0)
+    url = f"{server.url}/data/zarr/{ORG}/{SMALL}/{layer}/1"
+    raw = f"{server.url}/data/zarr/{ORG}/{SMALL}/{LAYER}/1/0.0.0.0"
+    np.testing.assert_array_equal(read_zarr_python(url, 2)[0], good[labels])
+    metadata = group / ARRAY_NAME / "zarr.json"
+    metadata.write_text('{"zarr_format": 3, "node_type": "array", "shape": [25')  # cut short
+    wait_settled(metadata)
+    assert_reason(requests.get(f"{url}/0.0.0.0", timeout=30), 500, REGROUPED, "zarr.json")
+    assert requests.get(raw, timeout=30).status_code == 200
+    other = numbered(256, np.uint16, 5, 1)
+    write_zarr_version(group, other, 64)
+    group_settled(group)
+    np.testing.assert_array_equal(read_zarr_python(url, 2)[0], other[labels])
+    chunk_file = group / ARRAY_NAME / "c" / "1"
+    chunk_file.write_bytes(chunk_file.read_bytes()[:7])
+    wait_settled(chunk_file)
+    assert_reason(requests.get(f"{url}/0.0.0.0", timeout=30), 500, REGROUPED)
+    assert requests.get(raw, timeout=30).status_code == 200
+    write_zarr_version(group, good, 64)
+    group_settled(group)
+    np.testing.assert_array_equal(read_zarr_python(url, 2)[0], good[labels])
+    assert served_types(server, layer) == ["uint16"] * 4
+    assert_no_unexpected_errors(server)
+
+
+def decoded_chunk(array_url: str, body: bytes) -> np.ndarray[Any, Any]:
+    """A v2 chunk's voxels (x, y, z) as its ``.zarray`` says they are stored."""
+    import numcodecs
+
+    meta = requests.get(f"{array_url}/.zarray", timeout=30).json()
+    raw = numcodecs.get_codec(meta["compressor"]).decode(body) if meta["compressor"] else body
+    voxels: np.ndarray[Any, Any] = np.frombuffer(raw, dtype=np.dtype(meta["dtype"]))
+    shaped: np.ndarray[Any, Any] = voxels.reshape(meta["chunks"], order=meta["order"])[0]
+    return shaped
+
+
+def test_a_group_written_again_while_it_is_asked_never_answers_a_wrong_chunk(
+    small: tuple[Path, np.ndarray[Any, Any]], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """zarr-python writes the group again six times (from nothing: for a moment there is no array, then metadata
+    without chunks) while a client asks a mapped chunk all the while, under the default settle time: every
+    answer is the chunk of one whole version, a 503 to retry, or a 500 that names the group; never a 404 or a
+    chunk of entries read as missing."""
+    import shutil
+    import threading
+
+    root = tmp_path / "root"
+    shutil.copytree(small[0], root)
+    labels = small[1]
+    group = root / ORG / SMALL / LAYER / "agglomerates" / REGROUPED
+    tables = [numbered(256, np.uint16, 7 + step, 3) for step in range(7)]
+    write_zarr_version(group, tables[0], 64)
+    group_settled(group)
+    server = server_factory(root, answer_cache_bytes=0, settle_seconds=1)
+    url = f"{server.url}/data/zarr/{ORG}/{SMALL}/{LAYER}__{REGROUPED}/1"
+    assert requests.get(f"{url}/0.0.0.0", timeout=30).status_code == 200
+    answers: list[tuple[int, bytes]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            response = requests.get(f"{url}/0.0.0.0", timeout=30)
+            answers.append((response.status_code, response.content))
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        for step, table in enumerate(tables[1:]):
+            write_zarr_version(group, table, 32 if step % 2 else 64, shards=128 if step % 2 else None)
+        group_settled(group)
+    finally:
+        done.set()
+        asking.join()
+    statuses = {status for status, _ in answers}
+    assert statuses <= {200, 500, 503}, statuses
+    for status, body in answers:
+        if status == 500:
+            assert REGROUPED in json.loads(body)["error"], body[:300]
+    final = requests.get(f"{url}/0.0.0.0", timeout=30)
+    assert final.status_code == 200, final.text[:300]
+    last = decoded_chunk(url, final.content)
+    truths = [apply_table(labels, table).astype(np.uint16)[tuple(slice(0, n) for n in last.shape)] for table in tables]
+    np.testing.assert_array_equal(last, truths[-1])
+    for status, body in answers:
+        if status == 200:
+            chunk = decoded_chunk(url, body)
+            assert any(np.array_equal(chunk, truth) for truth in truths), "a chunk of no version"
+    assert_no_unexpected_errors(server)
+
+
 # --- meshes and segment lists of agglomerates ----------------------------------------------------------
 
 

@@ -30,9 +30,12 @@ def json_type(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
-def read_document(storage: Store, path: str, name: str) -> tuple[dict[str, Any], FileIdentity] | None:
-    """The JSON object in file ``path`` (called ``name`` in messages) and its identity; None if there is none."""
-    found = storage.read_whole(path, limit=MAX_DOCUMENT_BYTES)
+def read_document(
+    storage: Store, path: str, name: str, settled: bool = False
+) -> tuple[dict[str, Any], FileIdentity] | None:
+    """The JSON object in file ``path`` (called ``name`` in messages) and its identity; None if there is none.
+    ``settled``: a file written within the settle time is FileUnsettledError (see :meth:`Store.read_whole`)."""
+    found = storage.read_whole(path, limit=MAX_DOCUMENT_BYTES, settled=settled)
     if found is None:
         return None
     try:

@@ -84,6 +84,10 @@ class BrokenDataset:
 # The mapping folders of a dataset in an object store are listed again this often at most (a listing is a request
 # there); on a local disk whenever its properties file is looked at.
 REMOTE_MAPPINGS_SECONDS = 10.0
+# A served Zarr group missing from its folder is taken for removed once it has stayed away this long: one written
+# again from nothing (zarr-python's mode "w", webknossos-libs' create after a removal) is away for a moment, and a
+# load then would drop its layer (404s that clients fill with zeros); meanwhile its chunks say it is gone (500).
+REWRITTEN_GROUP_SECONDS = 2.0
 
 
 @dataclass
@@ -102,6 +106,7 @@ class MappingFolder:
     served: list[Mapping] = field(default_factory=list)  # the mappings opened: layers whose data type may move
     looked_at: float = field(default_factory=time.monotonic)
     stale: bool = False  # found moved once: so it stays until the dataset is loaded again
+    away_since: float | None = None  # when served Zarr groups were first seen missing (nothing else moved)
 
     def moved(self, mappings: Mappings, store: Store) -> bool:
         if self.unsettled or self.stale:
@@ -113,12 +118,28 @@ class MappingFolder:
         try:
             self.stale = (
                 any(observed.changed(store) for observed in self.refused)
-                or tuple(mappings.find(self.directory)) != self.found
+                or self._found_moved(tuple(mappings.find(self.directory)), now)
                 or any(mapping.outdated() for mapping in self.served)
             )
         except (OSError, StorageError, ValueError):
             self.stale = True  # the load says what is wrong
         return self.stale
+
+    def _found_moved(self, found: tuple[Found, ...], now: float) -> bool:
+        """Whether the mappings found now differ from the load's: anything added or removed, except served Zarr
+        groups missing for less than REWRITTEN_GROUP_SECONDS (written again)."""
+        if found == self.found:
+            self.away_since = None
+            return False
+        groups = {mapping.path for mapping in self.served if mapping.kind == "zarr"}
+        away = [entry for entry in self.found if entry not in found]
+        if found != tuple(entry for entry in self.found if entry not in away) or any(
+            entry.path not in groups for entry in away
+        ):
+            return True
+        if self.away_since is None:
+            self.away_since = now
+        return now >= self.away_since + REWRITTEN_GROUP_SECONDS
 
 
 def problems(loaded: Dataset | BrokenDataset) -> list[str]:

@@ -18,6 +18,7 @@ import io
 import json
 import re
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -25,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from gateway_storage import ByteLRU, FileIdentity, FileSource, OversizedFileError, StorageError, Store
+from gateway_storage import (
+    ByteLRU,
+    FileIdentity,
+    FileSource,
+    FileUnsettledError,
+    OversizedFileError,
+    StorageError,
+    Store,
+)
 from gateway_storage.faults import Broken, Fault
 from gateway_storage.geometry import Box, Vec3
 from gateway_storage.identity import ListedFile
@@ -33,7 +42,7 @@ from gateway_storage.identity import ListedFile
 from ..extras import MAPPINGS
 from ..shard_formats.sharding_indexed import chunk_extent
 from .bounds import MAX_CHUNKS_PER_SHARD, check_chunk_bytes, malformed_metadata, read_document, stored_limit
-from .decoding import MemoryDecoder
+from .decoding import ChunkDecodeError, MemoryDecoder
 from .documents import load_json
 from .mag import MagSource, Region, SourceError
 from .metadata import ZarrArray, parse_zarr_json
@@ -48,6 +57,7 @@ HDF5_SUFFIXES = (".hdf5", ".h5")
 PLAIN_MAPPING_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 PIECE_ENTRIES = 1 << 14  # entries per piece of a contiguous array: 128 KiB of uint64, read and kept together
 MAX_PIECE_BYTES = 8 << 20  # a chunked array's piece is one stored chunk, at most this large
+UNWRITTEN_CHUNK_SECONDS = 5.0  # a Zarr chunk missing this long after its array's metadata was written is the fill value
 MAX_ENTRIES = 1 << 36  # past any real over-segmentation (10^9 ids): a larger declared extent is refused
 MAX_LISTED = 100_000  # entries walked below agglomerates/ and mappings/ when a dataset is loaded
 MAX_JSON_BYTES = 16 << 20
@@ -546,12 +556,19 @@ def _offsets_of(handle: Any) -> Any:
 
 
 class ZarrVector:
-    """One 1-D array of a Zarr v3 agglomerate group: a piece is one stored (inner) chunk, decoded from memory.
-    webKnossos writes them sharded (chunks of 256 KiB in shards of up to 1 GiB): an inner chunk is then read by
-    its shard's index, never the shard."""
+    """One version of a 1-D array of a Zarr v3 agglomerate group (that of its ``zarr.json``): a piece is one
+    stored (inner) chunk, decoded from memory. webKnossos writes them sharded (chunks of 256 KiB in shards of up
+    to 1 GiB): an inner chunk is then read by its shard's index, never the shard."""
 
     def __init__(
-        self, store: Store, group: str, name: str, pieces: ByteLRU[np.ndarray], key: str, through: Store | None = None
+        self,
+        store: Store,
+        group: str,
+        name: str,
+        pieces: ByteLRU[np.ndarray],
+        key: str,
+        through: Store | None = None,
+        settled: bool = False,
     ) -> None:
         self.store = store
         self.pieces = pieces
@@ -559,10 +576,13 @@ class ZarrVector:
         self.path = store.join(group, name)
         self.metadata_path = store.join(self.path, "zarr.json")
         where = f"agglomerate group {key}"
-        located = read_document(through or store, self.metadata_path, f"{where}: {name}/zarr.json")
+        located = read_document(through or store, self.metadata_path, f"{where}: {name}/zarr.json", settled)
         if located is None:
             raise SourceError(f"{where} holds no array {name!r} (no {name}/zarr.json)")
         document, self.metadata_identity = located
+        # Pieces are kept by the metadata's version too: a chunk file left as it was means other entries under
+        # another type or codec.
+        self._cached = (self.key, self.metadata_identity.version)
         if document.get("zarr_format") != 3 or document.get("node_type") != "array":
             raise SourceError(f"{where}: {name}/zarr.json is not a Zarr v3 array")
         with malformed_metadata(f"{where}: {name}/zarr.json"):
@@ -604,19 +624,19 @@ class ZarrVector:
         parts = [self.array.key_prefix] if self.array.key_prefix else []
         return self.array.separator.join([*parts, str(number)])
 
-    def values(self, wanted: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
-        """The entries at ``wanted`` (each below ``entries``), and every file read with its version."""
-        metadata = self.store.identity(self.metadata_path)
-        if metadata != self.metadata_identity:
-            raise MappingUnreadable(f"agglomerate group {self.key}: its metadata changed since the layer was loaded")
-        files: dict[str, FileIdentity | None] = {self.metadata_path: metadata}
+    def values(self, wanted: np.ndarray, checked: bool = False) -> tuple[np.ndarray, list[FileSource]]:
+        """The entries at ``wanted`` (each below ``entries``), and every file read with its version. ``checked``:
+        the caller has just seen that the metadata is still this version (else it is looked at here)."""
+        if not checked and self.store.identity(self.metadata_path) != self.metadata_identity:
+            raise MappingUnreadable(f"agglomerate group {self.key}: its metadata changed while it was read")
+        files: dict[str, FileIdentity | None] = {self.metadata_path: self.metadata_identity}
 
         def piece_of(number: int) -> np.ndarray:
             path = self._file_of(number)
             if path not in files:
                 files[path] = self.store.identity(path)
             identity = files[path]
-            key = (self.key, path, None if identity is None else identity.version, number)
+            key = (*self._cached, path, None if identity is None else identity.version, number)
             piece = self.pieces.get(key)
             if piece is None:
                 piece = self._read_piece(number, path, identity)
@@ -629,6 +649,12 @@ class ZarrVector:
 
     def _read_piece(self, number: int, path: str, identity: FileIdentity | None) -> np.ndarray:
         first, last = number * self.piece, min((number + 1) * self.piece, self.entries)
+        if identity is None:
+            # Writers put the metadata first (zarr-python renames it into place: trusted at once), then the
+            # chunks: one missing beside young metadata may be on its way, never entries of the fill value yet.
+            young = self.metadata_identity.changed + UNWRITTEN_CHUNK_SECONDS - time.time()
+            if young > 0:
+                raise FileUnsettledError(f"{self.store.relative(path)} may not be written yet", young)
         data = None if identity is None else self._stored(number, path, identity)
         if data is None:
             return np.full(last - first, self.array.fill_value, dtype=np.uint64)
@@ -640,7 +666,7 @@ class ZarrVector:
         if self.sharding is None:
             return self.store.read(path, 0, identity.size, identity, limit=self._stored_limit)
         size = self.sharding.index_size
-        index_key = (self.key, path, identity.version, "index")
+        index_key = (*self._cached, path, identity.version, "index")
         where = self.store.relative(path)
         table = self.pieces.get(index_key)
         if table is None:
@@ -656,23 +682,49 @@ class ZarrVector:
 
 class ZarrMapping(Mapping):
     """A Zarr v3 agglomerate group: ``segment_to_agglomerate``, and ``agglomerate_to_segments_offsets`` for the
-    members of each agglomerate."""
+    members of each agglomerate. Proofreading writes the group again (another length, chunking, type, sharding):
+    the array is opened again whenever its ``zarr.json`` is another version, as an HDF5 file is."""
 
     kind = "zarr"
 
     def __init__(self, store: Store, found: Found, pieces: ByteLRU[np.ndarray], through: Store | None = None) -> None:
         super().__init__(store, found, pieces)
-        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through)
+        # Metadata written moments ago is FileUnsettledError (no layer yet, looked at again): its writer may not
+        # have written the chunks yet, which would read as entries of the fill value.
+        self.table = ZarrVector(store, found.path, ARRAY, pieces, self.key, through, settled=True)
         self.dtype = self.table.dtype
+        self._refused: tuple[FileIdentity, str] | None = None  # the last version that could not be opened, and why
         self._offsets_metadata = store.join(found.path, OFFSETS, "zarr.json")
-        self._declared = self._declared_largest(through or store)
+        self._declared = self._declared_largest(through or store, settled=True)
         self.loaded_holds = self.holds()
 
-    def _declared_largest(self, store: Store) -> tuple[FileIdentity | None, int | None]:
+    def _current(self) -> ZarrVector:
+        """The array of the group's current version (one stat of its metadata): opened again, once for all
+        waiting lookups, when the metadata changed; MappingUnreadable (naming the file) for a version that
+        cannot be opened, said again without reading it until it changes."""
+        identity = self._identity(self.table.metadata_path)
+        table = self.table
+        if identity == table.metadata_identity:
+            return table
+        with self._lock:
+            table = self.table
+            if identity == table.metadata_identity:
+                return table  # another lookup opened it meanwhile
+            if self._refused is not None and self._refused[0] == identity:
+                raise MappingUnreadable(self._refused[1])
+            try:  # under the settle rule, as when the layer was loaded
+                table = ZarrVector(self.store, self.path, ARRAY, self.pieces, self.key, settled=True)
+            except (SourceError, ChunkDecodeError) as exc:
+                self._refused = (identity, str(exc))
+                raise MappingUnreadable(str(exc)) from None
+            self.table, self.dtype = table, table.dtype  # lookups give uint64 of any stored type
+            return table
+
+    def _declared_largest(self, store: Store, settled: bool = False) -> tuple[FileIdentity | None, int | None]:
         """The identity of the offsets array's metadata and the largest id its length declares (None where the
         group holds no usable such array: its lookups do not need it)."""
         try:
-            located = read_document(store, self._offsets_metadata, f"agglomerate group {self.key}: {OFFSETS}")
+            located = read_document(store, self._offsets_metadata, f"agglomerate group {self.key}: {OFFSETS}", settled)
         except SourceError:
             return store.identity(self._offsets_metadata), None
         if located is None:
@@ -690,17 +742,20 @@ class ZarrMapping(Mapping):
         return self._declared[1]
 
     def outdated(self) -> bool:
+        """Whether the stored type of the current version, or the largest id its offsets declare, needs
+        another data type of the layer."""
         try:
-            if self.store.identity(self._offsets_metadata) == self._declared[0]:
-                return False
-            self._declared = self._declared_largest(self.store)
-        except (Fault, OSError):
+            self._current()
+            if self.store.identity(self._offsets_metadata) != self._declared[0]:
+                self._declared = self._declared_largest(self.store, settled=True)
+        except (Fault, OSError):  # unreadable or still being written: its chunks say so, or it is looked at again
             return False
         return self.holds() != self.loaded_holds
 
     def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list[FileSource]]:
-        out, inside = _with_entries(ids, self.table.entries)
-        out[:inside], files = self.table.values(ids[:inside])
+        table = self._current()
+        out, inside = _with_entries(ids, table.entries)
+        out[:inside], files = table.values(ids[:inside], checked=True)
         return out, files
 
     def member_counts(self, ids: np.ndarray) -> np.ndarray | None:

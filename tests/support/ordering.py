@@ -32,7 +32,7 @@ KNOWN_SECONDS = {
     "test_precomputed_tree.py": 80,
     "test_fuzz_catalog_bounds.py": 110,  # generated properties files; segment lists, documents, listings in a budget
     "test_fuzz_read_bounds.py": 80,  # damaged layers, metadata multipliers and mesh chunk shapes through gateways
-    "test_mappings.py": 70,  # mapped layers read by four clients, bad mapping files, meshes of agglomerates
+    "test_mappings.py": 110,  # mapped layers read by four clients, bad mapping files, rewritten groups, meshes
     "test_precomputed_matrix.py": 60,  # CloudVolume through three gateways, some sixty layers
     "test_n5_precomputed.py": 75,
     "test_stored_meshes.py": 75,
