@@ -543,6 +543,64 @@ def test_request_smuggling_is_refused_at_the_proxy(proxy: Proxy, pair: list[Serv
     assert not [line for line in reached if line["request_id"] == "smuggled"], "nothing smuggled reached a gateway"
 
 
+# Requests nginx refuses while it reads them, before it has a URL to route: each gets the gateways' JSON error
+# shape and a 4xx (nginx's error page cannot be a named location for them: it answered 500).
+UNREADABLE = {
+    "dot-segments-above-the-root": (b"GET /data/../../etc/passwd HTTP/1.1\r\nHost: x\r\n", 400),
+    "escaped-dot-segments-above-the-root": (b"GET /%2e%2e/%2e%2e/x HTTP/1.1\r\nHost: x\r\n", 400),
+    "encoded-nul": (b"GET /data/zarr/%00/x HTTP/1.1\r\nHost: x\r\n", 400),
+    "a-blank-in-the-path": (b"GET /data/zarr/a b/x HTTP/1.1\r\nHost: x\r\n", 400),
+    "a-control-byte-in-the-path": (b"GET /data/zarr/a\x01b/x HTTP/1.1\r\nHost: x\r\n", 400),
+    "a-delete-byte-in-the-path": (b"GET /data/zarr/a\x7fb/x HTTP/1.1\r\nHost: x\r\n", 400),
+    "a-relative-target": (b"GET ../x HTTP/1.1\r\nHost: x\r\n", 400),
+    "no-request-line": (b"GARBAGE\r\nHost: x\r\n", 400),
+    "a-browser-above-the-root": (b"GET /data/../../x HTTP/1.1\r\nHost: x\r\nAccept: text/html\r\n", 400),
+    "with-a-token": (f"GET /data/../../x?token={TOKEN} HTTP/1.1\r\nHost: x\r\n".encode(), 400),
+    "a-path-token-and-a-nul": (f"GET /t/{TOKEN}%00/data/zarr/ HTTP/1.1\r\nHost: x\r\n".encode(), 400),
+    "a-post-above-the-root": (b"POST /share/../../x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n", 400),
+    "an-over-long-url": (b"GET /data/zarr/" + b"x" * 9000 + b" HTTP/1.1\r\nHost: x\r\n", 414),
+    "an-over-long-header": (f"GET {DATASET}/.zgroup HTTP/1.1\r\nHost: x\r\nX-Pad: {'y' * 9000}\r\n".encode(), 400),
+    "an-unknown-http-version": (b"GET /x HTTP/9.9\r\nHost: x\r\n", 505),
+}
+
+
+@pytest.mark.nginx
+@pytest.mark.parametrize("head, status", UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_a_request_nginx_cannot_read_is_a_json_refusal_not_a_500(
+    proxy: Proxy, pair: list[Server], head: bytes, status: int
+) -> None:
+    """The proxy's own refusal, in the gateways' JSON shape, logged with its status; it reaches no gateway, and the
+    proxy answers the next request as ever. (505 is HTTP's own answer to a version it does not speak.)"""
+    before = len(proxy.access_log()), [len(s.access_lines()) for s in pair]
+    answer = raw_exchange(proxy.url, head + b"Connection: close\r\n\r\n")
+    fields, _, body = answer.partition(b"\r\n\r\n")
+    assert status_of(answer) == status, answer[:300]
+    assert b"\r\ncontent-type: application/json" in fields.lower(), fields
+    assert json.loads(body)["status"] == status and json.loads(body)["error"], body
+    assert TOKEN.encode() not in answer
+
+    def logged() -> list[str]:
+        return [line["status"] for line in proxy.access_log()[before[0] :]]
+
+    assert wait_until(lambda: str(status) in logged()), "logged with the status it was answered"
+    assert "500" not in logged()
+    assert [len(s.access_lines()) for s in pair] == before[1], "the refused request reached no gateway"
+    fine = requests.get(f"{proxy.url}{DATASET}/.zgroup", headers=HEADERS, timeout=10)
+    assert fine.status_code == 200 and fine.json()["zarr_format"] == 2
+    internal = requests.get(f"{proxy.url}/.zarr-gateway/unreadable/{status}", headers=HEADERS, timeout=10)
+    assert internal.status_code == 404, "where nginx sends these internally, a client cannot go"
+
+
+@pytest.mark.nginx
+def test_a_browser_s_over_long_header_is_a_page(proxy: Proxy) -> None:
+    """Where nginx read the Accept header before the one it cannot hold, a browser gets the page, as for every 400."""
+    head = f"GET {DATASET}/ HTTP/1.1\r\nHost: x\r\nAccept: text/html,*/*\r\nX-Pad: {'y' * 9000}\r\n"
+    answer = raw_exchange(proxy.url, (head + "Connection: close\r\n\r\n").encode())
+    fields, _, body = answer.partition(b"\r\n\r\n")
+    assert status_of(answer) == 400 and b"\r\ncontent-type: text/html" in fields.lower(), answer[:300]
+    assert b'<p class="error-message">a request header is longer than this proxy accepts' in body
+
+
 PROXY_HEAD_TIMEOUT = 10  # client_header_timeout of deploy/nginx.conf
 SLOW_LINE_EVERY = 3.0  # the first round's probe: one header line every 3 s, each well inside the timeout
 

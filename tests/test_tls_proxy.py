@@ -155,6 +155,19 @@ def test_http2_client_gets_the_plain_listener_s_bytes(tls_proxy: tuple[Proxy, st
     assert chunk.headers["etag"] == plain.headers["etag"]
 
 
+def test_an_http2_request_nginx_cannot_read_is_a_json_400(tls_proxy: tuple[Proxy, str], certificate: Path) -> None:
+    """An encoded NUL in the path, over HTTP/2 as over HTTP/1.1 (tests/test_deploy.py): the proxy's JSON 400, never
+    nginx's 500 of a request without a URI sent to a named error location."""
+    _, base = tls_proxy
+    context = ssl.create_default_context(cafile=str(certificate))
+    with httpx.Client(http2=True, verify=context, headers=HEADERS, timeout=60) as client:
+        refused = client.get(base + ARRAY + "/%00/0.1.0.0")
+        assert refused.http_version == "HTTP/2"
+        assert refused.status_code == 400 and refused.headers["content-type"] == "application/json", refused.text
+        assert refused.json()["status"] == 400 and refused.json()["error"]
+        assert client.get(base + CHUNK).status_code == 200
+
+
 def test_zarr_python_reads_a_mag_over_https(
     tls_proxy: tuple[Proxy, str], certificate: Path, test_data: WrittenDataset
 ) -> None:

@@ -179,8 +179,8 @@ def proxy_disagreement(case: Case, auth: int, route: Reply, through: Reply) -> s
         if through.status == auth or (auth == 202 and 400 <= route.status < 500):
             return None  # refused as /auth refuses; or a refusal the token-check cache holds for the dataset's scope
         return f"{shown}, refused by the proxy: {through.status}"
-    if through.status in (400, 404, 405, 414) or (through.status == 200 and through.body == PROXY_HEALTH):
-        return None  # the proxy's own refusals, and its own health check
-    if through.status == 500 and b"<center>nginx</center>" in through.body:
-        return None  # a request line nginx cannot parse (a path above the root, %00): its error page cannot run
+    if through.status in (400, 414) and b'"status": ' + str(through.status).encode() in through.body:
+        return None  # the proxy's own refusals of malformed requests (a path above the root, %00 too), as JSON
+    if through.status in (404, 405) or (through.status == 200 and through.body == PROXY_HEALTH):
+        return None  # an internal location, a method the proxy refuses, and its own health check
     return f"{shown}, answered by the proxy itself: {through.status} {through.body[:150]!r}"
