@@ -11,12 +11,14 @@ catalog's objects form no cycles). What freezing costs is the cyclic garbage ali
 in flight), never collected; freezes happen only after collections that cost more than
 ``FREEZE_AFTER_SECONDS``, that is after the heap grew by many thousands of objects, so that stays small.
 
-Each chunk made allocates and frees arrays of 0.1 to a few MiB (its voxels, their mapped copy, the indices
-of a gather). glibc maps such blocks afresh and gives the top of its heap back after each free, so every
-request paid for faulting its pages in again: a mapped 64³ chunk's mapping took 2-3 times as long, and its
-system time 1.4 ms against 0.2-0.5 ms. :func:`tune_allocator` keeps blocks below ``MMAP_THRESHOLD`` in the
-heap and the heap's top until more than ``TRIM_THRESHOLD`` lies free there: what a worker holds beyond its
-use is bounded by that, per allocator arena.
+Each chunk made allocates and frees arrays of 0.1 to 16 MiB (its voxels, their mapped copy, the indices
+of a gather). glibc's thresholds move with what was freed last, and with arrays of several sizes in turn it
+mapped blocks afresh and gave the top of its heap back after frees, so requests paid for faulting pages in
+again: a mapped 64³ chunk's mapping took 2-3 times as long, and its system time 1.4 ms against 0.2-0.5 ms.
+:func:`tune_allocator` sets them where glibc's own adjustment stops (``MMAP_THRESHOLD``, ``TRIM_THRESHOLD``):
+blocks below the first stay in the heap, and the heap's top until more than the second lies free there, so
+what a worker holds beyond its use is bounded as glibc would bound it, per allocator arena. (4 and 16 MiB
+were tried first: a 128³ uint32 chunk's 8 MiB arrays were then mapped each time, 30 % more CPU a chunk.)
 """
 
 import ctypes
@@ -29,8 +31,8 @@ from typing import Any
 
 log = logging.getLogger("gateway")
 FREEZE_AFTER_SECONDS = 0.01  # a full collection that took longer: its survivors are frozen
-MMAP_THRESHOLD = 4 << 20  # blocks this large or larger are mapped on their own (a shard's piece is 4 MiB)
-TRIM_THRESHOLD = 16 << 20  # the heap's free top is given back once larger than this
+MMAP_THRESHOLD = 32 << 20  # blocks this large or larger are mapped on their own: glibc's largest dynamic value
+TRIM_THRESHOLD = 64 << 20  # the heap's free top is given back once larger than this: twice the above, as glibc
 # mallopt's parameters (glibc's malloc.h); an operator's MALLOC_*_ environment variables take precedence.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")

@@ -52,6 +52,10 @@ def _cells(shape: Vec3, side: int) -> int:
     return cells
 
 
+# A box of at most this many bytes inside one file is read without a look first (64³ of uint64 labels).
+READ_FIRST_BYTES = 2 << 20
+
+
 class WkwMagSource(MagSource):
     """One mag of a WKW layer: regions, and stored blocks for pass-through and shards."""
 
@@ -94,12 +98,17 @@ class WkwMagSource(MagSource):
         return self.wkw.read_region_with_sources(offset, shape)
 
     def read_held(self, lo: Vec3, hi: Vec3) -> Region | None:
-        """A box inside one data file is read at once: the read names that file, absent or not (a look
-        first would cost a second stat of it); a box over several is looked at first."""
+        """A small box inside one data file is read at once: the read names that file, absent or not (a look
+        first would cost a second stat of it). A box over several files, or larger than READ_FIRST_BYTES (the
+        zeros of a file that is not there would be made before the read could tell), is looked at first."""
         wanted = Box(lo, hi)
         inner = self.bbox.clip(wanted)
         edge = self.wkw.header.file_voxel_len
-        if inner is None or any(a // edge != (b - 1) // edge for a, b in zip(inner.lo, inner.hi, strict=True)):
+        if (
+            inner is None
+            or inner.size[0] * inner.size[1] * inner.size[2] * self.wkw.header.bytes_per_voxel > READ_FIRST_BYTES
+            or any(a // edge != (b - 1) // edge for a, b in zip(inner.lo, inner.hi, strict=True))
+        ):
             return super().read_held(lo, hi)
         data, sources = self.wkw.read_region_with_sources(inner.lo, inner.size)
         if all(identity is None for _, identity in sources):
